@@ -1,0 +1,1 @@
+"""Domain logic with no web framework in it: auth, limits, breakers, admission, selection."""

@@ -1,0 +1,224 @@
+"""Rate limits per key (and per key and model): requests/min, tokens/min, concurrent requests.
+
+Semantics, identical in both stores: a *sliding window log* of 60 s. A request is admitted only if,
+counting it, no scope exceeds its limit over the last 60 s; so N replicas sharing a store admit
+exactly the limit, never N times it. Tokens are reserved up front (prompt estimate + max_tokens or
+the configured default) and settled with the real usage when the request ends (a client that
+aborts pays for what was generated). Concurrency is a lease per request, released at the end and
+expiring on its own if a replica dies. All scopes of a request are checked and taken atomically.
+
+`MemoryStore` is for one process; `RedisStore` (limits_redis.py) shares state across replicas.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+WINDOW_S = 60.0
+LimitKind = Literal["requests", "tokens", "concurrency"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeLimits:
+    """One scope to check: a key, or a key and model."""
+
+    scope: str
+    rpm: int | None
+    tpm: int | None
+    concurrency: int | None
+    lease_s: float = 3600.0
+
+
+@dataclass(slots=True)
+class Quota:
+    """What the x-ratelimit-* headers report for one dimension."""
+
+    limit: int
+    remaining: int
+    reset_s: float
+
+
+@dataclass(slots=True)
+class Decision:
+    allowed: bool
+    kind: LimitKind | None = None  # what refused it
+    retry_after_s: float = 0.0
+    message: str = ""
+    requests: Quota | None = None
+    tokens: Quota | None = None
+    store_error: bool = False
+
+
+@dataclass(slots=True)
+class Reservation:
+    request_id: str
+    scopes: tuple[ScopeLimits, ...]
+    tokens: int
+    handles: list[object] = field(default_factory=list)  # store-specific
+    active: bool = True
+
+
+class LimitStore(Protocol):
+    async def reserve(self, rid: str, scopes: Sequence[ScopeLimits], tokens: int) -> tuple[Decision, Reservation]: ...
+
+    async def finish(self, res: Reservation, actual_tokens: int | None) -> None:
+        """Settle the token reservation with the real count (None: keep the estimate) and release
+        the concurrency lease."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def format_reset(seconds: float) -> str:
+    """OpenAI's reset format: "1s", "6m0s", "1m30.5s", "250ms"."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{max(1, math.ceil(seconds * 1000))}ms"
+    m, s = divmod(seconds, 60)
+    s = math.ceil(s * 10) / 10
+    text = f"{s:g}s"
+    return f"{int(m)}m{text}" if m >= 1 else text
+
+
+class _Window:
+    """Entries [timestamp, weight] in arrival order, and their running total."""
+
+    __slots__ = ("entries", "total")
+
+    def __init__(self) -> None:
+        self.entries: deque[list[float]] = deque()
+        self.total = 0.0
+
+    def prune(self, horizon: float) -> None:
+        entries = self.entries
+        while entries and entries[0][0] <= horizon:
+            self.total -= entries.popleft()[1]
+
+    def reset_after(self, now: float) -> float:
+        return self.entries[0][0] + WINDOW_S - now if self.entries else 0.0
+
+    def wait_for(self, need: float, limit: float, now: float) -> float:
+        """Seconds until `need` more fits under `limit`."""
+        free = limit - self.total
+        for ts, w in self.entries:
+            if free >= need:
+                break
+            free += w
+            if free >= need:
+                return ts + WINDOW_S - now
+        return self.reset_after(now) if free < need else 0.0
+
+
+class MemoryStore:
+    """Exact, in-process. The clock is injectable (monotonic by default) for tests."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._ids = itertools.count()
+        self._req: dict[str, _Window] = {}
+        self._tok: dict[str, _Window] = {}
+        self._conc: dict[str, dict[str, float]] = {}
+
+    async def reserve(self, rid: str, scopes: Sequence[ScopeLimits], tokens: int) -> tuple[Decision, Reservation]:
+        return self.reserve_now(rid, scopes, tokens)
+
+    def reserve_now(self, rid: str, scopes: Sequence[ScopeLimits], tokens: int) -> tuple[Decision, Reservation]:
+        now = self._clock()
+        horizon = now - WINDOW_S
+        res = Reservation(f"{rid}#{next(self._ids)}", tuple(scopes), tokens)  # unique even if rid repeats
+        first_req: Quota | None = None
+        first_tok: Quota | None = None
+        refusal: Decision | None = None
+        for s in scopes:
+            if s.rpm is not None:
+                w = self._req.setdefault(s.scope, _Window())
+                w.prune(horizon)
+                if refusal is None and w.total + 1 > s.rpm:
+                    refusal = Decision(
+                        False,
+                        "requests",
+                        max(w.reset_after(now), 0.001),
+                        f"Rate limit reached for requests: {s.rpm} per minute",
+                    )
+                if first_req is None:
+                    first_req = Quota(s.rpm, int(s.rpm - w.total), w.reset_after(now))
+            if s.tpm is not None:
+                w = self._tok.setdefault(s.scope, _Window())
+                w.prune(horizon)
+                if refusal is None and w.total + tokens > s.tpm:
+                    if tokens > s.tpm:
+                        msg = f"Request too large: it needs {tokens} tokens, more than the limit of {s.tpm} per minute"
+                        wait = WINDOW_S
+                    else:
+                        msg = f"Rate limit reached for tokens: {s.tpm} per minute, {int(s.tpm - w.total)} left"
+                        wait = w.wait_for(tokens, s.tpm, now)
+                    refusal = Decision(False, "tokens", max(wait, 0.001), msg)
+                if first_tok is None:
+                    first_tok = Quota(s.tpm, max(0, int(s.tpm - w.total)), w.reset_after(now))
+            if s.concurrency is not None:
+                leases = self._conc.setdefault(s.scope, {})
+                if leases:
+                    for k in [k for k, exp in leases.items() if exp <= now]:
+                        del leases[k]
+                if refusal is None and len(leases) + 1 > s.concurrency:
+                    refusal = Decision(
+                        False, "concurrency", 1.0, f"Too many concurrent requests: the limit is {s.concurrency}"
+                    )
+        if refusal is not None:
+            refusal.requests, refusal.tokens = first_req, first_tok
+            res.active = False
+            return refusal, res
+        for s in scopes:
+            if s.rpm is not None:
+                self._req[s.scope].entries.append([now, 1.0])
+                self._req[s.scope].total += 1
+            if s.tpm is not None:
+                entry = [now, float(tokens)]
+                w = self._tok[s.scope]
+                w.entries.append(entry)
+                w.total += tokens
+                res.handles.append(entry)
+            if s.concurrency is not None:
+                self._conc[s.scope][res.request_id] = now + s.lease_s
+        if first_req is not None:
+            first_req.remaining = max(0, first_req.remaining - 1)
+            if first_req.reset_s <= 0:
+                first_req.reset_s = WINDOW_S
+        if first_tok is not None:
+            first_tok.remaining = max(0, first_tok.remaining - tokens)
+            if first_tok.reset_s <= 0:
+                first_tok.reset_s = WINDOW_S
+        return Decision(True, requests=first_req, tokens=first_tok), res
+
+    async def finish(self, res: Reservation, actual_tokens: int | None) -> None:
+        self.finish_now(res, actual_tokens)
+
+    def finish_now(self, res: Reservation, actual_tokens: int | None) -> None:
+        if not res.active:
+            return
+        res.active = False
+        now = self._clock()
+        if actual_tokens is not None and actual_tokens != res.tokens:
+            i = 0
+            for s in res.scopes:
+                if s.tpm is None:
+                    continue
+                entry = res.handles[i]
+                i += 1
+                assert isinstance(entry, list)
+                if entry[0] > now - WINDOW_S:  # still in the window: correct it
+                    self._tok[s.scope].total += actual_tokens - entry[1]
+                    entry[1] = float(actual_tokens)
+        for s in res.scopes:
+            if s.concurrency is not None:
+                self._conc.get(s.scope, {}).pop(res.request_id, None)
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,200 @@
+"""The gateway's one error hierarchy.
+
+Every error the gateway produces itself is a `GatewayError`: it knows its HTTP status and renders
+once, as the OpenAI envelope `{"error": {"message", "type", "param", "code"}}`. Foreign exceptions
+(aiohttp, httpx, redis, engine error bodies) are translated into these where they enter.
+Messages never carry secrets: callers pass names (key name, backend name), never key material.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class GatewayError(Exception):
+    """Base: an error answered to the client in the OpenAI envelope."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        type_: str | None = None,
+        headers: dict[str, str] | None = None,
+        backend: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        if type_ is not None:
+            self.type = type_
+        self.headers: dict[str, str] = headers or {}
+        self.backend = backend
+
+    def envelope(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def body(self) -> bytes:
+        return orjson.dumps(self.envelope())
+
+    def sse_event(self) -> bytes:
+        """The error as one SSE event, for errors after the first byte of a stream."""
+        return b"data: " + self.body() + b"\n\n"
+
+    @property
+    def retryable(self) -> bool:
+        """True when another backend could succeed where this one failed (backend's fault)."""
+        return False
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class InvalidJSON(InvalidRequest):
+    code = "invalid_json"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "model_not_allowed"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class RouteNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class RequestTimeout(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class RateLimited(GatewayError):
+    """429 from a key's limits; `type` is "requests" or "tokens" as OpenAI sends it."""
+
+    status = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+
+
+class Overloaded(GatewayError):
+    """429: every candidate deployment is at max_concurrency and its wait queue is full."""
+
+    status = 429
+    type = "server_overloaded"
+    code = "queue_full"
+
+
+class NoHealthyBackend(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    code = "no_healthy_backend"
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    code = "service_unavailable"
+
+
+class UpstreamError(GatewayError):
+    """An engine answered with an error; status and message come from its (normalised) body."""
+
+    type = "upstream_error"
+
+    def __init__(self, message: str, *, retryable: bool = False, busy: bool = False, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self._retryable = retryable
+        #: the engine is alive but saturated (queue full): retry elsewhere, not a breaker failure
+        self.busy = busy
+
+    @property
+    def retryable(self) -> bool:
+        return self._retryable
+
+
+class UpstreamUnreachable(GatewayError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unreachable"
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
+class UpstreamProtocolError(GatewayError):
+    """The engine sent something that is not what its protocol promises (HTML, truncated JSON)."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_bad_response"
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"
+
+    @property
+    def retryable(self) -> bool:
+        return True
+
+
+class StreamInterrupted(GatewayError):
+    """The upstream stream ended abnormally after the first byte reached the client."""
+
+    status = 502
+    type = "upstream_error"
+    code = "stream_interrupted"

@@ -1,0 +1,1 @@
+"""The HTTP surface: ASGI app, handlers, the hardened server protocol."""

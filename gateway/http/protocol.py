@@ -1,0 +1,112 @@
+"""uvicorn's httptools protocol, hardened against slow and hostile clients.
+
+Adds what uvicorn leaves out: a deadline for the request headers (a client that trickles bytes is
+cut off with 408, holding no worker), a cap on header size (431, checked while the headers are
+still arriving, before the parser buffers them), and a cap on open connections (503 and close).
+The body has its own read timeout and size cap in `Call.read_body`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+_REASON = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+def _response(status: int, code: str, message: str) -> bytes:
+    body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}})
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        % (status, _REASON[status], len(body))
+    ) + body
+
+
+class GatewayProtocol(HttpToolsProtocol):
+    max_connections = 16384
+    header_timeout_s = 15.0
+    max_header_bytes = 32 * 1024
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._awaiting_headers = True
+        self._header_bytes = 0
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            self._refuse(503, "too_many_connections", "The gateway has too many open connections; retry shortly.")
+            return
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._on_header_timeout)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _on_header_timeout(self) -> None:
+        self._header_timer = None
+        if self._awaiting_headers and not self.transport.is_closing():
+            if self._header_bytes:
+                self._refuse(408, "request_timeout", "The request headers did not arrive in time.")
+            else:
+                self.transport.close()  # an idle connection that never sent a request
+
+    def _refuse(self, status: int, code: str, message: str) -> None:
+        self._disarm()
+        if not self.transport.is_closing():
+            self.transport.write(_response(status, code, message))
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._awaiting_headers:
+            super().data_received(data)
+            return
+        self._header_bytes += len(data)
+        super().data_received(data)
+        if self._awaiting_headers and self._header_bytes > self.max_header_bytes:
+            self._refuse(
+                431,
+                "request_header_fields_too_large",
+                f"The request headers are larger than {self.max_header_bytes} bytes.",
+            )
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._awaiting_headers = True
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_headers = False
+        self._header_bytes = 0
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        self._awaiting_headers = True
+        self._header_bytes = 0
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def protocol_class(max_connections: int, header_timeout_s: float, max_header_bytes: int) -> type[GatewayProtocol]:
+    return type(
+        "ConfiguredGatewayProtocol",
+        (GatewayProtocol,),
+        {
+            "max_connections": max_connections,
+            "header_timeout_s": header_timeout_s,
+            "max_header_bytes": max_header_bytes,
+        },
+    )

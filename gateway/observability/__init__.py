@@ -1,0 +1,1 @@
+"""Metrics and logs: the gateway's own registry, the access log, log setup."""

@@ -1,0 +1,1 @@
+"""Wire formats and request inspection; no I/O."""

@@ -1,0 +1,308 @@
+"""The steps of one generation request (chat, completions, embeddings); each step lives elsewhere.
+
+inspect the body -> resolve the public model -> check the key may use it -> reserve rate limits ->
+dispatch to a deployment (selection, admission, retries, failover) -> answer: the whole JSON body,
+or the stream relayed chunk by chunk -> settle the limits with the real usage. Usage for streams:
+the adapters always ask the engine for it and strip the extra chunk unless the client asked; if the
+engine never sent it (the stream was cut, or the client left), the completion is estimated from
+the chunks relayed so that an aborted stream still pays for what was generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from adapters.base import CallContext, Endpoint, StreamRelay, Usage
+from gateway.core.auth import Principal
+from gateway.core.ratelimit import quota_headers
+from gateway.dispatch import Trace, release
+from gateway.errors import GatewayError, ModelNotFound, UpstreamProtocolError
+from gateway.http.call import Call, Headers
+from gateway.observability.record import RequestRecord
+from gateway.protocol.inspect import inspect
+from gateway.routing_table import Deployment, ModelRoute
+from gateway.runtime import Gateway, Runtime
+from gateway.upstream.base import UpstreamResponse
+
+ERROR_BODY_LIMIT = 256 * 1024
+RESPONSE_LIMIT = 256 * 1024 * 1024
+DISCONNECT_WATCH_DELAY_S = 0.25
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c for c in name[:100] if c.isprintable())
+
+
+class GenerationService:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+
+    async def handle(
+        self, call: Call, rec: RequestRecord, rt: Runtime, endpoint: Endpoint, body: dict[str, Any], who: Principal
+    ) -> None:
+        info = inspect(endpoint, body)
+        rec.stream = info.stream
+        route = rt.table.resolve(info.model)
+        if route is None:
+            raise ModelNotFound(f"The model '{_safe_name(info.model)}' does not exist.", param="model")
+        rec.model = route.name
+        if not (who.may_use(route.name) or who.may_use(info.model)):
+            rt.auth.check_model(who, route.name)
+        limits = rt.config.limits
+        budget = info.prompt_tokens + (
+            0 if endpoint == "embeddings" else (info.max_tokens or limits.default_max_tokens)
+        )
+        decision, reservation = await rt.limiter.admit(who, route.name, budget, call.rid)
+        extra = quota_headers(decision)
+        usage: Usage | None = None
+        try:
+            if info.stream:
+                usage = await self._stream(call, rec, rt, endpoint, body, route, info, extra)
+            else:
+                usage = await self._unary(call, rec, rt, endpoint, body, route, info, extra)
+        finally:
+            if usage is None and rec.completion_tokens is not None:
+                usage = Usage(rec.prompt_tokens or info.prompt_tokens, rec.completion_tokens)
+            await asyncio.shield(rt.limiter.finish(reservation, usage.total_tokens if usage else None))
+
+    def _context(
+        self,
+        rt: Runtime,
+        call: Call,
+        endpoint: Endpoint,
+        body: dict[str, Any],
+        route: ModelRoute,
+        dep: Deployment,
+        stream: bool,
+        wants_usage: bool,
+    ) -> CallContext:
+        return CallContext(
+            endpoint,
+            route.name,
+            dep.upstream_model,
+            stream,
+            wants_usage,
+            call.rid,
+            rt.config.server.reasoning_field,
+            body.get("encoding_format") == "base64",
+        )
+
+    async def _send_upstream(
+        self, dep: Deployment, ctx: CallContext, endpoint: Endpoint, body: dict[str, Any], rec: RequestRecord
+    ) -> UpstreamResponse:
+        adapter = dep.backend.adapter
+        req = adapter.build(endpoint, body, ctx)
+        t = time.perf_counter()
+        try:
+            resp = await self.gw.upstream.send(
+                req.method, dep.backend.cfg.url + req.path, req.headers, req.body, dep.backend.timeouts
+            )
+        finally:
+            rec.upstream_s += time.perf_counter() - t
+        status = resp.status
+        if status < 300:
+            return resp
+        t = time.perf_counter()
+        try:
+            data = await resp.read(ERROR_BODY_LIMIT)
+        finally:
+            resp.close()
+            rec.upstream_s += time.perf_counter() - t
+        if status < 400:
+            raise UpstreamProtocolError(
+                f"backend '{dep.backend.name}' answered with a redirect ({status}); the gateway does not follow "
+                "redirects from engines",
+                backend=dep.backend.name,
+            )
+        raise adapter.error(status, data, resp.headers.get("content-type", ""))
+
+    # -- whole answers ---------------------------------------------------------------------------------
+    async def _unary(
+        self,
+        call: Call,
+        rec: RequestRecord,
+        rt: Runtime,
+        endpoint: Endpoint,
+        body: dict[str, Any],
+        route: ModelRoute,
+        info: Any,
+        extra: Headers,
+    ) -> Usage | None:
+        trace = Trace()
+
+        async def exchange(dep: Deployment, group: ModelRoute) -> tuple[bytes, Usage | None, CallContext]:
+            ctx = self._context(rt, call, endpoint, body, group, dep, False, False)
+            resp = await self._send_upstream(dep, ctx, endpoint, body, rec)
+            t = time.perf_counter()
+            try:
+                data = await resp.read(RESPONSE_LIMIT)
+            finally:
+                resp.close()
+                rec.upstream_s += time.perf_counter() - t
+            out, usage = dep.backend.adapter.response_body(data, ctx)
+            return out, usage, ctx
+
+        call.watch_disconnect(DISCONNECT_WATCH_DELAY_S)
+        try:
+            out, usage, _ = await rt.dispatcher.run(
+                rt.table, route, info, call.header(rt.session_header), exchange, trace
+            )
+        finally:
+            call.stop_watching()
+            self._trace(rec, trace)
+        dep = trace.deployment
+        assert dep is not None
+        release(dep)
+        dep.breaker.success()
+        if usage is not None:
+            rec.prompt_tokens, rec.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        headers = self._headers(call, rec, dep, extra)
+        rec.overhead_s = time.perf_counter() - rec.t0 - rec.upstream_s - rec.waited_s
+        headers.append((b"x-gateway-overhead-ms", f"{rec.overhead_s * 1000:.3f}".encode()))
+        rec.status = 200
+        await call.respond(200, out, headers)
+        return usage
+
+    # -- streams -----------------------------------------------------------------------------------------
+    async def _stream(
+        self,
+        call: Call,
+        rec: RequestRecord,
+        rt: Runtime,
+        endpoint: Endpoint,
+        body: dict[str, Any],
+        route: ModelRoute,
+        info: Any,
+        extra: Headers,
+    ) -> Usage | None:
+        trace = Trace()
+
+        async def exchange(dep: Deployment, group: ModelRoute) -> tuple[UpstreamResponse, CallContext]:
+            ctx = self._context(rt, call, endpoint, body, group, dep, True, info.wants_usage)
+            resp = await self._send_upstream(dep, ctx, endpoint, body, rec)
+            ct = resp.headers.get("content-type", "")
+            if not ct.startswith(dep.backend.adapter.stream_content_types()):
+                resp.close()
+                raise UpstreamProtocolError(
+                    f"backend '{dep.backend.name}' answered a stream request with content type '{ct[:60]}'",
+                    backend=dep.backend.name,
+                )
+            return resp, ctx
+
+        call.watch_disconnect()
+        try:
+            try:
+                resp, ctx = await rt.dispatcher.run(
+                    rt.table, route, info, call.header(rt.session_header), exchange, trace
+                )
+            finally:
+                self._trace(rec, trace)
+            dep = trace.deployment
+            assert dep is not None
+            try:
+                return await self._relay(call, rec, dep, resp, ctx, extra, info.prompt_tokens)
+            except asyncio.CancelledError:
+                dep.breaker.neutral()  # the client left: says nothing about the backend
+                raise
+            finally:
+                resp.close()  # mid-body this drops the connection: the engine stops generating
+                release(dep)
+        finally:
+            call.stop_watching()
+
+    async def _relay(
+        self,
+        call: Call,
+        rec: RequestRecord,
+        dep: Deployment,
+        resp: UpstreamResponse,
+        ctx: CallContext,
+        extra: Headers,
+        prompt_estimate: int,
+    ) -> Usage | None:
+        relay: StreamRelay = dep.backend.adapter.relay(ctx)
+        headers = self._headers(call, rec, dep, extra)
+        now = time.perf_counter()
+        rec.overhead_s = now - rec.t0 - rec.upstream_s - rec.waited_s
+        headers.append((b"x-gateway-overhead-ms", f"{rec.overhead_s * 1000:.3f}".encode()))
+        headers.append((b"content-type", b"text/event-stream; charset=utf-8"))
+        headers.append((b"cache-control", b"no-cache"))
+        headers.append((b"x-accel-buffering", b"no"))
+        rec.status = 200
+        await call.start(200, headers)
+        itl = dep.children.get("itl")
+        if itl is None:
+            itl = dep.children["itl"] = self.gw.metrics.itl.labels(dep.model, dep.backend.name)
+        first = True
+        last = now
+        send = call.send
+        feed = relay.feed
+        err: GatewayError | None = None
+        try:
+            async for chunk in resp.iter_chunks():
+                out = feed(chunk)
+                if out:
+                    now = time.perf_counter()
+                    if first:
+                        first = False
+                        rec.ttft_s = now - rec.t0
+                        self.gw.metrics.ttft.labels(dep.model, dep.backend.name).observe(rec.ttft_s)
+                    else:
+                        itl.observe(now - last)  # type: ignore[attr-defined]
+                    last = now
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                if relay.error is not None:
+                    break
+            else:
+                tail = relay.finish()
+                if tail:
+                    await call.write(tail)
+        except GatewayError as e:  # the engine failed mid-body: cut, idle timeout, reset
+            err = e
+            if relay.error is None:
+                await call.write(e.sse_event() + b"data: [DONE]\n\n")
+        finally:
+            rec.prompt_tokens, rec.completion_tokens, rec.usage_estimated = _usage_of(relay, prompt_estimate)
+        err = err or relay.error
+        if err is not None:
+            rec.outcome = "stream_error"
+            rec.error = err.code
+            if err.status >= 500:
+                dep.breaker.failure(time.monotonic())
+            else:
+                dep.breaker.success()
+        else:
+            dep.breaker.success()
+        call.stop_watching()
+        await call.end()
+        return relay.usage
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def _trace(self, rec: RequestRecord, trace: Trace) -> None:
+        rec.attempts = trace.attempts
+        rec.waited_s += trace.waited_s
+        dep = trace.deployment
+        if dep is not None:
+            rec.backend, rec.engine, rec.upstream_model = dep.backend.name, dep.backend.kind, dep.upstream_model
+            if trace.route is not None:
+                rec.model = trace.route.name
+
+    def _headers(self, call: Call, rec: RequestRecord, dep: Deployment, extra: Headers) -> Headers:
+        h: Headers = [
+            (b"x-request-id", call.rid.encode()),
+            (b"x-gateway-backend", dep.backend.name.encode()),
+            (b"x-gateway-engine", dep.backend.kind.encode()),
+            (b"x-gateway-model", rec.model.encode()),
+        ]
+        h.extend(extra)
+        return h
+
+
+def _usage_of(relay: StreamRelay, prompt_estimate: int) -> tuple[int, int, bool]:
+    u = relay.usage
+    if u is not None:
+        return u.prompt_tokens, u.completion_tokens, False
+    # the engine never reported usage (cut stream, or the client left): estimate what was generated
+    return prompt_estimate, relay.content_events, True

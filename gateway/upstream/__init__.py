@@ -1,0 +1,1 @@
+"""Upstream HTTP clients behind one small protocol."""
