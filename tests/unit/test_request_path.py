@@ -1,0 +1,385 @@
+"""The request path end to end in-process: client -> gateway (ASGI) -> engine played by respx."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import orjson
+import pytest
+import respx
+
+from tests.conftest import ONE_BACKEND, OTHER_KEY, TEST_KEY, gateway_client, make_config
+
+ENGINE = "http://engine-a.test"
+CHAT = {"model": "public-model", "messages": [{"role": "user", "content": "hello"}]}
+
+
+def engine_chat_json(model: str = "upstream-model") -> dict:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi there"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    }
+
+
+def sse(*events: dict | str) -> bytes:
+    out = b""
+    for e in events:
+        out += b"data: " + (e.encode() if isinstance(e, str) else orjson.dumps(e)) + b"\n\n"
+    return out
+
+
+def chunk(content: str | None = None, finish: str | None = None, model: str = "upstream-model") -> dict:
+    delta = {} if content is None else {"content": content}
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+USAGE_CHUNK = {
+    "id": "c1",
+    "object": "chat.completion.chunk",
+    "created": 1,
+    "model": "upstream-model",
+    "choices": [],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+}
+
+
+def events_of(body: bytes) -> list[str]:
+    return [e[len("data: ") :] for e in body.decode().split("\n\n") if e.startswith("data: ")]
+
+
+TWO_BACKENDS = ONE_BACKEND.replace(
+    "models:\n",
+    """  - name: engine-b
+    engine: sglang
+    url: http://engine-b.test
+models:
+  - name: twin
+    deployments:
+      - {backend: engine-a, model: upstream-model, format: safetensors}
+      - {backend: engine-b, model: upstream-model, format: safetensors}
+""",
+)
+
+
+@pytest.fixture
+def cfg():
+    return make_config(ONE_BACKEND)
+
+
+# -- the happy path ---------------------------------------------------------------------------------
+
+
+@respx.mock
+async def test_chat_is_forwarded_with_model_rewritten_unknown_fields_kept_and_engine_key_not_client_key(cfg):
+    route = respx.post(f"{ENGINE}/v1/chat/completions").mock(return_value=httpx.Response(200, json=engine_chat_json()))
+    async with gateway_client(cfg) as (client, _):
+        r = await client.post(
+            "/v1/chat/completions",
+            json={**CHAT, "top_k": 7, "my_extension": {"a": 1}},
+            headers={"x-api-key": "should-not-leak"},
+        )
+    assert r.status_code == 200, r.text
+    sent = route.calls.last.request
+    body = orjson.loads(sent.content)
+    assert body["model"] == "upstream-model"
+    assert body["top_k"] == 7 and body["my_extension"] == {"a": 1}
+    assert sent.headers["authorization"] == "Bearer engine-secret-a"
+    assert "x-api-key" not in sent.headers
+    assert TEST_KEY not in sent.content.decode() and TEST_KEY not in str(sent.headers)
+    out = r.json()
+    assert out["model"] == "public-model"
+    assert out["choices"][0]["message"]["content"] == "hi there"
+    assert r.headers["x-gateway-backend"] == "engine-a"
+    assert r.headers["x-gateway-engine"] == "vllm"
+    assert float(r.headers["x-gateway-overhead-ms"]) >= 0
+
+
+@respx.mock
+async def test_alias_resolves_to_the_public_model(cfg):
+    respx.post(f"{ENGINE}/v1/chat/completions").mock(return_value=httpx.Response(200, json=engine_chat_json()))
+    async with gateway_client(cfg) as (client, _):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "model": "pm"})
+    assert r.status_code == 200
+    assert r.json()["model"] == "public-model"
+    assert r.headers["x-gateway-model"] == "public-model"
+
+
+@respx.mock
+async def test_request_id_is_echoed_from_the_client_or_minted(cfg):
+    respx.post(f"{ENGINE}/v1/chat/completions").mock(return_value=httpx.Response(200, json=engine_chat_json()))
+    async with gateway_client(cfg) as (client, _):
+        given = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "trace-42"})
+        minted = await client.post("/v1/chat/completions", json=CHAT)
+        bad = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "bad id\twith spaces"})
+    assert given.headers["x-request-id"] == "trace-42"
+    assert len(minted.headers["x-request-id"]) == 24
+    assert bad.headers["x-request-id"] != "bad id\twith spaces"
+    assert respx.calls[0].request.headers["x-request-id"] == "trace-42"
+
+
+@respx.mock
+async def test_completions_and_embeddings_are_proxied(cfg):
+    respx.post(f"{ENGINE}/v1/completions").mock(
+        return_value=httpx.Response(
+            200,
+            json={
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "model": "upstream-model",
+                "choices": [{"index": 0, "text": "abc", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
+            },
+        )
+    )
+    respx.post(f"{ENGINE}/v1/embeddings").mock(
+        return_value=httpx.Response(
+            200,
+            json={
+                "object": "list",
+                "model": "upstream-model",
+                "data": [{"object": "embedding", "index": 0, "embedding": [0.1]}],
+                "usage": {"prompt_tokens": 1, "total_tokens": 1},
+            },
+        )
+    )
+    async with gateway_client(cfg) as (client, _):
+        c = await client.post("/v1/completions", json={"model": "public-model", "prompt": "x", "max_tokens": 3})
+        e = await client.post("/v1/embeddings", json={"model": "public-model", "input": "x"})
+    assert c.status_code == 200 and c.json()["choices"][0]["text"] == "abc" and c.json()["model"] == "public-model"
+    assert e.status_code == 200 and e.json()["data"][0]["embedding"] == [0.1]
+
+
+@respx.mock
+async def test_stream_asks_engine_for_usage_and_strips_it_when_the_client_did_not(cfg):
+    body = sse(chunk("Hel"), chunk("lo"), chunk(finish="stop"), USAGE_CHUNK, "[DONE]")
+    route = respx.post(f"{ENGINE}/v1/chat/completions").mock(
+        return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+    )
+    async with gateway_client(cfg) as (client, app):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    sent = orjson.loads(route.calls.last.request.content)
+    assert sent["stream_options"] == {"include_usage": True}
+    ev = events_of(r.content)
+    assert ev[-1] == "[DONE]"
+    assert all('"usage"' not in e for e in ev)
+    assert [orjson.loads(e)["choices"][0]["delta"].get("content") for e in ev[:-1]] == ["Hel", "lo", None]
+    assert all(orjson.loads(e)["model"] == "public-model" for e in ev[:-1])
+    metrics = app.gw.metrics.render().decode()
+    assert 'gateway_completion_tokens_total{backend="engine-a",model="public-model"} 2.0' in metrics
+
+
+@respx.mock
+async def test_stream_keeps_the_usage_chunk_when_the_client_asked(cfg):
+    body = sse(chunk("Hi"), chunk(finish="stop"), USAGE_CHUNK, "[DONE]")
+    respx.post(f"{ENGINE}/v1/chat/completions").mock(
+        return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+    )
+    async with gateway_client(cfg) as (client, _):
+        r = await client.post(
+            "/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+        )
+    ev = events_of(r.content)
+    usage = orjson.loads(ev[-2])
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 7
+
+
+# -- errors the gateway produces ------------------------------------------------------------------------
+
+
+def assert_envelope(r: httpx.Response, status: int, code: str | None = None, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    if code is not None:
+        assert err["code"] == code
+    if param is not None:
+        assert err["param"] == param
+    assert r.headers.get("x-request-id")
+    return err
+
+
+async def test_invalid_json_missing_fields_and_wrong_types_are_400(cfg):
+    async with gateway_client(cfg) as (client, _):
+        bad_json = await client.post(
+            "/v1/chat/completions", content=b'{"model": ', headers={"content-type": "application/json"}
+        )
+        not_object = await client.post("/v1/chat/completions", json=[1, 2])
+        no_messages = await client.post("/v1/chat/completions", json={"model": "public-model"})
+        no_model = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        bad_stream = await client.post("/v1/chat/completions", json={**CHAT, "stream": "yes"})
+        bad_utf8 = await client.post(
+            "/v1/chat/completions", content=b'{"model": "\xff\xfe"}', headers={"content-type": "application/json"}
+        )
+        form = await client.post(
+            "/v1/chat/completions", content=b"a=b", headers={"content-type": "application/x-www-form-urlencoded"}
+        )
+    assert_envelope(bad_json, 400, "invalid_json")
+    assert_envelope(not_object, 400)
+    assert_envelope(no_messages, 400, param="messages")
+    assert_envelope(no_model, 400, param="model")
+    assert_envelope(bad_stream, 400, param="stream")
+    assert_envelope(bad_utf8, 400, "invalid_json")
+    assert_envelope(form, 415, "unsupported_media_type")
+
+
+async def test_unknown_model_is_404_model_not_found(cfg):
+    async with gateway_client(cfg) as (client, _):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "model": "no-such-model"})
+    err = assert_envelope(r, 404, "model_not_found", "model")
+    assert "no-such-model" in err["message"]
+
+
+async def test_body_over_the_limit_is_413():
+    cfg = make_config(
+        ONE_BACKEND.replace("server: {access_log: false}", "server: {access_log: false, max_body_bytes: 2048}")
+    )
+    async with gateway_client(cfg) as (client, _):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "pad": "x" * 5000})
+    assert_envelope(r, 413, "request_too_large")
+
+
+@respx.mock
+async def test_unreachable_engine_is_502_and_timeout_is_504(cfg):
+    respx.post(f"{ENGINE}/v1/chat/completions").mock(side_effect=httpx.ConnectError("refused"))
+    async with gateway_client(cfg) as (client, _):
+        r = await client.post("/v1/chat/completions", json=CHAT)
+    err = assert_envelope(r, 502, "upstream_unreachable")
+    assert "refused" in err["message"] or "connect" in err["message"]
+    respx.post(f"{ENGINE}/v1/chat/completions").mock(side_effect=httpx.ReadTimeout("slow"))
+    async with gateway_client(cfg) as (client, _):
+        r = await client.post("/v1/chat/completions", json=CHAT)
+    assert_envelope(r, 504, "upstream_timeout")
+
+
+async def test_no_healthy_backend_is_503_with_retry_after(cfg):
+    async with gateway_client(cfg) as (client, app):
+        app.gw.runtime.table.backends["engine-a"].state = "down"
+        r = await client.post("/v1/chat/completions", json=CHAT)
+    assert_envelope(r, 503, "no_healthy_backend")
+    assert r.headers["retry-after"]
+
+
+@respx.mock
+async def test_engine_errors_are_normalised_and_name_the_backend(cfg):
+    respx.post(f"{ENGINE}/v1/chat/completions").mock(
+        side_effect=[
+            httpx.Response(401, json={"error": "Unauthorized"}),
+            httpx.Response(
+                400,
+                json={
+                    "object": "error",
+                    "message": "max_tokens too big",
+                    "type": "BadRequestError",
+                    "param": "max_tokens",
+                    "code": 400,
+                },
+            ),
+            httpx.Response(500, text="<html>boom</html>", headers={"content-type": "text/html"}),
+        ]
+    )
+    async with gateway_client(cfg) as (client, _):
+        auth = await client.post("/v1/chat/completions", json=CHAT)
+        bad = await client.post("/v1/chat/completions", json=CHAT)
+        boom = await client.post("/v1/chat/completions", json=CHAT)
+    err = assert_envelope(auth, 502, "upstream_auth_failed")
+    assert "engine-a" in err["message"] and "engine-secret-a" not in err["message"]
+    err = assert_envelope(bad, 400, param="max_tokens")
+    assert "max_tokens too big" in err["message"] and "engine-a" in err["message"]
+    err = assert_envelope(boom, 500)
+    assert "HTML" in err["message"] and boom.headers["x-gateway-backend"] == "engine-a"
+
+
+@respx.mock
+async def test_error_after_the_first_byte_is_one_sse_error_event_then_the_stream_ends(cfg):
+    async def cut() -> AsyncIterator[bytes]:
+        yield sse(chunk("Hel"))
+        raise httpx.ReadError("connection reset")
+
+    respx.post(f"{ENGINE}/v1/chat/completions").mock(
+        return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, content=cut())
+    )
+    async with gateway_client(cfg) as (client, _):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    ev = events_of(r.content)
+    assert orjson.loads(ev[0])["choices"][0]["delta"]["content"] == "Hel"
+    errors = [orjson.loads(e) for e in ev if e.startswith('{"error"')]
+    assert len(errors) == 1 and errors[0]["error"]["code"] == "stream_interrupted"
+    assert ev[-1] == "[DONE]"
+
+
+@respx.mock
+async def test_in_band_engine_error_frame_becomes_an_openai_error_event(cfg):
+    body = sse(chunk("a"), {"error": {"message": "engine exploded", "type": "InternalServerError", "code": 500}})
+    respx.post(f"{ENGINE}/v1/chat/completions").mock(
+        return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+    )
+    async with gateway_client(cfg) as (client, _):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    ev = events_of(r.content)
+    err = orjson.loads(ev[1])["error"]
+    assert set(err) == {"message", "type", "param", "code"} and "engine exploded" in err["message"]
+    assert ev[-1] == "[DONE]" and len(ev) == 3
+
+
+async def test_unknown_route_and_wrong_method_get_envelopes(cfg):
+    async with gateway_client(cfg) as (client, _):
+        assert_envelope(await client.get("/v2/nothing"), 404, "not_found")
+        assert_envelope(await client.get("/v1/chat/completions"), 405, "method_not_allowed")
+
+
+async def test_missing_or_wrong_key_is_401_and_x_api_key_works(cfg):
+    async with gateway_client(cfg, key=None) as (client, _):
+        missing = await client.post("/v1/chat/completions", json=CHAT)
+        wrong = await client.post("/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {OTHER_KEY}"})
+        models = await client.get("/v1/models", headers={"x-api-key": TEST_KEY})
+    assert_envelope(missing, 401, "missing_api_key")
+    assert_envelope(wrong, 401, "invalid_api_key")
+    assert OTHER_KEY not in wrong.text
+    assert models.status_code == 200
+
+
+async def test_models_lists_public_names_and_aliases(cfg):
+    async with gateway_client(cfg) as (client, _):
+        r = await client.get("/v1/models")
+        one = await client.get("/v1/models/pm")
+        none = await client.get("/v1/models/upstream-model")
+    assert [m["id"] for m in r.json()["data"]] == ["public-model", "pm"]
+    assert one.json()["id"] == "pm" and one.json()["root"] == "public-model"
+    assert_envelope(none, 404, "model_not_found")
+
+
+@respx.mock
+async def test_connection_refused_fails_over_to_the_other_deployment():
+    cfg = make_config(TWO_BACKENDS)
+    a = respx.post(f"{ENGINE}/v1/chat/completions").mock(side_effect=httpx.ConnectError("refused"))
+    b = respx.post("http://engine-b.test/v1/chat/completions").mock(
+        return_value=httpx.Response(200, json=engine_chat_json())
+    )
+    async with gateway_client(cfg) as (client, app):
+        results = [await client.post("/v1/chat/completions", json={**CHAT, "model": "twin"}) for _ in range(4)]
+        assert app.gw.runtime.table.backends["engine-a"].state == "down"
+    assert all(r.status_code == 200 and r.headers["x-gateway-backend"] == "engine-b" for r in results)
+    assert a.call_count == 1  # refused once, then taken out until a probe sees it again
+    assert b.call_count == 4
+
+
+async def test_healthz_and_readyz(cfg):
+    async with gateway_client(cfg, key=None) as (client, app):
+        assert (await client.get("/healthz")).json() == {"status": "ok"}
+        not_ready = await client.get("/readyz")
+        app.gw.runtime.table.backends["engine-a"].state = "ready"
+        ready = await client.get("/readyz")
+    assert not_ready.status_code == 503 and not_ready.json()["backends"]["engine-a"]["state"] == "unknown"
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
