@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from adapters.base import Endpoint, ProbeClient
+from adapters.base import Endpoint, ProbeClient, ProbeState
 from adapters.openai_compat import OpenAICompatAdapter
 
 
@@ -40,7 +40,7 @@ class LMDeployAdapter(OpenAICompatAdapter):
         if "repeat_penalty" in body and "repetition_penalty" not in body:
             body["repetition_penalty"] = body.pop("repeat_penalty")
 
-    async def probe_ready(self, client: ProbeClient) -> tuple[str, str]:
+    async def probe_ready(self, client: ProbeClient) -> tuple[ProbeState, str]:
         status, body = await client.get("/health")
         try:
             value = orjson.loads(body).get("status")

@@ -330,7 +330,7 @@ def _messages(msgs: Any) -> list[dict[str, Any]]:
     if not isinstance(msgs, list):
         raise InvalidRequest("'messages' must be an array", param="messages")
     out: list[dict[str, Any]] = []
-    names: dict[str, str] = {}
+    names: dict[str, Any] = {}
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
@@ -360,7 +360,7 @@ def _messages(msgs: Any) -> list[dict[str, Any]]:
             if thinking:
                 om["thinking"] = thinking
         elif role == "tool":
-            name = names.get(m.get("tool_call_id", "")) or m.get("name")
+            name = names.get(str(m.get("tool_call_id", ""))) or m.get("name")
             if name:
                 om["tool_name"] = name
         out.append(om)

@@ -20,6 +20,7 @@ from adapters.base import (
     LoadSnapshot,
     ProbeClient,
     ProbeResult,
+    ProbeState,
     UpstreamRequest,
     Usage,
 )
@@ -181,7 +182,7 @@ class OpenAICompatAdapter(Adapter):
         load = await self.probe_load(client) if self.load_metrics else None
         return ProbeResult("ready", load=load, models=models, detail=detail)
 
-    async def probe_ready(self, client: ProbeClient) -> tuple[str, str]:
+    async def probe_ready(self, client: ProbeClient) -> tuple[ProbeState, str]:
         if self.health_path is None:
             status, _ = await client.get(self.models_path, self.auth_headers())
         else:

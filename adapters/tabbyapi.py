@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from adapters.base import Endpoint, ProbeClient
+from adapters.base import Endpoint, ProbeClient, ProbeState
 from adapters.error_bodies import EngineError
 from adapters.openai_compat import OpenAICompatAdapter
 from gateway.errors import UpstreamError
@@ -45,7 +45,7 @@ class TabbyAPIAdapter(OpenAICompatAdapter):
             status = 400
         return super().classify(status, err)
 
-    async def probe_ready(self, client: ProbeClient) -> tuple[str, str]:
+    async def probe_ready(self, client: ProbeClient) -> tuple[ProbeState, str]:
         status, _ = await client.get("/health")
         if status != 200:
             return "down", f"/health answered {status}"

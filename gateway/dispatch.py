@@ -62,13 +62,15 @@ def explain_ineligible(route: ModelRoute, info: RequestInfo) -> InvalidRequest:
     if info.format is not None and not any(d.cfg.format == info.format for d in route.deployments):
         have = sorted({d.cfg.format for d in route.deployments})
         return InvalidRequest(
-            f"no deployment of model '{route.name}' serves the '{info.format}' weight format (it has: {', '.join(have)})",
+            f"no deployment of model '{route.name}' serves the '{info.format}' weight format "
+            f"(it has: {', '.join(have)})",
             param="model",
             code="format_unavailable",
         )
     missing = sorted(info.needs - set().union(*(d.cfg.capabilities for d in route.deployments)))
     return InvalidRequest(
-        f"model '{route.name}' has no deployment with the capabilities this request needs: {', '.join(missing) or 'a combination'}",
+        f"model '{route.name}' has no deployment with the capabilities this request needs: "
+        f"{', '.join(missing) or 'a combination'}",
         param="model",
         code="capability_unavailable",
     )

@@ -146,9 +146,7 @@ class GenerationService:
 
         call.watch_disconnect(DISCONNECT_WATCH_DELAY_S)
         try:
-            out, usage, _ = await rt.dispatcher.run(
-                rt.table, route, info, call.header(rt.session_header), exchange, trace
-            )
+            out, usage, _ = await rt.dispatcher.run(rt.table, route, info, _session(call, rt), exchange, trace)
         finally:
             call.stop_watching()
             self._trace(rec, trace)
@@ -194,9 +192,7 @@ class GenerationService:
         call.watch_disconnect()
         try:
             try:
-                resp, ctx = await rt.dispatcher.run(
-                    rt.table, route, info, call.header(rt.session_header), exchange, trace
-                )
+                resp, ctx = await rt.dispatcher.run(rt.table, route, info, _session(call, rt), exchange, trace)
             finally:
                 self._trace(rec, trace)
             dep = trace.deployment
@@ -306,3 +302,8 @@ def _usage_of(relay: StreamRelay, prompt_estimate: int) -> tuple[int, int, bool]
         return u.prompt_tokens, u.completion_tokens, False
     # the engine never reported usage (cut stream, or the client left): estimate what was generated
     return prompt_estimate, relay.content_events, True
+
+
+def _session(call: Call, rt: Runtime) -> str | None:
+    v = call.header(rt.session_header)
+    return v.decode("latin-1")[:256] if v else None

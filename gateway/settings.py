@@ -60,6 +60,11 @@ class BackendConfig(_Strict):
     max_queue: int = Field(64, ge=0, description="requests that may wait for a free slot")
     queue_timeout_s: float = Field(30.0, gt=0)
 
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_none(cls, v: object) -> object:
+        return None if v == "" else v
+
     @field_validator("url")
     @classmethod
     def _check_url(cls, v: str) -> str:

@@ -8,6 +8,7 @@ out, the caller answers 429 with Retry-After.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 
 
@@ -55,10 +56,8 @@ class Admission:
                 fut.cancel()
             raise
         finally:
-            try:
+            with contextlib.suppress(ValueError):
                 self.waiters.remove(fut)
-            except ValueError:
-                pass
 
     def leave(self) -> None:
         while self.waiters:

@@ -9,6 +9,7 @@ in exactly one `finish_record` (metrics + access log).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -116,10 +117,8 @@ class GatewayApp:
             headers.append((k.encode(), v.encode()))
         if e.backend:
             headers.append((b"x-gateway-backend", e.backend.encode()))
-        try:
+        with contextlib.suppress(OSError):
             await call.respond(e.status, e.body(), headers)
-        except OSError:
-            pass
 
     async def lifespan(self, receive: Receive, send: Send) -> None:
         while True:

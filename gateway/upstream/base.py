@@ -23,8 +23,11 @@ class UpstreamTimeouts:
 
 
 class UpstreamResponse(Protocol):
-    status: int
-    headers: Mapping[str, str]
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
     async def read(self, limit: int) -> bytes:
         """The whole body; UpstreamProtocolError beyond `limit` bytes."""
