@@ -37,6 +37,9 @@ def create_app(
         nonlocal watcher, metrics_runner
         if gw.runtime.config.auth.mode == "none":
             log.warning("auth mode is 'none': anyone who can reach this gateway can use every model")
+        warm_up = getattr(gw.store, "warm_up", None)
+        if warm_up is not None:
+            await warm_up()
         if probes:
             prober.sync(gw.runtime.table)
         if config_path is not None:

@@ -145,7 +145,7 @@ class LimitsConfig(_Strict):
     redis_url: SecretStr | None = None
     key_prefix: str = "llmgw"
     on_store_error: Literal["open", "closed"] = "open"
-    store_timeout_ms: int = Field(100, ge=1)
+    store_timeout_ms: int = Field(250, ge=1, description="per store call; past it the on_store_error policy applies")
     default_max_tokens: int = Field(1024, ge=1, description="reserved when a request sets no max_tokens")
 
     @model_validator(mode="after")

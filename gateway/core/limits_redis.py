@@ -155,8 +155,10 @@ class RedisStore:
         self._finish = self._redis.register_script(_FINISH)
         self._tag = "{" + prefix + "}"
         self._down_until = 0.0
+        self._timeouts_in_a_row = 0
         self._on_state = on_state
         self._up = True
+        self._warm = False
 
     def _keys(self, scope: str, *suffixes: str) -> list[str]:
         return [f"{self._tag}:{scope}:{s}" for s in suffixes]
@@ -166,10 +168,18 @@ class RedisStore:
             self._up = up
             if up:
                 log.warning("rate-limit store reachable again")
-            else:
-                log.error("rate-limit store unreachable; applying the on_store_error policy")
             if self._on_state:
                 self._on_state(up)
+
+    async def warm_up(self) -> None:
+        """Load the scripts (so the first requests need no NOSCRIPT round trip) and open a connection."""
+        try:
+            async with asyncio.timeout(self._timeout * 10):
+                await self._redis.script_load(_RESERVE)
+                await self._redis.script_load(_FINISH)
+            self._warm = True
+        except (RedisError, OSError, TimeoutError) as e:
+            log.warning("rate-limit store not reachable at startup (%s); will retry per request", type(e).__name__)
 
     async def _call(self, script: object, keys: list[str], args: list[object]) -> list[int]:
         if time.monotonic() < self._down_until:
@@ -177,12 +187,24 @@ class RedisStore:
         try:
             async with asyncio.timeout(self._timeout * 2):
                 out = await script(keys=keys, args=args)  # type: ignore[operator]
-        except (RedisError, OSError, TimeoutError) as e:
-            self._down_until = time.monotonic() + 1.0
-            self._mark(False)
+        except TimeoutError:
+            # slow, not necessarily down: this request gets the policy; three in a row mark it down
+            self._timeouts_in_a_row += 1
+            if self._timeouts_in_a_row >= 3:
+                self._down(f"{self._timeouts_in_a_row} calls in a row timed out")
+            raise StoreUnavailable("timeout") from None
+        except (RedisError, OSError) as e:
+            self._down(type(e).__name__)
             raise StoreUnavailable(type(e).__name__) from None
+        self._timeouts_in_a_row = 0
         self._mark(True)
         return [int(x) for x in out] if isinstance(out, list) else [int(out)]
+
+    def _down(self, why: str) -> None:
+        self._down_until = time.monotonic() + 1.0
+        if self._up:
+            log.error("rate-limit store unreachable (%s); applying the on_store_error policy", why)
+        self._mark(False)
 
     async def reserve(self, rid: str, scopes: Sequence[ScopeLimits], tokens: int) -> tuple[Decision, Reservation]:
         member = uuid.uuid4().hex  # unique even when a client reuses its x-request-id
