@@ -7,6 +7,10 @@ finish for up to `graceful_shutdown_s`, then the lifespan closes the upstream co
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Generator
+
 import uvicorn
 
 from gateway.http.asgi import GatewayApp
@@ -32,5 +36,14 @@ def uvicorn_config(app: GatewayApp, server: ServerConfig, host: str, port: int) 
     )
 
 
+class GatewayServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        with super().capture_signals():
+            yield
+            # a SIGTERM answered by draining is a clean exit (status 0), not a death by signal
+            self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+
+
 def run(app: GatewayApp, server: ServerConfig, host: str, port: int) -> None:
-    uvicorn.Server(uvicorn_config(app, server, host, port)).run()
+    GatewayServer(uvicorn_config(app, server, host, port)).run()
