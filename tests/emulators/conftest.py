@@ -1,0 +1,8 @@
+"""Emulator test suite configuration: every test here is asyncio-based and fast."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))

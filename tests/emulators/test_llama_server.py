@@ -1,0 +1,245 @@
+"""llama-server emulator against the captures of a real llama-server (captures/llamacpp/http)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from emu_helpers import capture, chat, keys, request, running, shape
+
+from emulators import expected_text
+
+pytestmark = pytest.mark.asyncio
+ENGINE = "llama-server"
+KEY = {"Authorization": "Bearer sk-test"}
+
+
+def head_names(r: object) -> list[str]:
+    return [k for k, _ in r.headers]  # type: ignore[attr-defined]
+
+
+async def test_health_and_models_match_capture() -> None:
+    async with running(ENGINE, model="tiny-llama") as emu:
+        got = await request(emu.url, path="/health")
+        cap = capture("llamacpp/http/01_health.txt")
+        assert (got.status, got.body, head_names(got)) == (cap.status, cap.body, head_names(cap))
+        assert got.headers == cap.headers  # Server, empty ACAO, Content-Type, Content-Length, Keep-Alive
+        got = await request(emu.url, path="/v1/models")
+        cap = capture("llamacpp/http/02_v1_models.txt")
+        assert shape(got.json()) == shape(cap.json())
+        assert got.json()["data"][0]["id"] == "tiny-llama" and got.json()["data"][0]["owned_by"] == "llamacpp"
+
+
+async def test_chat_nonstream_matches_capture_layout() -> None:
+    async with running(ENGINE, model="tiny-llama") as emu:
+        got = await request(emu.url, "POST", "/v1/chat/completions", chat(16, model="whatever"))
+        cap = capture("llamacpp/http/05_chat_nonstream.txt")
+        assert head_names(got) == head_names(cap)
+        assert shape(got.json()) == shape(cap.json())
+        body = got.json()
+        assert body["model"] == "tiny-llama"  # the request's model is not validated nor echoed
+        assert body["id"].startswith("chatcmpl-") and len(body["id"]) == len("chatcmpl-") + 32
+        assert body["choices"][0]["message"]["content"] == expected_text(16)
+        assert body["usage"]["completion_tokens"] == 16 and body["choices"][0]["finish_reason"] == "length"
+
+
+async def test_chat_stream_with_usage_matches_capture() -> None:
+    async with running(ENGINE, model="tiny-llama") as emu:
+        req = chat(6, stream=True, stream_options={"include_usage": True})
+        got = await request(emu.url, "POST", "/v1/chat/completions", req)
+        cap = capture("llamacpp/http/06_chat_stream.txt")
+        assert head_names(got) == head_names(cap) and got.header("content-type") == "text/event-stream"
+        g, c = got.data(), cap.data()
+        assert len(g) == len(c) and g[-1] == c[-1] == "[DONE]"
+        assert [shape(x) for x in g[:-1]] == [shape(x) for x in c[:-1]]
+        assert "timings" not in g[-3] and "timings" in g[-2] and g[-2]["choices"] == []
+        assert "".join(x["choices"][0]["delta"].get("content") or "" for x in g[1:-3]) == expected_text(6)
+
+
+async def test_chat_stream_without_usage_puts_timings_on_finish_chunk() -> None:
+    async with running(ENGINE, model="tiny-llama") as emu:
+        got = await request(emu.url, "POST", "/v1/chat/completions", chat(3, stream=True))
+        cap = capture("llamacpp/http/07_chat_stream_no_usage.txt")
+        assert [shape(x) for x in got.data()[:-1]] == [shape(x) for x in cap.data()[:-1]]
+        assert got.body.endswith(b"data: [DONE]\n\n")
+
+
+async def test_completions_match_capture() -> None:
+    async with running(ENGINE, model="tiny-llama") as emu:
+        got = await request(emu.url, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 12})
+        assert shape(got.json()) == shape(capture("llamacpp/http/08_completions.txt").json())
+        req = {"prompt": "Once", "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}
+        got = await request(emu.url, "POST", "/v1/completions", req)
+        cap = capture("llamacpp/http/09_completions_stream.txt")
+        assert [shape(x) for x in got.data()[:-1]] == [shape(x) for x in cap.data()[:-1]]
+
+
+async def test_stop_string_ends_with_stop() -> None:
+    async with running(ENGINE) as emu:
+        got = await request(emu.url, "POST", "/v1/chat/completions", chat(16, stop=[" test"]))
+        body = got.json()
+        assert body["choices"][0]["finish_reason"] == "stop"
+        assert body["choices"][0]["message"]["content"] == "Hello, this is a"
+        assert body["usage"]["completion_tokens"] == 6  # the token that matched counts
+        assert shape(body) == shape(capture("llamacpp/http/10_chat_stop_string.txt").json())
+
+
+async def test_embeddings_need_flag_and_support_base64() -> None:
+    async with running(ENGINE) as emu:
+        got = await request(emu.url, "POST", "/v1/embeddings", {"input": "hello world"})
+        cap = capture("llamacpp/http/12_embeddings_on_chat_server.txt")
+        assert (got.status, got.body) == (cap.status, cap.body) and got.header("Connection") == "close"
+    async with running(ENGINE, embeddings=True, api_key="sk-test") as emu:
+        got = await request(emu.url, "POST", "/v1/embeddings", {"input": "hello world"}, KEY)
+        assert shape(got.json()) == shape(capture("llamacpp/http/44_emb_single.txt").json())
+        got = await request(emu.url, "POST", "/v1/embeddings", {"input": "hi", "encoding_format": "base64"}, KEY)
+        assert shape(got.json()) == shape(capture("llamacpp/http/46_emb_base64.txt").json())
+
+
+@pytest.mark.parametrize(
+    ("rel", "raw"),
+    [
+        ("13_err_bad_json.txt", b'{"model":"tiny-llama","messages":[{"role":"user",'),
+        ("16_err_messages_wrong_type.txt", b'{"model":"tiny-llama","messages":"hi","max_tokens":4}'),
+        ("17_err_missing_messages.txt", b'{"model":"tiny-llama","max_tokens":4}'),
+    ],
+)
+async def test_chat_body_errors_match_capture(rel: str, raw: bytes) -> None:
+    async with running(ENGINE) as emu:
+        got = await request(emu.url, "POST", "/v1/chat/completions", raw_body=raw)
+        cap = capture(f"llamacpp/http/{rel}")
+        assert got.status == cap.status == 400
+        assert head_names(got) == head_names(cap) and got.header("Connection") == "close"
+        assert keys(got.json()["error"]) == keys(cap.json()["error"]) == ["code", "message", "type"]
+        assert got.json()["error"]["type"] == cap.json()["error"]["type"]
+        if rel != "13_err_bad_json.txt":
+            assert got.body == cap.body
+
+
+async def test_legacy_build_answers_500_server_error_for_chat_parse_errors() -> None:
+    async with running(ENGINE, llama_legacy=True) as emu:
+        got = await request(emu.url, "POST", "/v1/chat/completions", raw_body=b'{"messages":[')
+        assert got.status == 500 and got.json()["error"]["type"] == "server_error"
+        got = await request(emu.url, "POST", "/v1/chat/completions", chat(2, n=2))
+        assert got.status == 500 and "Only one completion choice" in got.json()["error"]["message"]
+
+
+async def test_unknown_route_and_get_on_post_are_404() -> None:
+    async with running(ENGINE) as emu:
+        for method, path, rel in (
+            ("GET", "/v1/nope", "20_err_404.txt"),
+            ("GET", "/v1/chat/completions", "21_err_get_on_post.txt"),
+        ):
+            got = await request(emu.url, method, path)
+            cap = capture(f"llamacpp/http/{rel}")
+            assert (got.status, got.body, got.headers[2:]) == (cap.status, cap.body, cap.headers[2:])
+
+
+async def test_prompt_too_long_is_exceed_context_size_error() -> None:
+    async with running(ENGINE, ctx_len=2048) as emu:
+        req = chat(4, stream=True, messages=[{"role": "user", "content": "the " * 9000}])
+        got = await request(emu.url, "POST", "/v1/chat/completions", req)
+        cap = capture("llamacpp/http/19_err_prompt_too_long_stream.txt")
+        assert got.status == 400 and shape(got.json()) == shape(cap.json())
+
+
+async def test_auth_bodies_paths_and_headers() -> None:
+    async with running(ENGINE, api_key="sk-test", embeddings=True) as emu:
+        assert (await request(emu.url, path="/health")).status == 200
+        got = await request(emu.url, path="/v1/models")  # protected in the captured build
+        cap = capture("llamacpp/http/41_emb_models_no_key.txt")
+        assert (got.status, got.body, got.headers) == (cap.status, cap.body, cap.headers)
+        got = await request(emu.url, "POST", "/v1/embeddings", {"input": "x"})
+        cap = capture("llamacpp/http/42_emb_no_key.txt")
+        assert (got.status, got.body, got.headers) == (cap.status, cap.body, cap.headers)
+        bad = await request(emu.url, "POST", "/v1/embeddings", {"input": "x"}, {"Authorization": "Bearer nope"})
+        assert bad.body == capture("llamacpp/http/43_emb_wrong_key.txt").body
+        assert (
+            await request(emu.url, "POST", "/v1/embeddings", {"input": "x"}, {"X-Api-Key": "sk-test"})
+        ).status == 200
+        for path in ("/metrics", "/slots", "/props"):
+            assert (await request(emu.url, path=path)).status == 401
+            assert (await request(emu.url, path=path, headers=KEY)).status == 200
+
+
+async def test_metrics_names_types_and_header() -> None:
+    async with running(ENGINE) as emu:
+        got = await request(emu.url, path="/metrics")
+        cap = capture("llamacpp/http/26_metrics_busy.txt")
+        assert head_names(got) == head_names(cap) and got.header("Content-Type") == "text/plain; version=0.0.4"
+        assert int(got.header("Process-Start-Time-Unix") or 0) > 0
+        names = [ln for ln in got.body.decode().splitlines() if ln.startswith("#")]
+        assert names == [ln for ln in cap.body.decode().splitlines() if ln.startswith("#")]
+        assert "llamacpp:requests_processing 0\n" in got.body.decode()
+    async with running(ENGINE, metrics=False) as emu:
+        got = await request(emu.url, path="/metrics")
+        assert got.status == 501 and got.json()["error"]["type"] == "not_supported_error"
+
+
+async def test_slots_props_and_busy_state() -> None:
+    async with running(ENGINE, slots=2, tpot_ms=20) as emu:
+        idle = await request(emu.url, path="/slots")
+        assert idle.body == capture("llamacpp/http/04_slots_idle.txt").body.replace(b"2048", b"4096")
+        props = await request(emu.url, path="/props")
+        assert keys(props.json()) == keys(capture("llamacpp/http/03_props.txt").json())
+        assert props.json()["total_slots"] == 2
+        streams = [
+            asyncio.ensure_future(request(emu.url, "POST", "/v1/chat/completions", chat(40, True))) for _ in range(3)
+        ]
+        while emu.stats.active < 2 or emu.stats.waiting < 1:
+            await asyncio.sleep(0.01)
+        busy = (await request(emu.url, path="/slots")).json()
+        assert [s["is_processing"] for s in busy] == [True, True]
+        cap_busy = capture("llamacpp/http/25_slots_busy.txt").json()[0]
+        assert keys(busy[0]) == keys(cap_busy)
+        assert (await request(emu.url, path="/slots?fail_on_no_slot=1")).status == 503
+        text = (await request(emu.url, path="/metrics")).body.decode()
+        assert "llamacpp:requests_processing 2\n" in text and "llamacpp:requests_deferred 1\n" in text
+        await asyncio.gather(*streams)
+        assert (await request(emu.url, path="/slots?fail_on_no_slot=1")).status == 200
+
+
+async def test_loading_state() -> None:
+    async with running(ENGINE, load_delay_s=0.3) as emu:
+        got = await request(emu.url, path="/health")
+        assert got.status == 503
+        assert got.body == b'{"error":{"message":"Loading model","type":"unavailable_error","code":503}}'
+        assert (await request(emu.url, "POST", "/v1/chat/completions", chat(2))).status == 503
+        models = await request(emu.url, path="/v1/models")
+        assert models.status == 200 and models.json()["data"][0]["meta"] is None
+        await asyncio.sleep(0.35)
+        assert (await request(emu.url, path="/health")).status == 200
+
+
+async def test_mid_stream_error_has_no_done_and_first_error_is_plain_http() -> None:
+    async with running(ENGINE, fault="mid_stream_error", fault_after_chunks=2) as emu:
+        got = await request(emu.url, "POST", "/v1/chat/completions", chat(8, True))
+        data = got.data()
+        assert got.status == 200 and data[-1]["error"]["type"] == "server_error" and "[DONE]" not in data
+        assert len([d for d in data if "choices" in d and d["choices"][0]["delta"].get("content")]) == 2
+        emu.config.merge({"fault": "mid_stream_error", "fault_after_chunks": 0})
+        got = await request(emu.url, "POST", "/v1/chat/completions", chat(8, True))
+        assert got.status == 500 and got.json()["error"]["code"] == 500
+
+
+async def test_keep_alive_counts_down_and_headers_wait_for_first_token() -> None:
+    async with running(ENGINE, ttft_ms=150) as emu:
+        reader, writer = await asyncio.open_connection(emu.host, emu.port)
+        req = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{emu.port}\r\n\r\n".encode()
+        writer.write(req + req)
+        data = b""
+        while data.count(b"HTTP/1.1 200") < 2:
+            data += await reader.read(4096)
+        assert b"Keep-Alive: timeout=5, max=100" in data and b"Keep-Alive: timeout=5, max=99" in data
+        writer.close()
+        t0 = asyncio.get_running_loop().time()
+        task = asyncio.ensure_future(request(emu.url, "POST", "/v1/chat/completions", chat(1, True)))
+        got = await task
+        assert asyncio.get_running_loop().time() - t0 >= 0.14 and got.status == 200
+
+
+async def test_legacy_build_leaves_model_listings_open() -> None:
+    async with running(ENGINE, api_key="sk-test", llama_legacy=True) as emu:
+        for path in ("/v1/models", "/models", "/api/tags", "/health"):
+            assert (await request(emu.url, path=path)).status == 200, path
+        assert (await request(emu.url, path="/props")).status == 401
