@@ -35,7 +35,7 @@ class EngineError:
 
 
 def parse_error_body(body: bytes, content_type: str = "") -> EngineError:
-    text = body[:4096]
+    text = body[:65536]
     try:
         data: Any = orjson.loads(text) if text else None
     except orjson.JSONDecodeError:
@@ -128,7 +128,7 @@ def upstream_error(
             busy=status == 429,
             status=out_status,
             type_=_TYPE_BY_STATUS.get(out_status, "invalid_request_error"),
-            code=err.code,
+            code=None if err.code is None or err.code.isdigit() else err.code,
             param=err.param,
             retryable=bool(retryable),
             backend=backend,

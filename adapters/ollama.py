@@ -7,7 +7,8 @@ Here OpenAI fields and sampling extras map to `options` (`num_predict`, `num_ctx
 to `think`, tools and tool results to Ollama's shapes; the NDJSON answer is translated back to
 OpenAI JSON / SSE (see `ollama_stream`). A loopback-bound Ollama answers an empty 403 to a
 non-local `Host`, so the request carries a local one. Ollama reports no load: the gateway's own
-in-flight count is what routing sees.
+in-flight count is what routing sees. Bad option types and bad JSON schemas come back as 500
+(`option "num_ctx" must be of type integer`): those are the request's fault and become 400.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ _THINK = {
     "max": "max",
 }
 _PATHS = {"chat": "/api/chat", "completions": "/api/generate", "embeddings": "/api/embed"}
+_CLIENT_HINTS = ("must be of type", "invalid", "cannot unmarshal", "unknown option", "json schema")
 
 
 def _local_host(url: str) -> str | None:
@@ -147,6 +149,8 @@ class OllamaAdapter(Adapter):
                     options[k] = v
             elif k not in _CONSUMED:
                 out[k] = v  # native fields (keep_alive, think, ...) and unknown fields pass through
+        if body.get("max_completion_tokens") is not None:  # OpenAI's current name wins over max_tokens
+            options["num_predict"] = body["max_completion_tokens"]
         stop = body.get("stop")
         if stop is not None:
             options["stop"] = [stop] if isinstance(stop, str) else stop
@@ -296,6 +300,9 @@ class OllamaAdapter(Adapter):
             )
         if status == 499:
             return upstream_error(name, self.kind, 499, err, retryable=False, client_error=True)
+        if status == 500 and any(h in err.message.lower() for h in _CLIENT_HINTS):
+            # Ollama answers 500 for bad option types and bad schemas: the request's fault
+            return upstream_error(name, self.kind, 400, err, client_error=True)
         busy = status == 503 and "busy" in err.message  # OLLAMA_MAX_QUEUE reached
         return upstream_error(name, self.kind, status, err, retryable=status in (429, 502, 503, 504), busy=busy)
 

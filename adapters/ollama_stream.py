@@ -147,12 +147,13 @@ class OllamaRelay:
     def finish(self) -> bytes:
         if self._closed:
             return b""
+        out = b""
         if self._buf.strip():
             out = self._line(self._buf)
             self._buf = b""
             if self._closed:
                 return out
-        return self._fail(
+        return out + self._fail(
             StreamInterrupted(
                 "Ollama ended the stream without finishing it (it aborts a generation after many repeated tokens)"
             )

@@ -7,7 +7,7 @@ llama-swap) build on `OpenAICompatAdapter`; each overrides only what its engine 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import orjson
@@ -25,10 +25,11 @@ from adapters.base import (
     Usage,
 )
 from adapters.error_bodies import EngineError, parse_error_body, upstream_error
-from adapters.prom_text import parse_samples
+from adapters.prom_text import parse_samples, peak, total
 from adapters.sse_relay import SSERelay, usage_from
 from gateway.errors import UpstreamError, UpstreamProtocolError
 
+_AUTH_HINT = ": the engine refused the gateway's key (check backends[].api_key)"
 PATHS: dict[str, str] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
@@ -187,11 +188,12 @@ class OpenAICompatAdapter(Adapter):
             status, _ = await client.get(self.models_path, self.auth_headers())
         else:
             status, _ = await client.get(self.health_path)
+        path = self.health_path or self.models_path
         if status == 200:
             return "ready", ""
         if status == 503:
-            return "loading", f"{self.health_path or self.models_path} answered 503"
-        return "down", f"{self.health_path or self.models_path} answered {status}"
+            return "loading", f"{path} answered 503"
+        return "down", f"{path} answered {status}{_AUTH_HINT if status in (401, 403) else ''}"
 
     async def probe_models(self, client: ProbeClient) -> frozenset[str] | None:
         status, body = await client.get(self.models_path, self.auth_headers())
@@ -213,21 +215,25 @@ class OpenAICompatAdapter(Adapter):
         samples = parse_samples(body)
         running_names, waiting_names, kv_names = self.load_metrics
         return LoadSnapshot(
-            running=_first(samples, running_names),
-            waiting=_first(samples, waiting_names),
-            kv=_first(samples, kv_names),
+            running=_first(samples, running_names, total),
+            waiting=_first(samples, waiting_names, total),
+            kv=_first(samples, kv_names, peak),  # a fraction per data-parallel rank: the fullest one counts
             at=client.now(),
         )
 
 
-def _first(samples: Mapping[str, float], names: tuple[str, ...]) -> float | None:
-    total: float | None = None
+def _first(
+    samples: dict[str, list[float]],
+    names: tuple[str, ...],
+    combine: Callable[[dict[str, list[float]], str], float | None],
+) -> float | None:
+    """The first of `names` that is present; a "+name" adds its value (LMDeploy's API-layer queue)."""
+    found: float | None = None
     for name in names:
-        if name.startswith("+"):  # "+name": add to what was found (LMDeploy's API-layer queue)
-            v = samples.get(name[1:])
-            if v is not None and total is not None:
-                total += v
-            continue
-        if total is None:
-            total = samples.get(name)
-    return total
+        if name.startswith("+"):
+            v = combine(samples, name[1:])
+            if v is not None and found is not None:
+                found += v
+        elif found is None:
+            found = combine(samples, name)
+    return found

@@ -1,9 +1,9 @@
 """A tolerant reader of the Prometheus text format, for engine load probes.
 
 Engines differ (llama.cpp prints integers and no labels, vLLM and LMDeploy label by `engine` rank and
-`model_name`, SGLang's label set varies by version), so this reads any label set, sums samples of the
-same name across labels (data-parallel ranks add up), and ignores what it cannot parse instead of
-failing the probe.
+`model_name`, SGLang's label set varies by version), so this reads any label set and keeps every
+sample of a name: counts (running, waiting) add up across data-parallel ranks, fractions (KV-cache
+fill) do not, so callers take the sum or the peak. What cannot be parsed is skipped, never fatal.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 
-def parse_samples(text: bytes) -> dict[str, float]:
-    out: dict[str, float] = {}
+def parse_samples(text: bytes) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
     for raw in text.decode("utf-8", "replace").splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -34,5 +34,15 @@ def parse_samples(text: bytes) -> dict[str, float]:
             continue
         if math.isnan(value):
             continue
-        out[name] = out.get(name, 0.0) + value
+        out.setdefault(name, []).append(value)
     return out
+
+
+def total(samples: dict[str, list[float]], name: str) -> float | None:
+    values = samples.get(name)
+    return sum(values) if values else None
+
+
+def peak(samples: dict[str, list[float]], name: str) -> float | None:
+    values = samples.get(name)
+    return max(values) if values else None

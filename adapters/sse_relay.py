@@ -66,12 +66,15 @@ class SSERelay:
         self._on_error = on_error
         rep = list(replacements)
         if ctx.public_model != ctx.upstream_model:
-            rep.append(
-                (b'"model":"' + _json_str(ctx.upstream_model) + b'"', b'"model":"' + _json_str(ctx.public_model) + b'"')
-            )
+            up, pub = _json_str(ctx.upstream_model), _json_str(ctx.public_model)
+            # compact JSON (pydantic, orjson, Go, nlohmann) and json.dumps' spaced style (TabbyAPI, LMDeploy)
+            rep.append((b'"model":"' + up + b'"', b'"model":"' + pub + b'"'))
+            rep.append((b'"model": "' + up + b'"', b'"model": "' + pub + b'"'))
         self._replacements = tuple(rep)
-        self._finish_errors = finish_errors
-        self._finish_renames = finish_renames
+        self._finish_errors = finish_errors + tuple(f.replace(b'":"', b'": "') for f in finish_errors)
+        self._finish_renames = finish_renames + tuple(
+            (a.replace(b'":"', b'": "'), b.replace(b'":"', b'": "')) for a, b in finish_renames
+        )
         self._buf = b""
         self._closed = False
         self._saw_finish = False
@@ -96,7 +99,7 @@ class SSERelay:
             return b""
         block = buf[: end + 2]
         self._buf = buf[end + 2 :]
-        if b'"finish_reason":"' in block:
+        if b'"finish_reason":"' in block or b'"finish_reason": "' in block:
             self._saw_finish = True
         n = block.count(b"\n\n")
         if (
@@ -150,13 +153,25 @@ class SSERelay:
                 reason = f.split(b'"')[-2].decode()
                 return self._fail(StreamInterrupted(f"the engine ended the generation with finish_reason '{reason}'"))
         usage = usage_from(obj)
-        if usage is not None:
-            self.usage = usage
-            if obj.get("choices") == [] and not self._ctx.client_wants_usage:
-                return b""
-        else:
+        if usage is None:
             self.content_events += 1
-        return self._rewrite(payload)
+            return self._rewrite(payload)
+        self.usage = usage
+        if not obj.get("choices"):
+            # the usage chunk: the client's if it asked, else asked for on the gateway's own account
+            return self._rewrite(payload) if self._ctx.client_wants_usage else b""
+        # usage riding on a chunk that also has a choice (TabbyAPI puts the finish there): OpenAI's shape
+        # is the choice first, then a usage chunk with no choices
+        self.content_events += 1
+        u = obj.pop("usage")
+        if "model" in obj:
+            obj["model"] = self._ctx.public_model
+        out = self._rewrite(orjson.dumps(obj))
+        if self._ctx.client_wants_usage:
+            obj["choices"] = []
+            obj["usage"] = u
+            out += b"data: " + orjson.dumps(obj) + b"\n\n"
+        return out
 
     def _rewrite(self, payload: bytes) -> bytes:
         for old, new in self._replacements:
@@ -183,6 +198,8 @@ class SSERelay:
                     orjson.loads(payload)
                 except orjson.JSONDecodeError:
                     return self._fail(StreamInterrupted("the engine's stream ended in the middle of an event"))
+            if payload is not None and (b'"finish_reason":"' in payload or b'"finish_reason": "' in payload):
+                self._saw_finish = True
             out = self._slow(b"data: " + payload + b"\n\n") if payload is not None else b""
             if self._closed:
                 return out

@@ -9,6 +9,10 @@
   mid-stream error is `data: {"error": {"message", "trace"}}` with no `[DONE]`.
 - `response_format: json_object` is not recognised by Tabby (silently unconstrained): it becomes
   Tabby's `{"type": "json"}`. `repeat_penalty` is renamed to `repetition_penalty`.
+- A whole (non-streamed) answer carries `usage` only when `stream_options.include_usage` is set, so
+  the gateway always sets it. In streams, Tabby puts the finish reason on the usage chunk; the
+  shared relay splits it into OpenAI's shape (finish chunk, then a usage chunk with no choices).
+- Chunks are `json.dumps` output (a space after `:`), which the relay's byte rewrites account for.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ class TabbyAPIAdapter(OpenAICompatAdapter):
         rf = body.get("response_format")
         if isinstance(rf, dict) and rf.get("type") == "json_object":
             body["response_format"] = {"type": "json"}
+        if not body.get("stream") and endpoint != "embeddings":
+            # Tabby puts usage in a whole answer only when stream_options.include_usage is set
+            so = body.get("stream_options")
+            body["stream_options"] = {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
 
     def classify(self, status: int, err: EngineError) -> UpstreamError:
         if status == 422:
@@ -54,6 +62,11 @@ class TabbyAPIAdapter(OpenAICompatAdapter):
             return "ready", ""
         if status == 503:
             return "loading", "no model loaded"
+        if status in (401, 403):
+            return (
+                "down",
+                f"/v1/model answered {status}: the engine refused the gateway's key (check backends[].api_key)",
+            )
         return "down", f"/v1/model answered {status}"
 
     async def probe_models(self, client: ProbeClient) -> frozenset[str] | None:

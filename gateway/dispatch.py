@@ -175,7 +175,6 @@ class Dispatcher:
         last: GatewayError | None = None
         tried: set[int] = set()
         first_choice: Deployment | None = None
-        any_candidate = False
         for gi, group in enumerate(groups):
             static = eligible(group, info)
             if gi == 0 and not static:
@@ -189,7 +188,6 @@ class Dispatcher:
                 ]
                 if not live:
                     break
-                any_candidate = True
                 ordered = self._order(group, live, info, session)
                 if first_choice is None:
                     first_choice = ordered[0]
@@ -230,7 +228,19 @@ class Dispatcher:
         if last is not None:
             raise last
         raise NoHealthyBackend(
-            f"no healthy backend for model '{route.name}'"
-            + ("" if any_candidate else ": every deployment is down, loading, or its circuit breaker is open"),
+            f"no healthy backend for model '{route.name}': " + _why_unavailable(groups[0], time.monotonic()),
             headers={"retry-after": "2"},
         )
+
+
+def _why_unavailable(route: ModelRoute, now: float) -> str:
+    parts = []
+    for d in route.deployments:
+        b = d.backend
+        if not b.routable():
+            parts.append(f"backend '{b.name}' is {b.state}" + (f" ({b.detail})" if b.detail else ""))
+        elif not d.breaker.available(now):
+            parts.append(f"backend '{b.name}': circuit breaker open after {d.breaker.failures} failures")
+        elif not d.model_present():
+            parts.append(f"backend '{b.name}' does not list model '{d.upstream_model}'")
+    return "; ".join(parts) or "every deployment is busy or failed"

@@ -76,15 +76,15 @@ class LimitStore(Protocol):
 
 
 def format_reset(seconds: float) -> str:
-    """OpenAI's reset format: "1s", "6m0s", "1m30.5s", "250ms"."""
+    """OpenAI's reset format: "1s", "6m0s", "1m30.5s", "250ms" (rounded up to a tenth of a second)."""
     if seconds <= 0:
         return "0s"
-    if seconds < 1:
+    if seconds < 1 and math.ceil(seconds * 1000) < 1000:
         return f"{max(1, math.ceil(seconds * 1000))}ms"
-    m, s = divmod(seconds, 60)
-    s = math.ceil(s * 10) / 10
-    text = f"{s:g}s"
-    return f"{int(m)}m{text}" if m >= 1 else text
+    tenths = math.ceil(round(seconds * 10, 6))
+    m, t = divmod(tenths, 600)
+    text = f"{t / 10:g}s"
+    return f"{m}m{text}" if m else text
 
 
 class _Window:

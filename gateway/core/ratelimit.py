@@ -33,10 +33,11 @@ class Limiter:
         self._on_reject = on_reject
         self._on_store_error = on_store_error
         self._lease_s = lease_s
-        self._scopes: dict[tuple[int, str], tuple[ScopeLimits, ...]] = {}
+        # keyed by the Principal itself (hashed by identity, kept alive by the key), never by id()
+        self._scopes: dict[tuple[Principal, str], tuple[ScopeLimits, ...]] = {}
 
     def scopes(self, who: Principal, model: str) -> tuple[ScopeLimits, ...]:
-        key = (id(who), model)
+        key = (who, model)
         found = self._scopes.get(key)
         if found is None:
             out = []

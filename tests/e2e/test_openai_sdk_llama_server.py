@@ -21,6 +21,7 @@ backends:
   - name: llama
     engine: llama-server
     url: {url}
+    api_key: {key}
     capacity: 1
     probe: {{interval_s: 0.5}}
 models:
@@ -33,7 +34,10 @@ models:
 
 @pytest.fixture(scope="module")
 def gateway(llama_server: RealEngine, tmp_path_factory: pytest.TempPathFactory):
-    gw = GatewayProcess(CONFIG.format(url=llama_server.url, model=llama_server.model), tmp_path_factory.mktemp("gw"))
+    gw = GatewayProcess(
+        CONFIG.format(url=llama_server.url, model=llama_server.model, key=llama_server.api_key),
+        tmp_path_factory.mktemp("gw"),
+    )
     with gw:
         yield gw
 
@@ -87,7 +91,7 @@ def test_unknown_model_raises_not_found(client: openai.OpenAI) -> None:
 
 
 def _predicted(engine: RealEngine) -> float:
-    text = httpx.get(engine.url + "/metrics", timeout=5).text
+    text = httpx.get(engine.url + "/metrics", headers=engine.headers, timeout=5).text
     for line in text.splitlines():
         if line.startswith("llamacpp:tokens_predicted_total"):
             return float(line.split()[-1])
@@ -120,7 +124,7 @@ def test_client_disconnect_mid_stream_frees_the_engine_slot(gateway: GatewayProc
     # the client is gone: the gateway must close the upstream request, and llama-server stop generating
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
-        slots = httpx.get(llama_server.url + "/slots", timeout=5).json()
+        slots = httpx.get(llama_server.url + "/slots", headers=llama_server.headers, timeout=5).json()
         if not any(s["is_processing"] for s in slots):
             break
         time.sleep(0.05)
