@@ -33,6 +33,7 @@ class Runtime:
     limiter: Limiter
     dispatcher: Dispatcher
     session_header: bytes
+    format_header: bytes
 
 
 def make_store(cfg: LimitsConfig, metrics: Metrics) -> LimitStore:
@@ -97,6 +98,7 @@ class Gateway:
             limiter=limiter,
             dispatcher=Dispatcher(config.routing, m),
             session_header=config.routing.session_header.lower().encode(),
+            format_header=config.routing.format_header.lower().encode(),
         )
 
     def apply(self, config: GatewayConfig) -> Runtime:

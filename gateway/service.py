@@ -43,6 +43,9 @@ class GenerationService:
         self, call: Call, rec: RequestRecord, rt: Runtime, endpoint: Endpoint, body: dict[str, Any], who: Principal
     ) -> None:
         info = inspect(endpoint, body)
+        fmt = call.header(rt.format_header)
+        if fmt:
+            info.format = fmt.decode("latin-1").strip().lower()[:32]
         rec.stream = info.stream
         route = rt.table.resolve(info.model)
         if route is None:

@@ -383,3 +383,28 @@ async def test_healthz_and_readyz(cfg):
         ready = await client.get("/readyz")
     assert not_ready.status_code == 503 and not_ready.json()["backends"]["engine-a"]["state"] == "unknown"
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
+
+
+@respx.mock
+async def test_when_every_deployment_is_unavailable_the_configured_fallback_model_serves():
+    cfg = make_config(
+        TWO_BACKENDS.replace(
+            "  - name: twin\n",
+            "  - name: primary\n    fallbacks: [twin]\n    deployments:\n"
+            "      - {backend: engine-a, model: upstream-model, format: safetensors}\n  - name: twin\n",
+        ).replace(
+            "      - {backend: engine-a, model: upstream-model, format: safetensors}\n      - {backend: engine-b",
+            "      - {backend: engine-b",
+        )
+    )
+    respx.post(f"{ENGINE}/v1/chat/completions").mock(side_effect=httpx.ConnectError("refused"))
+    respx.post("http://engine-b.test/v1/chat/completions").mock(
+        return_value=httpx.Response(200, json=engine_chat_json())
+    )
+    async with gateway_client(cfg) as (client, app):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "model": "primary"})
+        metrics = app.gw.metrics.render().decode()
+    assert r.status_code == 200, r.text
+    assert r.headers["x-gateway-model"] == "twin" and r.headers["x-gateway-backend"] == "engine-b"
+    assert r.json()["model"] == "twin"
+    assert 'gateway_model_fallbacks_total{fallback="twin",model="primary"} 1.0' in metrics
