@@ -27,6 +27,7 @@ def create_app(
     config_path: str | None = None,
     upstream: UpstreamClient | None = None,
     probes: bool = True,
+    host: str | None = None,
 ) -> GatewayApp:
     gw = Gateway(config, upstream=upstream, config_path=config_path)
     prober = Prober(lambda: gw.upstream, gw.metrics)
@@ -51,7 +52,7 @@ def create_app(
             )
             watcher.start()
         if gw.server.metrics_port is not None:
-            metrics_runner = await _serve_metrics(gw, gw.server.host, gw.server.metrics_port)
+            metrics_runner = await _serve_metrics(gw, host or gw.server.host, gw.server.metrics_port)
         log.info(
             "llm-gateway ready: %d models on %d backends", len(gw.runtime.table.models), len(gw.runtime.table.backends)
         )
@@ -71,10 +72,7 @@ def create_app(
 async def _serve_metrics(gw: Gateway, host: str, port: int) -> web.AppRunner:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(
-            body=gw.metrics.render(),
-            content_type="text/plain",
-            charset="utf-8",
-            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+            body=gw.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
         )
 
     app = web.Application()

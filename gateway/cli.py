@@ -69,7 +69,7 @@ def _serve(path: str, host: str | None, port: int | None) -> int:
     if cfg is None:
         return 2
     setup_logging(cfg.server.log_level)
-    app = create_app(cfg, config_path=path)
+    app = create_app(cfg, config_path=path, host=host)
     run(app, cfg.server, host or cfg.server.host, port if port is not None else cfg.server.port)
     return 0
 

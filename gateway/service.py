@@ -31,10 +31,6 @@ RESPONSE_LIMIT = 256 * 1024 * 1024
 DISCONNECT_WATCH_DELAY_S = 0.25
 
 
-def _safe_name(name: str) -> str:
-    return "".join(c for c in name[:100] if c.isprintable())
-
-
 class GenerationService:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
@@ -48,8 +44,10 @@ class GenerationService:
             info.format = fmt.decode("latin-1").strip().lower()[:32]
         rec.stream = info.stream
         route = rt.table.resolve(info.model)
-        if route is None:
-            raise ModelNotFound(f"The model '{_safe_name(info.model)}' does not exist.", param="model")
+        if route is None:  # the name is not echoed: a client that pastes a key there must not see it mirrored
+            raise ModelNotFound(
+                "The requested model does not exist; GET /v1/models lists the models this key may use.", param="model"
+            )
         rec.model = route.name
         if not (who.may_use(route.name) or who.may_use(info.model)):
             rt.auth.check_model(who, route.name)
@@ -245,9 +243,10 @@ class GenerationService:
                 if out:
                     now = time.perf_counter()
                     if first:
-                        first = False
-                        rec.ttft_s = now - rec.t0
-                        self.gw.metrics.ttft.labels(dep.model, dep.backend.name).observe(rec.ttft_s)
+                        if _has_token(out):  # not a role-only or empty chunk: the first generated text
+                            first = False
+                            rec.ttft_s = now - rec.t0
+                            self.gw.metrics.ttft.labels(dep.model, dep.backend.name).observe(rec.ttft_s)
                     else:
                         itl.observe(now - last)  # type: ignore[attr-defined]
                     last = now
@@ -310,3 +309,29 @@ def _usage_of(relay: StreamRelay, prompt_estimate: int) -> tuple[int, int, bool]
 def _session(call: Call, rt: Runtime) -> str | None:
     v = call.header(rt.session_header)
     return v.decode("latin-1")[:256] if v else None
+
+
+_TOKEN_MARKERS = (
+    b'"content":"',
+    b'"content": "',
+    b'"text":"',
+    b'"text": "',
+    b'"reasoning_content":"',
+    b'"reasoning_content": "',
+    b'"reasoning":"',
+    b'"reasoning": "',
+    b'"tool_calls":[',
+    b'"tool_calls": [',
+)
+
+
+def _has_token(out: bytes) -> bool:
+    """Does this relayed block carry generated text (a non-empty content/text/reasoning, or a tool call)?"""
+    for m in _TOKEN_MARKERS:
+        i = out.find(m)
+        while i >= 0:
+            j = i + len(m)
+            if m.endswith(b"[") or out[j : j + 1] not in (b'"', b""):
+                return True
+            i = out.find(m, j)
+    return False

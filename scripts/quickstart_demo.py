@@ -15,12 +15,15 @@ def main() -> None:
     messages = [{"role": "user", "content": "Say hello to the gateway."}]
     r = client.chat.completions.with_raw_response.create(model="tiny-llama", messages=messages, max_tokens=24)
     c = r.parse()
-    print(f"\nchat completion via backend {r.headers.get('x-gateway-backend')} "
-          f"({r.headers.get('x-gateway-engine')}), gateway overhead {r.headers.get('x-gateway-overhead-ms')} ms:")
+    print(
+        f"\nchat completion via backend {r.headers.get('x-gateway-backend')} "
+        f"({r.headers.get('x-gateway-engine')}), gateway overhead {r.headers.get('x-gateway-overhead-ms')} ms:"
+    )
     print(f"  {c.choices[0].message.content!r}  finish_reason={c.choices[0].finish_reason}  usage={c.usage}")
     print("\nstreamed, chunk by chunk:")
-    stream = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=24, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="tiny-llama", messages=messages, max_tokens=24, stream=True, stream_options={"include_usage": True}
+    )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             print(f"  chunk: {chunk.choices[0].delta.content!r}")

@@ -41,6 +41,9 @@ echo "== .venv with the project and dev extras"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -e ".[dev]" > "$LOGS/pip.log" 2>&1 || { quiet < "$LOGS/pip.log" >&2; exit 1; }
 
+echo "== deploy test tools (promtool, docker-compose binary, schema validators)"
+deploy/install-test-tools.sh .venv/bin/python > "$LOGS/deploy-tools.log" 2>&1 || { quiet < "$LOGS/deploy-tools.log" >&2; exit 1; }
+
 fail=0
 for p in "$P1:llama-server" "$P2:vllm" "$P3:ollama" "$P4:tiny-gguf"; do
   pid=${p%%:*}; name=${p#*:}

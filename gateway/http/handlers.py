@@ -87,7 +87,7 @@ async def get_model(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime
     route = rt.table.resolve(name)
     if route is None or not (who.may_use(route.name) or who.may_use(name)):
         raise ModelNotFound(
-            f"The model '{''.join(c for c in name[:100] if c.isprintable())}' does not exist.", param="model"
+            "The requested model does not exist; GET /v1/models lists the models this key may use.", param="model"
         )
     rec.status = 200
     await call.respond(

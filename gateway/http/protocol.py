@@ -14,7 +14,12 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-_REASON = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+_REASON = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
 
 
 def _response(status: int, code: str, message: str) -> bytes:
@@ -23,6 +28,10 @@ def _response(status: int, code: str, message: str) -> bytes:
         b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
         % (status, _REASON[status], len(body))
     ) + body
+
+
+class _Refused(Exception):
+    pass
 
 
 class GatewayProtocol(HttpToolsProtocol):
@@ -34,6 +43,7 @@ class GatewayProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._awaiting_headers = True
         self._header_bytes = 0
+        self._parsed_header_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -66,6 +76,11 @@ class GatewayProtocol(HttpToolsProtocol):
             self.transport.write(_response(status, code, message))
             self.transport.close()
 
+    def send_400_response(self, msg: str) -> None:
+        """A request the HTTP parser rejects (bad framing, bogus Content-Length): the OpenAI envelope,
+        not uvicorn's plain-text answer."""
+        self._refuse(400, "invalid_http", f"The HTTP request could not be parsed: {msg}")
+
     def data_received(self, data: bytes) -> None:
         if not self._awaiting_headers:
             super().data_received(data)
@@ -82,12 +97,28 @@ class GatewayProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._awaiting_headers = True
+        self._parsed_header_bytes = 0
         self._arm()
+
+    def on_url(self, url: bytes) -> None:
+        self._parsed_header_bytes += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._parsed_header_bytes += len(name) + len(value) + 4
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
         self._header_bytes = 0
         self._disarm()
+        if self._parsed_header_bytes > self.max_header_bytes:  # they all came in one read
+            self._refuse(
+                431,
+                "request_header_fields_too_large",
+                f"The request headers are larger than {self.max_header_bytes} bytes.",
+            )
+            raise _Refused  # stops the parser; uvicorn's 400 for it is a no-op on a closing transport
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
