@@ -58,15 +58,24 @@ class GenerationService:
         decision, reservation = await rt.limiter.admit(who, route.name, budget, call.rid)
         extra = quota_headers(decision)
         usage: Usage | None = None
+        failed = False
         try:
             if info.stream:
                 usage = await self._stream(call, rec, rt, endpoint, body, route, info, extra)
             else:
                 usage = await self._unary(call, rec, rt, endpoint, body, route, info, extra)
+        except GatewayError as e:
+            failed = True  # answered with an error before any output: nothing was generated
+            for k, v in extra:  # the quota headers go on every answer, errors included
+                e.headers.setdefault(k.decode(), v.decode())
+            raise
         finally:
             if usage is None and rec.completion_tokens is not None:
                 usage = Usage(rec.prompt_tokens or info.prompt_tokens, rec.completion_tokens)
-            await asyncio.shield(rt.limiter.finish(reservation, usage.total_tokens if usage else None))
+            # settle: the real usage; 0 for a request that failed before any output; the reserved
+            # estimate when the engine's count is unknown (a client that left mid-generation pays for it)
+            actual = usage.total_tokens if usage else (0 if failed else None)
+            await asyncio.shield(rt.limiter.finish(reservation, actual))
 
     def _context(
         self,

@@ -408,3 +408,23 @@ async def test_when_every_deployment_is_unavailable_the_configured_fallback_mode
     assert r.headers["x-gateway-model"] == "twin" and r.headers["x-gateway-backend"] == "engine-b"
     assert r.json()["model"] == "twin"
     assert 'gateway_model_fallbacks_total{fallback="twin",model="primary"} 1.0' in metrics
+
+
+@respx.mock
+async def test_a_request_that_fails_before_any_output_gives_its_reserved_tokens_back():
+    cfg = make_config(
+        ONE_BACKEND.replace(
+            '{name: alice, sha256: "${ALICE_SHA}"}', '{name: alice, sha256: "${ALICE_SHA}", limits: {tpm: 1000}}'
+        )
+    )
+    route = respx.post(f"{ENGINE}/v1/chat/completions")
+    route.side_effect = [httpx.ConnectError("refused"), httpx.Response(200, json=engine_chat_json())]
+    async with gateway_client(cfg) as (client, app):
+        failed = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 100})
+        app.gw.runtime.table.backends["engine-a"].state = "ready"  # as the next probe would see it
+        app.gw.runtime.table.models[0].deployments[0].breaker.success()
+        ok = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 100})
+    assert failed.status_code == 502 and ok.status_code == 200
+    # each reserves 106 tokens (a 6-token prompt estimate + max_tokens 100); the failed one gave its back
+    assert int(failed.headers["x-ratelimit-remaining-tokens"]) == 1000 - 106  # quota headers on errors too
+    assert int(ok.headers["x-ratelimit-remaining-tokens"]) == 1000 - 106
