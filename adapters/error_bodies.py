@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import UpstreamError
+from gateway.errors import UpstreamError, UpstreamProtocolError
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -144,3 +144,18 @@ def upstream_error(
         retryable=retryable,
         backend=backend,
     )
+
+
+def json_object(body: bytes, backend: str, kind: str) -> dict[str, Any]:
+    """A 2xx engine body that must be a JSON object (an HTML page or a cut body is a protocol error)."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise UpstreamProtocolError(
+            f"backend '{backend}' ({kind}) answered 2xx with a body that is not JSON", backend=backend
+        ) from None
+    if not isinstance(obj, dict):
+        raise UpstreamProtocolError(
+            f"backend '{backend}' ({kind}) answered 2xx with JSON that is not an object", backend=backend
+        )
+    return obj

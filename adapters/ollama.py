@@ -23,9 +23,9 @@ from urllib.parse import urlsplit
 import orjson
 
 from adapters.base import Adapter, BackendInfo, CallContext, Endpoint, ProbeClient, ProbeResult, UpstreamRequest, Usage
-from adapters.error_bodies import parse_error_body, upstream_error
+from adapters.error_bodies import json_object, parse_error_body, upstream_error
 from adapters.ollama_stream import OllamaRelay, finish_reason, tool_calls_to_openai
-from gateway.errors import InvalidRequest, UpstreamError, UpstreamProtocolError
+from gateway.errors import InvalidRequest, UpstreamError
 
 _OPTIONS = frozenset(
     {
@@ -200,15 +200,7 @@ class OllamaAdapter(Adapter):
 
     # -- responses ---------------------------------------------------------------------------------
     def response_body(self, body: bytes, ctx: CallContext) -> tuple[bytes, Usage | None]:
-        try:
-            obj = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise UpstreamProtocolError(
-                f"backend '{self.backend.name}' (ollama) answered 2xx with a body that is not JSON",
-                backend=self.backend.name,
-            ) from None
-        if not isinstance(obj, dict):
-            raise UpstreamProtocolError(f"backend '{self.backend.name}' (ollama) sent JSON that is not an object")
+        obj = json_object(body, self.backend.name, self.kind)
         if "error" in obj:
             raise self._frame_error(str(obj["error"]))
         usage = Usage(int(obj.get("prompt_eval_count") or 0), int(obj.get("eval_count") or 0))

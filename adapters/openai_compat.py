@@ -24,10 +24,10 @@ from adapters.base import (
     UpstreamRequest,
     Usage,
 )
-from adapters.error_bodies import EngineError, parse_error_body, upstream_error
+from adapters.error_bodies import EngineError, json_object, parse_error_body, upstream_error
 from adapters.prom_text import parse_samples, peak, total
 from adapters.sse_relay import SSERelay, usage_from
-from gateway.errors import UpstreamError, UpstreamProtocolError
+from gateway.errors import UpstreamError
 
 _AUTH_HINT = ": the engine refused the gateway's key (check backends[].api_key)"
 PATHS: dict[str, str] = {
@@ -86,18 +86,7 @@ class OpenAICompatAdapter(Adapter):
 
     # -- responses ---------------------------------------------------------------------------------
     def response_body(self, body: bytes, ctx: CallContext) -> tuple[bytes, Usage | None]:
-        try:
-            obj = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise UpstreamProtocolError(
-                f"backend '{self.backend.name}' ({self.kind}) answered 2xx with a body that is not JSON",
-                backend=self.backend.name,
-            ) from None
-        if not isinstance(obj, dict):
-            raise UpstreamProtocolError(
-                f"backend '{self.backend.name}' ({self.kind}) answered 2xx with JSON that is not an object",
-                backend=self.backend.name,
-            )
+        obj = json_object(body, self.backend.name, self.kind)
         if "error" in obj and "choices" not in obj and "data" not in obj:
             raise self.error_from_frame(obj)
         if "model" in obj:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from adapters.base import CallContext, Endpoint, StreamRelay, Usage
@@ -21,7 +22,7 @@ from gateway.dispatch import Trace, release
 from gateway.errors import GatewayError, ModelNotFound, UpstreamProtocolError
 from gateway.http.call import Call, Headers
 from gateway.observability.record import RequestRecord
-from gateway.protocol.inspect import inspect
+from gateway.protocol.inspect import RequestInfo, inspect
 from gateway.routing_table import Deployment, ModelRoute
 from gateway.runtime import Gateway, Runtime
 from gateway.upstream.base import UpstreamResponse
@@ -29,6 +30,60 @@ from gateway.upstream.base import UpstreamResponse
 ERROR_BODY_LIMIT = 256 * 1024
 RESPONSE_LIMIT = 256 * 1024 * 1024
 DISCONNECT_WATCH_DELAY_S = 0.25
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class Job:
+    """One generation request on its way through the steps."""
+
+    call: Call
+    rec: RequestRecord
+    rt: Runtime
+    endpoint: Endpoint
+    body: dict[str, Any]
+    route: ModelRoute
+    info: RequestInfo
+    quota: Headers  # x-ratelimit-* for every answer
+
+    def context(self, group: ModelRoute, dep: Deployment) -> CallContext:
+        return CallContext(
+            self.endpoint,
+            group.name,
+            dep.upstream_model,
+            self.info.stream,
+            self.info.wants_usage,
+            self.call.rid,
+            self.rt.config.server.reasoning_field,
+            self.body.get("encoding_format") == "base64",
+        )
+
+    def session(self) -> str | None:
+        v = self.call.header(self.rt.session_header)
+        return v.decode("latin-1")[:256] if v else None
+
+    def answer_headers(self, dep: Deployment) -> Headers:
+        """Transparency and quota headers, and the gateway's own time so far (everything but the waits)."""
+        rec = self.rec
+        rec.overhead_s = time.perf_counter() - rec.t0 - rec.upstream_s - rec.waited_s
+        return [
+            (b"x-request-id", self.call.rid.encode()),
+            (b"x-gateway-backend", dep.backend.name.encode()),
+            (b"x-gateway-engine", dep.backend.kind.encode()),
+            (b"x-gateway-model", rec.model.encode()),
+            *self.quota,
+            (b"x-gateway-overhead-ms", f"{rec.overhead_s * 1000:.3f}".encode()),
+        ]
+
+    def traced(self, trace: Trace) -> None:
+        rec = self.rec
+        rec.attempts = trace.attempts
+        rec.waited_s += trace.waited_s
+        dep = trace.deployment
+        if dep is not None:
+            rec.backend, rec.engine, rec.upstream_model = dep.backend.name, dep.backend.kind, dep.upstream_model
+            if trace.route is not None:
+                rec.model = trace.route.name
 
 
 class GenerationService:
@@ -56,17 +111,14 @@ class GenerationService:
             0 if endpoint == "embeddings" else (info.max_tokens or limits.default_max_tokens)
         )
         decision, reservation = await rt.limiter.admit(who, route.name, budget, call.rid)
-        extra = quota_headers(decision)
+        job = Job(call, rec, rt, endpoint, body, route, info, quota_headers(decision))
         usage: Usage | None = None
         failed = False
         try:
-            if info.stream:
-                usage = await self._stream(call, rec, rt, endpoint, body, route, info, extra)
-            else:
-                usage = await self._unary(call, rec, rt, endpoint, body, route, info, extra)
+            usage = await (self._stream(job) if info.stream else self._unary(job))
         except GatewayError as e:
             failed = True  # answered with an error before any output: nothing was generated
-            for k, v in extra:  # the quota headers go on every answer, errors included
+            for k, v in job.quota:  # the quota headers go on every answer, errors included
                 e.headers.setdefault(k.decode(), v.decode())
             raise
         finally:
@@ -77,33 +129,9 @@ class GenerationService:
             actual = usage.total_tokens if usage else (0 if failed else None)
             await asyncio.shield(rt.limiter.finish(reservation, actual))
 
-    def _context(
-        self,
-        rt: Runtime,
-        call: Call,
-        endpoint: Endpoint,
-        body: dict[str, Any],
-        route: ModelRoute,
-        dep: Deployment,
-        stream: bool,
-        wants_usage: bool,
-    ) -> CallContext:
-        return CallContext(
-            endpoint,
-            route.name,
-            dep.upstream_model,
-            stream,
-            wants_usage,
-            call.rid,
-            rt.config.server.reasoning_field,
-            body.get("encoding_format") == "base64",
-        )
-
-    async def _send_upstream(
-        self, dep: Deployment, ctx: CallContext, endpoint: Endpoint, body: dict[str, Any], rec: RequestRecord
-    ) -> UpstreamResponse:
-        adapter = dep.backend.adapter
-        req = adapter.build(endpoint, body, ctx)
+    async def _send_upstream(self, job: Job, dep: Deployment, ctx: CallContext) -> UpstreamResponse:
+        adapter, rec = dep.backend.adapter, job.rec
+        req = adapter.build(job.endpoint, job.body, ctx)
         t = time.perf_counter()
         try:
             resp = await self.gw.upstream.send(
@@ -129,67 +157,44 @@ class GenerationService:
         raise adapter.error(status, data, resp.headers.get("content-type", ""))
 
     # -- whole answers ---------------------------------------------------------------------------------
-    async def _unary(
-        self,
-        call: Call,
-        rec: RequestRecord,
-        rt: Runtime,
-        endpoint: Endpoint,
-        body: dict[str, Any],
-        route: ModelRoute,
-        info: Any,
-        extra: Headers,
-    ) -> Usage | None:
+    async def _unary(self, job: Job) -> Usage | None:
         trace = Trace()
+        rec = job.rec
 
-        async def exchange(dep: Deployment, group: ModelRoute) -> tuple[bytes, Usage | None, CallContext]:
-            ctx = self._context(rt, call, endpoint, body, group, dep, False, False)
-            resp = await self._send_upstream(dep, ctx, endpoint, body, rec)
+        async def exchange(dep: Deployment, group: ModelRoute) -> tuple[bytes, Usage | None]:
+            ctx = job.context(group, dep)
+            resp = await self._send_upstream(job, dep, ctx)
             t = time.perf_counter()
             try:
                 data = await resp.read(RESPONSE_LIMIT)
             finally:
                 resp.close()
                 rec.upstream_s += time.perf_counter() - t
-            out, usage = dep.backend.adapter.response_body(data, ctx)
-            return out, usage, ctx
+            return dep.backend.adapter.response_body(data, ctx)
 
-        call.watch_disconnect(DISCONNECT_WATCH_DELAY_S)
+        job.call.watch_disconnect(DISCONNECT_WATCH_DELAY_S)
         try:
-            out, usage, _ = await rt.dispatcher.run(rt.table, route, info, _session(call, rt), exchange, trace)
+            out, usage = await job.rt.dispatcher.run(job.rt.table, job.route, job.info, job.session(), exchange, trace)
         finally:
-            call.stop_watching()
-            self._trace(rec, trace)
+            job.call.stop_watching()
+            job.traced(trace)
         dep = trace.deployment
         assert dep is not None
         release(dep)
         dep.breaker.success()
         if usage is not None:
             rec.prompt_tokens, rec.completion_tokens = usage.prompt_tokens, usage.completion_tokens
-        headers = self._headers(call, rec, dep, extra)
-        rec.overhead_s = time.perf_counter() - rec.t0 - rec.upstream_s - rec.waited_s
-        headers.append((b"x-gateway-overhead-ms", f"{rec.overhead_s * 1000:.3f}".encode()))
         rec.status = 200
-        await call.respond(200, out, headers)
+        await job.call.respond(200, out, job.answer_headers(dep))
         return usage
 
     # -- streams -----------------------------------------------------------------------------------------
-    async def _stream(
-        self,
-        call: Call,
-        rec: RequestRecord,
-        rt: Runtime,
-        endpoint: Endpoint,
-        body: dict[str, Any],
-        route: ModelRoute,
-        info: Any,
-        extra: Headers,
-    ) -> Usage | None:
+    async def _stream(self, job: Job) -> Usage | None:
         trace = Trace()
 
         async def exchange(dep: Deployment, group: ModelRoute) -> tuple[UpstreamResponse, CallContext]:
-            ctx = self._context(rt, call, endpoint, body, group, dep, True, info.wants_usage)
-            resp = await self._send_upstream(dep, ctx, endpoint, body, rec)
+            ctx = job.context(group, dep)
+            resp = await self._send_upstream(job, dep, ctx)
             ct = resp.headers.get("content-type", "")
             if not ct.startswith(dep.backend.adapter.stream_content_types()):
                 resp.close()
@@ -199,16 +204,18 @@ class GenerationService:
                 )
             return resp, ctx
 
-        call.watch_disconnect()
+        job.call.watch_disconnect()
         try:
             try:
-                resp, ctx = await rt.dispatcher.run(rt.table, route, info, _session(call, rt), exchange, trace)
+                resp, ctx = await job.rt.dispatcher.run(
+                    job.rt.table, job.route, job.info, job.session(), exchange, trace
+                )
             finally:
-                self._trace(rec, trace)
+                job.traced(trace)
             dep = trace.deployment
             assert dep is not None
             try:
-                return await self._relay(call, rec, dep, resp, ctx, extra, info.prompt_tokens)
+                return await self._relay(job, dep, resp, ctx)
             except asyncio.CancelledError:
                 dep.breaker.neutral()  # the client left: says nothing about the backend
                 raise
@@ -216,33 +223,24 @@ class GenerationService:
                 resp.close()  # mid-body this drops the connection: the engine stops generating
                 release(dep)
         finally:
-            call.stop_watching()
+            job.call.stop_watching()
 
-    async def _relay(
-        self,
-        call: Call,
-        rec: RequestRecord,
-        dep: Deployment,
-        resp: UpstreamResponse,
-        ctx: CallContext,
-        extra: Headers,
-        prompt_estimate: int,
-    ) -> Usage | None:
+    async def _relay(self, job: Job, dep: Deployment, resp: UpstreamResponse, ctx: CallContext) -> Usage | None:
+        call, rec = job.call, job.rec
         relay: StreamRelay = dep.backend.adapter.relay(ctx)
-        headers = self._headers(call, rec, dep, extra)
-        now = time.perf_counter()
-        rec.overhead_s = now - rec.t0 - rec.upstream_s - rec.waited_s
-        headers.append((b"x-gateway-overhead-ms", f"{rec.overhead_s * 1000:.3f}".encode()))
-        headers.append((b"content-type", b"text/event-stream; charset=utf-8"))
-        headers.append((b"cache-control", b"no-cache"))
-        headers.append((b"x-accel-buffering", b"no"))
+        headers = job.answer_headers(dep)
+        headers += [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
         rec.status = 200
         await call.start(200, headers)
         itl = dep.children.get("itl")
         if itl is None:
             itl = dep.children["itl"] = self.gw.metrics.itl.labels(dep.model, dep.backend.name)
         first = True
-        last = now
+        last = time.perf_counter()
         send = call.send
         feed = relay.feed
         err: GatewayError | None = None
@@ -269,42 +267,19 @@ class GenerationService:
         except GatewayError as e:  # the engine failed mid-body: cut, idle timeout, reset
             err = e
             if relay.error is None:
-                await call.write(e.sse_event() + b"data: [DONE]\n\n")
+                await call.write(e.sse_event() + DONE)
         finally:
-            rec.prompt_tokens, rec.completion_tokens, rec.usage_estimated = _usage_of(relay, prompt_estimate)
+            rec.prompt_tokens, rec.completion_tokens, rec.usage_estimated = _usage_of(relay, job.info.prompt_tokens)
         err = err or relay.error
-        if err is not None:
-            rec.outcome = "stream_error"
-            rec.error = err.code
-            if err.status >= 500:
-                dep.breaker.failure(time.monotonic())
-            else:
-                dep.breaker.success()
-        else:
+        if err is None or err.status < 500:
             dep.breaker.success()
+        else:
+            dep.breaker.failure(time.monotonic())
+        if err is not None:
+            rec.outcome, rec.error = "stream_error", err.code
         call.stop_watching()
         await call.end()
         return relay.usage
-
-    # -- helpers -------------------------------------------------------------------------------------------
-    def _trace(self, rec: RequestRecord, trace: Trace) -> None:
-        rec.attempts = trace.attempts
-        rec.waited_s += trace.waited_s
-        dep = trace.deployment
-        if dep is not None:
-            rec.backend, rec.engine, rec.upstream_model = dep.backend.name, dep.backend.kind, dep.upstream_model
-            if trace.route is not None:
-                rec.model = trace.route.name
-
-    def _headers(self, call: Call, rec: RequestRecord, dep: Deployment, extra: Headers) -> Headers:
-        h: Headers = [
-            (b"x-request-id", call.rid.encode()),
-            (b"x-gateway-backend", dep.backend.name.encode()),
-            (b"x-gateway-engine", dep.backend.kind.encode()),
-            (b"x-gateway-model", rec.model.encode()),
-        ]
-        h.extend(extra)
-        return h
 
 
 def _usage_of(relay: StreamRelay, prompt_estimate: int) -> tuple[int, int, bool]:
@@ -315,23 +290,10 @@ def _usage_of(relay: StreamRelay, prompt_estimate: int) -> tuple[int, int, bool]
     return prompt_estimate, relay.content_events, True
 
 
-def _session(call: Call, rt: Runtime) -> str | None:
-    v = call.header(rt.session_header)
-    return v.decode("latin-1")[:256] if v else None
-
-
 _TOKEN_MARKERS = (
-    b'"content":"',
-    b'"content": "',
-    b'"text":"',
-    b'"text": "',
-    b'"reasoning_content":"',
-    b'"reasoning_content": "',
-    b'"reasoning":"',
-    b'"reasoning": "',
-    b'"tool_calls":[',
-    b'"tool_calls": [',
-)
+    b'"content":"', b'"content": "', b'"text":"', b'"text": "', b'"reasoning_content":"', b'"reasoning_content": "',
+    b'"reasoning":"', b'"reasoning": "', b'"tool_calls":[', b'"tool_calls": [',
+)  # fmt: skip
 
 
 def _has_token(out: bytes) -> bool:
