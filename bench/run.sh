@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The bench in one command: installs what it needs (idempotent), then runs bench/run.py with the same options.
+#   bench/run.sh                      # everything: ~15 min on the 2-core box (streams.py alone is ~7 min)
+#   bench/run.sh --quick              # smoke run: 2 s per scenario, streams.py with 1,000 streams x 2 rounds
+#   bench/run.sh --targets gateway,direct --scenarios ns_c1,ns_c64
+#   bench/run.sh --table bench/results/run-XXXX.json   # re-print a saved run
+# Installs: wrk (apt), the naive baseline's venv bench/.venvs/naive (requirements-naive.txt, PyPI).
+# LiteLLM is used when a venv has it ($LITELLM_VENV, else /tmp/litellm-venv, else bench/.venvs/litellm);
+# BENCH_INSTALL_LITELLM=1 installs litellm[proxy]==${LITELLM_VERSION:-1.108.7} into bench/.venvs/litellm.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(dirname "$here")"
+py="${BENCH_PY:-$repo/.venv/bin/python}"
+
+if ! command -v wrk >/dev/null 2>&1; then
+  echo "bench: installing wrk (apt)" >&2
+  sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
+  $sudo_ apt-get update -qq && $sudo_ apt-get install -y -qq wrk >/dev/null
+fi
+if ! "$py" -c "import gateway, aiohttp, uvloop, yaml" 2>/dev/null; then
+  echo "bench: $py cannot import the project (gateway, aiohttp, uvloop, yaml): install it first," >&2
+  echo "       e.g. python3 -m venv .venv && .venv/bin/pip install -e '.[dev]'  (or set BENCH_PY)" >&2
+  exit 1
+fi
+naive="$here/.venvs/naive"
+if ! "$naive/bin/python" -c "import fastapi, httpx, uvicorn" 2>/dev/null; then
+  echo "bench: creating the naive baseline's venv $naive" >&2
+  "$py" -m venv --clear "$naive"
+  "$naive/bin/pip" install -q --disable-pip-version-check -r "$here/requirements-naive.txt"
+fi
+if [ "${BENCH_INSTALL_LITELLM:-0}" = 1 ] && [ -z "${LITELLM_VENV:-}" ] && [ ! -x /tmp/litellm-venv/bin/litellm ] \
+   && [ ! -x "$here/.venvs/litellm/bin/litellm" ]; then
+  echo "bench: installing LiteLLM into $here/.venvs/litellm" >&2
+  "$py" -m venv --clear "$here/.venvs/litellm"
+  "$here/.venvs/litellm/bin/pip" install -q --disable-pip-version-check "litellm[proxy]==${LITELLM_VERSION:-1.108.7}"
+fi
+cd "$repo"
+exec "$py" "$here/run.py" "$@"
