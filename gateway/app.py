@@ -7,6 +7,7 @@ metrics port) and closed on shutdown (after uvicorn has drained requests in flig
 
 from __future__ import annotations
 
+import gc
 import logging
 
 from aiohttp import web
@@ -19,6 +20,7 @@ from gateway.settings import GatewayConfig
 from gateway.upstream.base import UpstreamClient
 
 log = logging.getLogger("gateway")
+GC_GEN0_THRESHOLD = 50_000
 
 
 def create_app(
@@ -53,6 +55,11 @@ def create_app(
             watcher.start()
         if gw.server.metrics_port is not None:
             metrics_runner = await _serve_metrics(gw, host or gw.server.host, gw.server.metrics_port)
+        # Everything built so far lives as long as the process: move it out of the collector's sight, and
+        # collect the young generation less often (request objects die by refcount; measured in bench/)
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
         log.info(
             "llm-gateway ready: %d models on %d backends", len(gw.runtime.table.models), len(gw.runtime.table.backends)
         )

@@ -50,12 +50,18 @@ class Trace:
 
 
 def eligible(route: ModelRoute, info: RequestInfo) -> list[Deployment]:
-    """Deployments that could serve this request at all (ignores health)."""
-    return [
-        d
-        for d in route.deployments
-        if (info.format is None or d.cfg.format == info.format) and info.needs <= d.cfg.capabilities
-    ]
+    """Deployments that could serve this request at all (ignores health); cached per route and need."""
+    key = (info.format, info.needs)
+    found = route.eligible.get(key)
+    if found is None:
+        found = [
+            d
+            for d in route.deployments
+            if (info.format is None or d.cfg.format == info.format) and info.needs <= d.cfg.capabilities
+        ]
+        if len(route.eligible) < 256:
+            route.eligible[key] = found
+    return found
 
 
 def explain_ineligible(route: ModelRoute, info: RequestInfo) -> InvalidRequest:
@@ -106,6 +112,8 @@ class Dispatcher:
     def _order(
         self, route: ModelRoute, deps: list[Deployment], info: RequestInfo, session: str | None
     ) -> list[Deployment]:
+        if len(deps) == 1:
+            return deps
         now = time.monotonic()
         stale = self.cfg.stale_after_probes * max(d.backend.cfg.probe.interval_s for d in deps)
         views = [

@@ -65,7 +65,6 @@ class Deployment:
     admission: Admission
     breaker: Breaker
     key: str
-    children: dict[str, object] = field(default_factory=dict)  # cached metric children
 
     @property
     def upstream_model(self) -> str:
@@ -87,6 +86,7 @@ class ModelRoute:
     cfg: ModelConfig
     deployments: list[Deployment]
     rotation: int = 0
+    eligible: dict[tuple[str | None, frozenset[str]], list[Deployment]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

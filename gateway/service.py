@@ -236,16 +236,15 @@ class GenerationService:
         ]
         rec.status = 200
         await call.start(200, headers)
-        itl = dep.children.get("itl")
-        if itl is None:
-            itl = dep.children["itl"] = self.gw.metrics.itl.labels(dep.model, dep.backend.name)
+        itl = self.gw.metrics.child(self.gw.metrics.itl, dep.model, dep.backend.name)
         first = True
         last = time.perf_counter()
         send = call.send
         feed = relay.feed
         err: GatewayError | None = None
+        read = resp.read_chunk
         try:
-            async for chunk in resp.iter_chunks():
+            while chunk := await read():
                 out = feed(chunk)
                 if out:
                     now = time.perf_counter()
@@ -253,9 +252,9 @@ class GenerationService:
                         if _has_token(out):  # not a role-only or empty chunk: the first generated text
                             first = False
                             rec.ttft_s = now - rec.t0
-                            self.gw.metrics.ttft.labels(dep.model, dep.backend.name).observe(rec.ttft_s)
+                            self.gw.metrics.child(self.gw.metrics.ttft, dep.model, dep.backend.name).observe(rec.ttft_s)
                     else:
-                        itl.observe(now - last)  # type: ignore[attr-defined]
+                        itl.observe(now - last)
                     last = now
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 if relay.error is not None:

@@ -88,26 +88,46 @@ def format_reset(seconds: float) -> str:
 
 
 class _Window:
-    """Entries [timestamp, weight] in arrival order, and their running total."""
+    """Entries of the window in arrival order: timestamps and weights in two deques of floats (nothing
+    for the cyclic GC to walk, however long the window), with their running total. An entry is named
+    by its sequence number, so a settlement can correct it in place while it is still in the window."""
 
-    __slots__ = ("entries", "total")
+    __slots__ = ("base", "total", "ts", "w")
 
     def __init__(self) -> None:
-        self.entries: deque[list[float]] = deque()
+        self.ts: deque[float] = deque()
+        self.w: deque[float] = deque()
         self.total = 0.0
+        self.base = 0  # sequence number of ts[0]
 
     def prune(self, horizon: float) -> None:
-        entries = self.entries
-        while entries and entries[0][0] <= horizon:
-            self.total -= entries.popleft()[1]
+        ts, w = self.ts, self.w
+        while ts and ts[0] <= horizon:
+            ts.popleft()
+            self.total -= w.popleft()
+            self.base += 1
+
+    def add(self, now: float, weight: float) -> int:
+        self.ts.append(now)
+        self.w.append(weight)
+        self.total += weight
+        return self.base + len(self.ts) - 1
+
+    def adjust(self, seq: int, weight: float) -> None:
+        i = seq - self.base
+        n = len(self.w)
+        if 0 <= i < n:  # not pruned yet; index from the right end, where recent entries are
+            i -= n
+            self.total += weight - self.w[i]
+            self.w[i] = weight
 
     def reset_after(self, now: float) -> float:
-        return self.entries[0][0] + WINDOW_S - now if self.entries else 0.0
+        return self.ts[0] + WINDOW_S - now if self.ts else 0.0
 
     def wait_for(self, need: float, limit: float, now: float) -> float:
         """Seconds until `need` more fits under `limit`."""
         free = limit - self.total
-        for ts, w in self.entries:
+        for ts, w in zip(self.ts, self.w, strict=True):
             if free >= need:
                 break
             free += w
@@ -164,7 +184,7 @@ class MemoryStore:
                     first_tok = Quota(s.tpm, max(0, int(s.tpm - w.total)), w.reset_after(now))
             if s.concurrency is not None:
                 leases = self._conc.setdefault(s.scope, {})
-                if leases:
+                if len(leases) + 1 > s.concurrency:  # only then look for leases that expired
                     for k in [k for k, exp in leases.items() if exp <= now]:
                         del leases[k]
                 if refusal is None and len(leases) + 1 > s.concurrency:
@@ -177,14 +197,10 @@ class MemoryStore:
             return refusal, res
         for s in scopes:
             if s.rpm is not None:
-                self._req[s.scope].entries.append([now, 1.0])
-                self._req[s.scope].total += 1
+                self._req[s.scope].add(now, 1.0)
             if s.tpm is not None:
-                entry = [now, float(tokens)]
                 w = self._tok[s.scope]
-                w.entries.append(entry)
-                w.total += tokens
-                res.handles.append(entry)
+                res.handles.append((w, w.add(now, float(tokens))))
             if s.concurrency is not None:
                 self._conc[s.scope][res.request_id] = now + s.lease_s
         if first_req is not None:
@@ -204,18 +220,11 @@ class MemoryStore:
         if not res.active:
             return
         res.active = False
-        now = self._clock()
         if actual_tokens is not None and actual_tokens != res.tokens:
-            i = 0
-            for s in res.scopes:
-                if s.tpm is None:
-                    continue
-                entry = res.handles[i]
-                i += 1
-                assert isinstance(entry, list)
-                if entry[0] > now - WINDOW_S:  # still in the window: correct it
-                    self._tok[s.scope].total += actual_tokens - entry[1]
-                    entry[1] = float(actual_tokens)
+            for handle in res.handles:
+                assert isinstance(handle, tuple)
+                window, seq = handle
+                window.adjust(seq, float(actual_tokens))
         for s in res.scopes:
             if s.concurrency is not None:
                 self._conc.get(s.scope, {}).pop(res.request_id, None)

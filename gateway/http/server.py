@@ -33,6 +33,7 @@ def uvicorn_config(app: GatewayApp, server: ServerConfig, host: str, port: int) 
         timeout_keep_alive=int(server.keepalive_timeout_s),
         timeout_graceful_shutdown=int(server.graceful_shutdown_s),
         backlog=4096,
+        proxy_headers=False,  # the gateway does not use X-Forwarded-*; the middleware costs ~1% CPU
     )
 
 

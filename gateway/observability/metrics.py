@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -123,8 +123,19 @@ class Metrics:
         )
         self.config_last_reload.set(time.time())
         self.probes = Counter("gateway_backend_probes", "Backend probes, by result.", ["backend", "result"], registry=r)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._state = _StateCollector()
         r.register(self._state)
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached: a dict lookup instead of prometheus-client's validation and lock."""
+        key = (id(metric), labels)
+        c = self._children.get(key)
+        if c is None:
+            c = metric.labels(*labels)
+            if len(self._children) < 100_000:  # labels are bounded (config names); this is a safety net
+                self._children[key] = c
+        return c
 
     def watch(self, table_getter: Callable[[], RoutingTable]) -> None:
         self._state.table = table_getter

@@ -64,17 +64,18 @@ def finish_record(metrics: Metrics, access: AccessLog, rec: RequestRecord) -> No
     if rec.endpoint == "other":  # health, metrics, models listing: not counted as traffic
         return
     sc = f"{rec.status // 100}xx" if rec.status else "none"
-    metrics.requests.labels(rec.model, rec.backend, rec.engine, rec.endpoint, sc, rec.outcome).inc()
+    child = metrics.child
+    child(metrics.requests, rec.model, rec.backend, rec.engine, rec.endpoint, sc, rec.outcome).inc()
     if rec.backend != NONE:
-        metrics.duration.labels(rec.model, rec.backend, rec.endpoint).observe(duration)
+        child(metrics.duration, rec.model, rec.backend, rec.endpoint).observe(duration)
         if rec.prompt_tokens:
-            metrics.prompt_tokens.labels(rec.model, rec.backend).inc(rec.prompt_tokens)
+            child(metrics.prompt_tokens, rec.model, rec.backend).inc(rec.prompt_tokens)
         if rec.completion_tokens:
-            metrics.completion_tokens.labels(rec.model, rec.backend).inc(rec.completion_tokens)
+            child(metrics.completion_tokens, rec.model, rec.backend).inc(rec.completion_tokens)
     overhead = rec.overhead_s
     if overhead is None:
         overhead = max(0.0, duration - rec.upstream_s - rec.waited_s)
-    metrics.overhead.labels(rec.endpoint).observe(overhead)
+    child(metrics.overhead, rec.endpoint).observe(overhead)
     if access.enabled:
         fields: dict[str, Any] = {
             "request_id": rec.rid,

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 from multidict import CIMultiDictProxy
+from yarl import URL
 
 from gateway.errors import (
     GatewayError,
@@ -46,17 +47,78 @@ def _translate(exc: BaseException, *, after_headers: bool) -> GatewayError:
     return UpstreamProtocolError(f"upstream HTTP error: {type(exc).__name__}")
 
 
-class AiohttpResponse:
-    __slots__ = ("_idle", "_resp", "headers", "status")
+class _Watchdog:
+    """One timer for every open response instead of one rescheduled on every chunk: four times a second
+    it fails each response past its total deadline, and each stream whose engine has been silent
+    (while the gateway was waiting for it) longer than the idle timeout."""
 
-    def __init__(self, resp: aiohttp.ClientResponse, idle_s: float) -> None:
+    PERIOD_S = 0.25
+
+    def __init__(self) -> None:
+        self.active: set[AiohttpResponse] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, r: AiohttpResponse) -> None:
+        self.active.add(r)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self.active:
+                await asyncio.sleep(self.PERIOD_S)
+                now = loop.time()
+                for r in list(self.active):
+                    r.check(now)
+        finally:
+            self._task = None
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+class AiohttpResponse:
+    __slots__ = (
+        "_deadline",
+        "_idle",
+        "_loop",
+        "_resp",
+        "_streaming",
+        "_waiting_since",
+        "_watchdog",
+        "headers",
+        "status",
+    )
+
+    def __init__(
+        self, resp: aiohttp.ClientResponse, t: UpstreamTimeouts, watchdog: _Watchdog, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self._resp = resp
-        self._idle = idle_s
+        self._idle = t.idle_s
+        self._loop = loop
+        self._deadline = loop.time() + t.total_s
+        self._waiting_since: float | None = None
+        self._streaming = False
+        self._watchdog = watchdog
         self.status = resp.status
         self.headers: CIMultiDictProxy[str] = resp.headers
         conn = resp.connection
         if conn is not None and conn.protocol is not None:
-            conn.protocol.read_timeout = idle_s
+            conn.protocol.read_timeout = t.idle_s  # whole bodies: aiohttp's own read timer
+        watchdog.add(self)
+
+    def check(self, now: float) -> None:
+        waiting = self._waiting_since
+        if now > self._deadline:
+            self._expire("the engine's response did not complete within the total timeout")
+        elif waiting is not None and now - waiting > self._idle:
+            self._expire("the engine sent nothing between chunks of its response within the configured timeout")
+
+    def _expire(self, why: str) -> None:
+        self._watchdog.active.discard(self)
+        self._resp.content.set_exception(aiohttp.ServerTimeoutError(why))
 
     async def read(self, limit: int) -> bytes:
         resp = self._resp
@@ -79,18 +141,26 @@ class AiohttpResponse:
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise _translate(e, after_headers=True) from None
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        readany = self._resp.content.readany
+    async def read_chunk(self) -> bytes:
+        if not self._streaming:
+            self._streaming = True
+            conn = self._resp.connection
+            if conn is not None and conn.protocol is not None:
+                conn.protocol.read_timeout = None  # streams: the watchdog times the silences instead
+        self._waiting_since = self._loop.time()
         try:
-            while True:
-                chunk = await readany()
-                if not chunk:
-                    return
-                yield chunk
+            return await self._resp.content.readany()
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise _translate(e, after_headers=True) from None
+        finally:
+            self._waiting_since = None
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        while chunk := await self.read_chunk():
+            yield chunk
 
     def close(self) -> None:
+        self._watchdog.active.discard(self)
         resp = self._resp
         if resp.content.is_eof():
             resp.release()
@@ -118,11 +188,14 @@ class AiohttpUpstream:
             raise_for_status=False,
         )
         self._timeouts: dict[UpstreamTimeouts, aiohttp.ClientTimeout] = {}
+        self._watchdog = _Watchdog()
+        self._urls: dict[str, URL] = {}  # parsed once: a handful of backend URLs and paths
 
     def _client_timeout(self, t: UpstreamTimeouts) -> aiohttp.ClientTimeout:
         ct = self._timeouts.get(t)
         if ct is None:
-            ct = aiohttp.ClientTimeout(total=t.total_s, sock_connect=t.connect_s, sock_read=t.first_byte_s)
+            # no `total` here (aiohttp would enter a timer context on every read): the watchdog keeps it
+            ct = aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s, sock_read=t.first_byte_s)
             self._timeouts[t] = ct
         return ct
 
@@ -134,14 +207,20 @@ class AiohttpUpstream:
         body: bytes | None,
         timeouts: UpstreamTimeouts,
     ) -> AiohttpResponse:
+        u = self._urls.get(url)
+        if u is None:
+            u = URL(url)
+            if len(self._urls) < 4096:
+                self._urls[url] = u
         kw: dict[str, Any] = {"headers": headers, "allow_redirects": False, "timeout": self._client_timeout(timeouts)}
         if body is not None:
             kw["data"] = body
         try:
-            resp = await self._session.request(method, url, **kw)
+            resp = await self._session.request(method, u, **kw)
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise _translate(e, after_headers=False) from None
-        return AiohttpResponse(resp, timeouts.idle_s)
+        return AiohttpResponse(resp, timeouts, self._watchdog, asyncio.get_running_loop())
 
     async def aclose(self) -> None:
+        self._watchdog.close()
         await self._session.close()

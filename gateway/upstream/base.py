@@ -33,8 +33,12 @@ class UpstreamResponse(Protocol):
         """The whole body; UpstreamProtocolError beyond `limit` bytes."""
         ...
 
+    async def read_chunk(self) -> bytes:
+        """The next body bytes as they arrive, b"" at the end (idle timeout between chunks applies)."""
+        ...
+
     def iter_chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive (idle timeout between chunks applies)."""
+        """The same, as an async iterator."""
         ...
 
     def close(self) -> None:

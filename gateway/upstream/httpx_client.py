@@ -41,6 +41,7 @@ class HttpxResponse:
     def __init__(self, resp: httpx.Response, total_deadline: float) -> None:
         self._resp = resp
         self._deadline = total_deadline
+        self._it: AsyncIterator[bytes] | None = None
         self.status = resp.status_code
         self.headers = resp.headers
 
@@ -53,6 +54,14 @@ class HttpxResponse:
                 raise UpstreamProtocolError(f"the engine's response is larger than {limit} bytes")
             parts.append(chunk)
         return b"".join(parts)
+
+    async def read_chunk(self) -> bytes:
+        if self._it is None:
+            self._it = self.iter_chunks()
+        try:
+            return await anext(self._it)
+        except StopAsyncIteration:
+            return b""
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         try:
