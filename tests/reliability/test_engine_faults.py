@@ -173,3 +173,31 @@ def test_the_engine_serves_normally_after_all_that(env: Env) -> None:
     status, body, _ = _run(env, None, stream=True)
     assert status == 200 and isinstance(body, list) and body[-1] == "[DONE]"
     assert _metric(env.gw, 'gateway_breaker_state{backend="emu",model="m",upstream_model="tiny"}') == 0.0
+
+
+def test_a_stream_that_outlives_the_total_timeout_is_ended_with_an_error_event(tmp_path) -> None:
+    # the engine keeps sending (never idle), but the whole exchange may take 2 s at most
+    with EmulatorThread(EmulatorConfig(engine="vllm", model="tiny", tpot_ms=100)) as emu:
+        cfg = f"""
+server: {{access_log: false}}
+auth: {{mode: none}}
+backends:
+  - {{name: emu, engine: vllm, url: "{emu.url}", timeouts: {{first_byte_s: 5, idle_s: 1, total_s: 2}}}}
+models: [{{name: m, deployments: [{{backend: emu, model: tiny, format: safetensors}}]}}]
+"""
+        with GatewayProcess(cfg, tmp_path) as gw:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "stream": True}
+            t = time.monotonic()
+            with httpx.Client(timeout=30) as c, c.stream("POST", gw.url + "/v1/chat/completions", json=body) as r:
+                events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+            took = time.monotonic() - t
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline and emu.stats.active:
+                time.sleep(0.05)
+            active = emu.stats.active
+    errors = [orjson.loads(e)["error"] for e in events if e.startswith('{"error"')]
+    assert len(errors) == 1 and errors[0]["code"] == "upstream_timeout" and events[-1] == "[DONE]"
+    assert 10 < len(events) < 40  # about 2 s of 100 ms tokens, not all 100
+    assert 1.9 < took < 3.5
+    assert active == 0
+    MATRIX.append(("total_timeout", "stream", f"{len(events) - 2} chunks, then error event upstream_timeout", took))
