@@ -108,7 +108,7 @@ class SSERelay:
             and block.count(b"\n\ndata: {") == n - 1
             and block.count(b"}\n\n") == n
             and b"[DONE]" not in block
-            and b'"usage"' not in block
+            and not _has_usage(block)  # `"usage": null` on every chunk (LMDeploy, vLLM) stays on the fast path
             and b'{"error"' not in block
             and not (self._finish_errors and self._saw_finish)
         ):
@@ -140,6 +140,15 @@ class SSERelay:
         return b"".join(out)
 
     def _event(self, payload: bytes) -> bytes:
+        if (
+            payload[:1] == b"{"
+            and payload[-1:] == b"}"
+            and not _has_usage(payload)
+            and b'"error"' not in payload
+            and not any(f in payload for f in self._finish_errors)
+        ):  # an ordinary chunk in a block with something special elsewhere: no need to parse it
+            self.content_events += 1
+            return self._rewrite(payload)
         try:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
@@ -207,6 +216,10 @@ class SSERelay:
             self._closed = True
             return out + DONE
         return out + self._fail(StreamInterrupted("the engine's stream ended before the answer was complete"))
+
+
+def _has_usage(data: bytes) -> bool:
+    return b'"usage":{' in data or b'"usage": {' in data
 
 
 def _data_of(raw: bytes) -> bytes | None:

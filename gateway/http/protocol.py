@@ -30,6 +30,10 @@ def _response(status: int, code: str, message: str) -> bytes:
     ) + body
 
 
+LINGER_S = 2.0
+LINGER_MAX_BYTES = 16 * 1024 * 1024
+
+
 class _Refused(Exception):
     pass
 
@@ -45,6 +49,8 @@ class GatewayProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._parsed_header_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
+        self._draining = False
+        self._drained = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -71,10 +77,20 @@ class GatewayProtocol(HttpToolsProtocol):
                 self.transport.close()  # an idle connection that never sent a request
 
     def _refuse(self, status: int, code: str, message: str) -> None:
+        """Answer and close, lingering: what the client is still sending is read and thrown away for a
+        moment, so that it reads the answer instead of a connection reset (as nginx's lingering_close)."""
         self._disarm()
-        if not self.transport.is_closing():
-            self.transport.write(_response(status, code, message))
-            self.transport.close()
+        transport = self.transport
+        if transport.is_closing() or self._draining:
+            return
+        transport.write(_response(status, code, message))
+        self._draining = True
+        try:
+            transport.write_eof()
+        except (OSError, NotImplementedError, RuntimeError):
+            transport.close()
+            return
+        self.loop.call_later(LINGER_S, transport.close)
 
     def send_400_response(self, msg: str) -> None:
         """A request the HTTP parser rejects (bad framing, bogus Content-Length): the OpenAI envelope,
@@ -82,6 +98,11 @@ class GatewayProtocol(HttpToolsProtocol):
         self._refuse(400, "invalid_http", f"The HTTP request could not be parsed: {msg}")
 
     def data_received(self, data: bytes) -> None:
+        if self._draining:
+            self._drained += len(data)
+            if self._drained > LINGER_MAX_BYTES:
+                self.transport.close()
+            return
         if not self._awaiting_headers:
             super().data_received(data)
             return

@@ -139,3 +139,18 @@ def test_open_connections_are_capped_and_normal_clients_still_get_through_after(
         gateway.port, request_bytes("POST", "/v1/chat/completions", {"content-type": "application/json"}, CHAT)
     )
     assert ok is not None and ok.status == 200
+
+
+def test_a_refused_request_with_a_big_body_still_gets_its_answer_not_a_reset(gateway: GatewayProcess) -> None:
+    # the parser refuses the header at once; the client is still sending 12 MB: the gateway reads and
+    # discards them for a moment (lingering close) so the client reads the 400 instead of a reset
+    body = b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 12_000_000 + b'"}]}'
+    with socket.create_connection(("127.0.0.1", gateway.port)) as s:
+        s.sendall(
+            request_bytes(
+                "POST", "/v1/chat/completions", {"content-type": "\x01bad"}, b"", content_length=str(len(body))
+            )
+        )
+        s.sendall(body)  # a reset here would raise
+        raw = _read_all(s, 5)
+    _envelope(raw, 400, "invalid_http")
