@@ -96,7 +96,9 @@ class Target:
             old_ttft, emu.config.ttft_ms = emu.config.ttft_ms, seconds * 1000
             n = emu.config.slots + 1  # every slot running, one more waiting
         else:
-            n = {"llama-server": 1, "vllm": 2, "ollama": 1}[self.engine]
+            # vLLM (max_num_seqs=2) is fast on the tiny model and its context is short: keep a queue behind
+            # the two running sequences so it stays busy for seconds
+            n = {"llama-server": 1, "vllm": 8, "ollama": 1}[self.engine]
         stop = threading.Event()
         threads = [threading.Thread(target=self._long_stream, args=(stop,), daemon=True) for _ in range(n)]
         for th in threads:
@@ -123,7 +125,7 @@ class Target:
             return self.generating()
         for line in httpx.get(self.url + "/metrics", timeout=5).text.splitlines():
             if line.startswith("vllm:num_requests_running"):
-                return float(line.split()[-1]) >= n
+                return float(line.split()[-1]) >= min(n, 2)
         return False
 
     def _long_stream(self, stop: threading.Event) -> None:
