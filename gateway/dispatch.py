@@ -82,11 +82,18 @@ def explain_ineligible(route: ModelRoute, info: RequestInfo) -> InvalidRequest:
     )
 
 
+# the engine lacks this route or model: a config mismatch for one endpoint, not ill health (its chat may
+# work fine), so it must not open the breaker for every endpoint
+ENDPOINT_MISMATCH = frozenset({"upstream_model_not_found", "upstream_not_supported"})
+
+
 def judge(dep: Deployment, err: GatewayError, now: float) -> None:
     """Book an attempt's failure against the deployment's breaker and the backend's state."""
     b = dep.backend
     if isinstance(err, UpstreamError) and err.busy:
         b.busy_until = now + 1.0
+        dep.breaker.neutral()
+    elif isinstance(err, UpstreamError) and err.code in ENDPOINT_MISMATCH:
         dep.breaker.neutral()
     elif isinstance(err, UpstreamUnreachable | UpstreamTimeout | UpstreamProtocolError | StreamInterrupted) or (
         isinstance(err, UpstreamError) and err.status >= 500

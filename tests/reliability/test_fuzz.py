@@ -118,7 +118,7 @@ target = st.sampled_from(
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with EmulatorThread(EmulatorConfig(engine="vllm", model="tiny")) as emu:
+    with EmulatorThread(EmulatorConfig(engine="vllm", model="tiny", embeddings=True)) as emu:
         cfg = f"""
 server: {{access_log: false, max_body_bytes: 1048576, body_timeout_s: 2}}
 auth:

@@ -428,3 +428,16 @@ async def test_a_request_that_fails_before_any_output_gives_its_reserved_tokens_
     # each reserves 106 tokens (a 6-token prompt estimate + max_tokens 100); the failed one gave its back
     assert int(failed.headers["x-ratelimit-remaining-tokens"]) == 1000 - 106  # quota headers on errors too
     assert int(ok.headers["x-ratelimit-remaining-tokens"]) == 1000 - 106
+
+
+@respx.mock
+async def test_an_engine_lacking_one_endpoint_does_not_open_the_breaker_for_the_others(cfg):
+    respx.post(f"{ENGINE}/v1/embeddings").mock(return_value=httpx.Response(404, json={"detail": "Not Found"}))
+    respx.post(f"{ENGINE}/v1/chat/completions").mock(return_value=httpx.Response(200, json=engine_chat_json()))
+    async with gateway_client(cfg) as (client, app):
+        for _ in range(8):  # more than breaker_failures (5)
+            r = await client.post("/v1/embeddings", json={"model": "public-model", "input": "x"})
+            assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_model_not_found"
+        chat = await client.post("/v1/chat/completions", json=CHAT)
+        assert app.gw.runtime.table.models[0].deployments[0].breaker.state == "closed"
+    assert chat.status_code == 200
