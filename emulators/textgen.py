@@ -205,14 +205,17 @@ def embed_inputs(value: Any) -> list[str]:
 
 # ---- ids and clocks ----------------------------------------------------------------
 _ALNUM = string.ascii_letters + string.digits
+# the emulators' own generator: they run as threads inside test processes, and touching the global
+# `random` state there disturbs whatever else draws from it (Hypothesis warns about exactly that)
+RNG = random.Random()
 
 
 def rand_alnum(n: int) -> str:
-    return "".join(random.choices(_ALNUM, k=n))
+    return "".join(RNG.choices(_ALNUM, k=n))
 
 
 def rand_hex(n: int) -> str:
-    return f"{random.getrandbits(4 * n):0{n}x}"
+    return f"{RNG.getrandbits(4 * n):0{n}x}"
 
 
 def go_time(ns: int | None = None) -> str:

@@ -14,7 +14,6 @@ in ``ollama_v1``.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from typing import Any
 
@@ -111,7 +110,7 @@ class Ollama(Engine):
         """Load on first use; returns the load_duration (ns) to report."""
         self.expires = time.time() + 300
         if self.loaded:
-            return 1_000_000 + random.randrange(200_000)
+            return 1_000_000 + textgen.RNG.randrange(200_000)
         if self._load_task is None:
             self._load_task = asyncio.ensure_future(self._load())
         await asyncio.shield(self._load_task)

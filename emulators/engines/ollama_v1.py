@@ -13,7 +13,6 @@ error mid-stream just ends the stream. Errors: ``{"error":{"message","type","par
 from __future__ import annotations
 
 import json
-import random
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -43,7 +42,7 @@ class V1Stream(StreamFormat):
     def __init__(self, eng: Ollama, model: str, chat: bool, include_usage: bool) -> None:
         self.eng, self.chat, self.include_usage = eng, chat, include_usage
         self.legacy = eng.cfg.ollama_legacy
-        rid = ("chatcmpl-" if chat else "cmpl-") + str(random.randrange(999))
+        rid = ("chatcmpl-" if chat else "cmpl-") + str(textgen.RNG.randrange(999))
         obj = "chat.completion.chunk" if chat else "text_completion"
         self.rid, self.obj, self.model, self.created = rid, obj, model, eng.now()
         if chat:
@@ -184,7 +183,7 @@ class OllamaV1:
 
         def build(res: Result) -> Reply:
             aborted = res.finish is None
-            rid = ("chatcmpl-" if chat else "cmpl-") + str(random.randrange(999))
+            rid = ("chatcmpl-" if chat else "cmpl-") + str(textgen.RNG.randrange(999))
             usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0} if aborted else self.usage(res)
             if chat:
                 message: dict[str, Any] = {"role": "assistant", "content": res.text}
