@@ -16,7 +16,7 @@ quiet() { grep -v "is ignored: it is neither a file nor a directory" || true; }
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 echo "== installing llm-gateway, xllamacpp and the openai SDK into .venv"
 mkdir -p .cache
-.venv/bin/pip install -q --disable-pip-version-check -e . "xllamacpp==2026.10.11549" "openai>=1.40" > .cache/pip.log 2>&1 \
+.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e . "xllamacpp==2026.10.11549" "openai>=1.40" > .cache/pip.log 2>&1 \
   || { quiet < .cache/pip.log >&2; exit 1; }
 echo "== generating the tiny GGUF model (cached)"
 MODEL=$(scripts/install_tiny_gguf.sh | tail -1)
