@@ -2,10 +2,9 @@
 
 Why native: Ollama's `/v1` layer ignores `num_ctx`, `max_completion_tokens`, `top_k`, `min_p`,
 `keep_alive` and every other `options` field, and forces temperature/top_p to 1.0 when absent.
-Here OpenAI fields and sampling extras map to `options` (`num_predict`, `num_ctx`, `top_k`,
-`min_p`, `repeat_penalty`, `seed`, `stop`, ...), `response_format` to `format`, `reasoning_effort`
-to `think`, tools and tool results to Ollama's shapes; the NDJSON answer is translated back to
-OpenAI JSON / SSE (see `ollama_stream`). A loopback-bound Ollama answers an empty 403 to a
+This module owns the adapter: headers, whole answers translated back to OpenAI JSON, errors,
+probes. OpenAI fields and sampling extras map to `options`, `format`, `think` and Ollama's message
+shapes in `ollama_request`; the NDJSON stream becomes OpenAI SSE in `ollama_stream`. A loopback-bound Ollama answers an empty 403 to a
 non-local `Host`, so the request carries a local one. Ollama reports no load: the gateway's own
 in-flight count is what routing sees. Bad option types and bad JSON schemas come back as 500
 (`option "num_ctx" must be of type integer`): those are the request's fault and become 400.
@@ -24,87 +23,10 @@ import orjson
 
 from adapters.base import Adapter, BackendInfo, CallContext, Endpoint, ProbeClient, ProbeResult, UpstreamRequest, Usage
 from adapters.error_bodies import json_object, parse_error_body, upstream_error
+from adapters.ollama_request import native_body
 from adapters.ollama_stream import OllamaRelay, finish_reason, tool_calls_to_openai
-from gateway.errors import InvalidRequest, UpstreamError
+from gateway.errors import UpstreamError
 
-_OPTIONS = frozenset(
-    {
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "typical_p",
-        "seed",
-        "repeat_last_n",
-        "repeat_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-        "num_ctx",
-        "num_keep",
-        "num_batch",
-        "num_gpu",
-        "main_gpu",
-        "use_mmap",
-        "num_thread",
-        "num_predict",
-        "penalize_newline",
-        "mirostat",
-        "mirostat_tau",
-        "mirostat_eta",
-    }
-)
-_RENAMED = {"max_tokens": "num_predict", "max_completion_tokens": "num_predict", "repetition_penalty": "repeat_penalty"}
-_NATIVE = frozenset(
-    {
-        "keep_alive",
-        "think",
-        "truncate",
-        "shift",
-        "logprobs",
-        "top_logprobs",
-        "format",
-        "tools",
-        "raw",
-        "suffix",
-        "images",
-        "dimensions",
-    }
-)
-# OpenAI fields with no meaning for Ollama (or translated separately): never forwarded as they are
-_CONSUMED = frozenset(
-    {
-        "model",
-        "messages",
-        "prompt",
-        "input",
-        "stream",
-        "stream_options",
-        "options",
-        "stop",
-        "response_format",
-        "reasoning_effort",
-        "n",
-        "user",
-        "tool_choice",
-        "parallel_tool_calls",
-        "logit_bias",
-        "service_tier",
-        "store",
-        "metadata",
-        "encoding_format",
-        "echo",
-        "best_of",
-    }
-)
-_THINK = {
-    "none": False,
-    "minimal": "low",
-    "low": "low",
-    "medium": "medium",
-    "high": "high",
-    "xhigh": "high",
-    "max": "max",
-}
 _PATHS = {"chat": "/api/chat", "completions": "/api/generate", "embeddings": "/api/embed"}
 _CLIENT_HINTS = ("must be of type", "invalid", "cannot unmarshal", "unknown option", "json schema")
 
@@ -138,65 +60,10 @@ class OllamaAdapter(Adapter):
 
     # -- requests ----------------------------------------------------------------------------------
     def build(self, endpoint: Endpoint, body: dict[str, Any], ctx: CallContext) -> UpstreamRequest:
-        out: dict[str, Any] = {"model": ctx.upstream_model, "stream": ctx.stream}
-        options: dict[str, Any] = {}
-        for k, v in body.items():
-            if k in _RENAMED:
-                if v is not None:
-                    options[_RENAMED[k]] = v
-            elif k in _OPTIONS:
-                if v is not None:
-                    options[k] = v
-            elif k not in _CONSUMED:
-                out[k] = v  # native fields (keep_alive, think, ...) and unknown fields pass through
-        if body.get("max_completion_tokens") is not None:  # OpenAI's current name wins over max_tokens
-            options["num_predict"] = body["max_completion_tokens"]
-        stop = body.get("stop")
-        if stop is not None:
-            options["stop"] = [stop] if isinstance(stop, str) else stop
-        n = body.get("n")
-        if n not in (None, 1):
-            raise InvalidRequest("n > 1 is not supported by the Ollama backend serving this model", param="n")
-        native_options = body.get("options")
-        if isinstance(native_options, dict):
-            options.update(native_options)
-        if options:
-            out["options"] = options
-        self._format(body, out)
-        effort = body.get("reasoning_effort")
-        if isinstance(effort, str) and "think" not in out:
-            if effort not in _THINK:
-                raise InvalidRequest(
-                    f"reasoning_effort {effort!r} is not one of {sorted(_THINK)}", param="reasoning_effort"
-                )
-            out["think"] = _THINK[effort]
-        if endpoint == "chat":
-            out["messages"] = _messages(body.get("messages"))
-        elif endpoint == "completions":
-            out["prompt"] = _prompt(body.get("prompt"))
-            out.setdefault("raw", True)  # OpenAI completions take the prompt as it is
-        else:
-            out.pop("stream", None)
-            out["input"] = _embed_input(body.get("input"))
+        out = native_body(endpoint, body, ctx.upstream_model, ctx.stream)
         return UpstreamRequest(
             "POST", _PATHS[endpoint], {**self.headers, "X-Request-Id": ctx.request_id}, orjson.dumps(out)
         )
-
-    @staticmethod
-    def _format(body: dict[str, Any], out: dict[str, Any]) -> None:
-        rf = body.get("response_format")
-        if not isinstance(rf, dict) or "format" in out:
-            return
-        t = rf.get("type")
-        if t == "json_object":
-            out["format"] = "json"
-        elif t == "json_schema":
-            schema = (rf.get("json_schema") or {}).get("schema")
-            if not isinstance(schema, dict):
-                raise InvalidRequest("response_format.json_schema.schema must be an object", param="response_format")
-            out["format"] = schema
-        elif t not in (None, "text"):
-            raise InvalidRequest(f"response_format type {t!r} is not supported by Ollama", param="response_format")
 
     # -- responses ---------------------------------------------------------------------------------
     def response_body(self, body: bytes, ctx: CallContext) -> tuple[bytes, Usage | None]:
@@ -323,80 +190,3 @@ class OllamaAdapter(Adapter):
             except (orjson.JSONDecodeError, AttributeError):
                 pass
         return ProbeResult("ready", models=frozenset(models) if status == 200 else None)
-
-
-def _messages(msgs: Any) -> list[dict[str, Any]]:
-    if not isinstance(msgs, list):
-        raise InvalidRequest("'messages' must be an array", param="messages")
-    out: list[dict[str, Any]] = []
-    names: dict[str, Any] = {}
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict):
-            raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
-        role = m.get("role")
-        text, images = _content(m.get("content"), i)
-        om: dict[str, Any] = {"role": role, "content": text}
-        if images:
-            om["images"] = images
-        if role == "assistant":
-            calls = []
-            for tc in m.get("tool_calls") or []:
-                fn = (tc or {}).get("function") or {}
-                args = fn.get("arguments")
-                if isinstance(args, str):
-                    try:
-                        args = orjson.loads(args) if args else {}
-                    except orjson.JSONDecodeError:
-                        raise InvalidRequest(
-                            f"messages[{i}].tool_calls: arguments are not JSON", param="messages"
-                        ) from None
-                calls.append({"function": {"name": fn.get("name"), "arguments": args}})
-                if tc.get("id"):
-                    names[tc["id"]] = fn.get("name")
-            if calls:
-                om["tool_calls"] = calls
-            thinking = m.get("reasoning_content") or m.get("reasoning")
-            if thinking:
-                om["thinking"] = thinking
-        elif role == "tool":
-            name = names.get(str(m.get("tool_call_id", ""))) or m.get("name")
-            if name:
-                om["tool_name"] = name
-        out.append(om)
-    return out
-
-
-def _content(content: Any, i: int) -> tuple[str, list[str]]:
-    if content is None or isinstance(content, str):
-        return content or "", []
-    if not isinstance(content, list):
-        raise InvalidRequest(f"messages[{i}].content must be a string or an array of parts", param="messages")
-    texts: list[str] = []
-    images: list[str] = []
-    for part in content:
-        if not isinstance(part, dict):
-            continue
-        if part.get("type") == "text":
-            texts.append(str(part.get("text", "")))
-        elif part.get("type") == "image_url":
-            url = (part.get("image_url") or {}).get("url", "")
-            if not isinstance(url, str) or not url.startswith("data:") or "," not in url:
-                raise InvalidRequest("the Ollama backend needs images inline as data: URLs", param="messages")
-            images.append(url.split(",", 1)[1])
-    return "\n".join(texts), images
-
-
-def _prompt(prompt: Any) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
-    raise InvalidRequest("the Ollama backend takes one string prompt per request", param="prompt")
-
-
-def _embed_input(value: Any) -> str | list[str]:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value
-    raise InvalidRequest("the Ollama backend embeds strings or arrays of strings, not token ids", param="input")
