@@ -112,3 +112,16 @@ class Job:
     #: chat endpoints only: config.reasoning_tokens applies
     reasoning: bool = False
     effective: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def embedding(cls, prompt_tokens: int, body: Callable[[Result], Reply], error_reply: Callable[[], Reply]) -> Job:
+        """An embeddings request: takes a slot and the prompt's prefill time, generates nothing."""
+        return cls(
+            stream=False,
+            limit=0,
+            finish_at_limit="length",
+            stops=[],
+            prompt_tokens=prompt_tokens,
+            body=body,
+            error_reply=error_reply,
+        )

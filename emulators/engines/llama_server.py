@@ -331,15 +331,4 @@ class LlamaServer(Engine):
             }
             return self.json_reply(req, 200, obj)
 
-        await self.generate(
-            req,
-            Job(
-                stream=False,
-                limit=0,
-                finish_at_limit="length",
-                stops=[],
-                prompt_tokens=tokens,
-                body=build,
-                error_reply=lambda: self.err(req, 500, "Embedding failed"),
-            ),
-        )
+        await self.generate(req, Job.embedding(tokens, build, lambda: self.err(req, 500, "Embedding failed")))

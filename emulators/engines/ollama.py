@@ -22,9 +22,8 @@ from ..engine import Engine
 from ..httpserver import Request
 from ..jobs import Job, Reply, Result, StreamFormat
 from .ollama_stream import NativeStream, allowed_host, go_json
-from .ollama_v1 import OllamaV1, go_json_error
+from .ollama_v1 import BUSY, OllamaV1, go_json_error
 
-BUSY = "server busy, please try again.  maximum pending requests exceeded"
 DIGEST = "df23d3d75cc3d6cc62dc5b936ff8e1862e93a0b3471d8ebc1bcd5fbc55b0d914"
 DETAILS = {
     "parent_model": "",
@@ -251,6 +250,17 @@ class Ollama(Engine):
         await self.reply(req, self.jr(200, obj))
 
     # ---- native inference -------------------------------------------------------------
+    async def _model(self, req: Request, body: dict[str, Any]) -> str | None:
+        """The request's model, or None once the refusal went out (400 when missing, 404 when unknown)."""
+        model = body.get("model")
+        if not model:
+            await self.reply(req, self.err(400, "model is required"))
+            return None
+        if not self.known(model):
+            await self.reply(req, self.err(404, self.not_found_model(str(model))))
+            return None
+        return str(model)
+
     async def _native(self, req: Request, chat: bool) -> None:
         body, exc = self.parse_json(req)
         if exc is not None:
@@ -259,14 +269,9 @@ class Ollama(Engine):
         if not isinstance(body, dict):
             await self.reply(req, self.err(400, "json: cannot unmarshal value into Go value"))
             return
-        model = body.get("model")
-        if not model:
-            await self.reply(req, self.err(400, "model is required"))
+        model = await self._model(req, body)
+        if model is None:
             return
-        if not self.known(model):
-            await self.reply(req, self.err(404, self.not_found_model(str(model))))
-            return
-        model = str(model)
         raw_opts = body.get("options")
         opts: dict[str, Any] = raw_opts if isinstance(raw_opts, dict) else {}
         prompt_empty = not body.get("messages") if chat else not body.get("prompt")
@@ -336,12 +341,8 @@ class Ollama(Engine):
             await self.reply(req, self.err(400, go_json_error(exc)))
             return
         body = body if isinstance(body, dict) else {}
-        model = body.get("model")
-        if not model:
-            await self.reply(req, self.err(400, "model is required"))
-            return
-        if not self.known(model):
-            await self.reply(req, self.err(404, self.not_found_model(str(model))))
+        model = await self._model(req, body)
+        if model is None:
             return
         legacy = req.path == "/api/embeddings"
         texts = textgen.embed_inputs(body.get("prompt", "") if legacy else body.get("input", ""))
@@ -354,7 +355,7 @@ class Ollama(Engine):
             return self.jr(
                 200,
                 {
-                    "model": str(model),
+                    "model": model,
                     "embeddings": [textgen.embedding(t) for t in texts],
                     "total_duration": d["total_duration"],
                     "load_duration": d["load_duration"],
@@ -366,7 +367,7 @@ class Ollama(Engine):
             req,
             self.job(
                 req,
-                model=str(model),
+                model=model,
                 stream=False,
                 limit=0,
                 stops=[],

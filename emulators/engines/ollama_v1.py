@@ -21,6 +21,8 @@ from .. import textgen, wire
 from ..httpserver import Request
 from ..jobs import Reply, Result, StreamFormat
 
+BUSY = "server busy, please try again.  maximum pending requests exceeded"  # OLLAMA_MAX_QUEUE reached
+
 if TYPE_CHECKING:
     from .ollama import Ollama
 
@@ -223,7 +225,7 @@ class OllamaV1:
             fmt=fmt,
             body=build,
             error_reply=lambda: self.err(500, "an error was encountered while running the model"),
-            busy=self.err(503, "server busy, please try again.  maximum pending requests exceeded"),
+            busy=self.err(503, BUSY),
             reasoning=chat,
             effective={
                 "temperature": 1.0 if temperature is None else temperature,
@@ -281,7 +283,7 @@ class OllamaV1:
             fmt=None,
             body=build,
             error_reply=lambda: self.err(500, "embedding failed"),
-            busy=self.err(503, "server busy, please try again.  maximum pending requests exceeded"),
+            busy=self.err(503, BUSY),
             effective={},
         )
         await self.eng.generate(req, job)

@@ -322,15 +322,4 @@ class Sglang(FastApiEngine):
             }
             return self.uv_json(200, obj)
 
-        await self.generate(
-            req,
-            Job(
-                stream=False,
-                limit=0,
-                finish_at_limit="length",
-                stops=[],
-                prompt_tokens=tokens,
-                body=build,
-                error_reply=lambda: self.err(500, "Embedding failed"),
-            ),
-        )
+        await self.generate(req, Job.embedding(tokens, build, lambda: self.err(500, "Embedding failed")))

@@ -308,15 +308,4 @@ class TabbyApi(FastApiEngine):
             }
             return self.uv_json(200, obj)
 
-        await self.generate(
-            req,
-            Job(
-                stream=False,
-                limit=0,
-                finish_at_limit="length",
-                stops=[],
-                prompt_tokens=tokens,
-                body=build,
-                error_reply=lambda: self.detail(503, "Embeddings request failed"),
-            ),
-        )
+        await self.generate(req, Job.embedding(tokens, build, lambda: self.detail(503, "Embeddings request failed")))

@@ -335,15 +335,4 @@ class Vllm(FastApiEngine):
             }
             return self.uv_json(200, obj)
 
-        await self.generate(
-            req,
-            Job(
-                stream=False,
-                limit=0,
-                finish_at_limit="length",
-                stops=[],
-                prompt_tokens=tokens,
-                body=build,
-                error_reply=lambda: self.err(500, DEAD),
-            ),
-        )
+        await self.generate(req, Job.embedding(tokens, build, lambda: self.err(500, DEAD)))
