@@ -4,10 +4,11 @@ Why native: Ollama's `/v1` layer ignores `num_ctx`, `max_completion_tokens`, `to
 `keep_alive` and every other `options` field, and forces temperature/top_p to 1.0 when absent.
 This module owns the adapter: headers, whole answers translated back to OpenAI JSON, errors,
 probes. OpenAI fields and sampling extras map to `options`, `format`, `think` and Ollama's message
-shapes in `ollama_request`; the NDJSON stream becomes OpenAI SSE in `ollama_stream`. A loopback-bound Ollama answers an empty 403 to a
-non-local `Host`, so the request carries a local one. Ollama reports no load: the gateway's own
-in-flight count is what routing sees. Bad option types and bad JSON schemas come back as 500
-(`option "num_ctx" must be of type integer`): those are the request's fault and become 400.
+shapes in `ollama_request`; the NDJSON stream becomes OpenAI SSE in `ollama_stream`.
+A loopback-bound Ollama answers an empty 403 to a non-local `Host`, so the request carries a local
+one. Ollama reports no load: the gateway's own in-flight count is what routing sees. Bad option
+types and bad JSON schemas come back as 500 (`option "num_ctx" must be of type integer`): those are
+the request's fault and become 400.
 """
 
 from __future__ import annotations
