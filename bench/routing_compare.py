@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Load-aware routing against round-robin, on two emulated engines of unequal speed.
 
-Two vLLM emulators (`python -m emulators`) with the same number of slots, one five times slower
+Two vLLM emulators (`python -m llm_gateway_emulators`) with the same number of slots, one five times slower
 per token than the other, behind one gateway process; the same closed-loop load (C clients, each
 sending its next request when the last one is answered, for D seconds) is run once per strategy,
 with a fresh gateway each time. Prints requests/s, latency p50/p95/p99 and the share of traffic the
@@ -157,7 +157,7 @@ models:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
             f.write(cfg)
         gw = start(
-            [py, "-m", "gateway", "serve", "--config", f.name, "--port", str(gp)],
+            [py, "-m", "llm_gateway", "serve", "--config", f.name, "--port", str(gp)],
             ready_url=f"http://127.0.0.1:{gp}/readyz",
         )
         try:

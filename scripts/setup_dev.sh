@@ -39,7 +39,7 @@ scripts/install_ollama.sh > "$LOGS/ollama.log" 2>&1 & P3=$!
 
 echo "== .venv with the project and dev extras"
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev]" > "$LOGS/pip.log" 2>&1 || { quiet < "$LOGS/pip.log" >&2; exit 1; }
+.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev]" -e emulators/ > "$LOGS/pip.log" 2>&1 || { quiet < "$LOGS/pip.log" >&2; exit 1; }
 
 echo "== deploy test tools (promtool, docker-compose binary, schema validators)"
 deploy/install-test-tools.sh .venv/bin/python > "$LOGS/deploy-tools.log" 2>&1 || { quiet < "$LOGS/deploy-tools.log" >&2; exit 1; }

@@ -11,12 +11,12 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.config_loader import parse_config
-from gateway.core.auth import digest_of
-from gateway.http.asgi import GatewayApp
-from gateway.settings import GatewayConfig
-from gateway.upstream.httpx_client import HttpxUpstream
+from llm_gateway.app import create_app
+from llm_gateway.auth import digest_of
+from llm_gateway.config_loader import parse_config
+from llm_gateway.http.asgi import GatewayApp
+from llm_gateway.settings import GatewayConfig
+from llm_gateway.upstream.httpx_client import HttpxUpstream
 from tests.support.real_engines import EngineNotInstalled, LlamaServer, OllamaServer, RealEngine, VllmServer
 
 TEST_KEY = "sk-test-alice-0123456789"

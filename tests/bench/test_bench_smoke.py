@@ -22,7 +22,7 @@ import profile_report  # noqa: E402
 import report  # noqa: E402
 import targets  # noqa: E402
 
-from gateway.config_loader import load_config  # noqa: E402
+from llm_gateway.config_loader import load_config  # noqa: E402
 
 
 def _free_port() -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from emulators import EmulatorConfig, EmulatorThread
+from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.real_engines import RealEngine
 
 FORMATS = {

@@ -17,10 +17,10 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.base import BackendInfo
-from adapters.registry import adapter_for
-from gateway.prober import BackendProbeClient
-from gateway.upstream.aiohttp_client import AiohttpUpstream
+from llm_gateway.adapters.registry import adapter_for
+from llm_gateway.prober import BackendProbeClient
+from llm_gateway.types import BackendInfo
+from llm_gateway.upstream.aiohttp_client import AiohttpUpstream
 from tests.contract.targets import FORMATS, HAS_AUTH, REPORTS_LOAD, Target, emulated, real
 from tests.support.gateway_process import GatewayProcess
 
@@ -236,9 +236,9 @@ def test_model_discovery_and_load_probe(target: Target) -> None:
     async def probe() -> tuple:
         up = AiohttpUpstream()
         try:
-            from gateway.routing_table import Backend
-            from gateway.settings import BackendConfig
-            from gateway.upstream.base import UpstreamTimeouts
+            from llm_gateway.routing.table import Backend
+            from llm_gateway.settings import BackendConfig
+            from llm_gateway.upstream.base import UpstreamTimeouts
 
             cfg = BackendConfig(name="b", engine=target.engine, url=target.url, api_key=target.api_key)
             adapter = adapter_for(target.engine, BackendInfo("b", target.url, target.api_key))
@@ -274,7 +274,7 @@ def test_readiness_while_each_engine_loads(tmp_path) -> None:
     """Six emulators load for 15 s, the way each engine does it; one gateway probes all six."""
     from contextlib import ExitStack
 
-    from emulators import EmulatorConfig, EmulatorThread
+    from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 
     load_s = 15.0
     with ExitStack() as stack:
@@ -325,7 +325,7 @@ def test_readiness_while_each_engine_loads(tmp_path) -> None:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_mid_stream_engine_error_is_one_error_event_then_the_end(engine: str, tmp_path) -> None:
-    from emulators import EmulatorConfig, EmulatorThread
+    from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 
     with EmulatorThread(
         EmulatorConfig(

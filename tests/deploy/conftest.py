@@ -11,9 +11,9 @@ import orjson
 import pytest
 import respx
 
-from gateway.core.auth import digest_of
-from gateway.prober import probe_once
-from gateway.reload import ConfigWatcher
+from llm_gateway.auth import digest_of
+from llm_gateway.prober import probe_once
+from llm_gateway.reload import ConfigWatcher
 from tests.conftest import OTHER_KEY, TEST_KEY, gateway_client, make_config
 
 # Engines: a (vLLM) answers, b (SGLang) is overloaded (503, retried elsewhere), c (llama-server)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config_loader import load_config
+from llm_gateway.config_loader import load_config
 from tests.deploy._tools import COMPOSE_CONFIG, K8S_CONFIG, K8S_DIR, REPO, load_yaml_docs
 
 CONFIG_FILES = sorted([*REPO.glob("config/*.yaml"), *REPO.glob("config/*.yml")])
@@ -30,7 +30,7 @@ def test_every_config_file_loads_with_the_gateway_loader(path: Path):
 @pytest.mark.parametrize("path", [COMPOSE_CONFIG, K8S_CONFIG], ids=lambda p: p.name)
 def test_check_config_cli_passes(path: Path):
     out = subprocess.run(
-        [sys.executable, "-m", "gateway", "check-config", str(path)],
+        [sys.executable, "-m", "llm_gateway", "check-config", str(path)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config_loader import load_config
+from llm_gateway.config_loader import load_config
 from tests.deploy._tools import COMPOSE_CONFIG, DEPLOY, REPO, hadolint, need_module, run
 
 DOCKERFILE = DEPLOY / "Dockerfile"
@@ -73,7 +73,7 @@ def test_python_version_satisfies_the_project(instructions):
     version = re.match(r"python:(\d+\.\d+)", args["PYTHON_IMAGE"]).group(1)
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert specifiers.SpecifierSet(project["requires-python"]).contains(version)
-    assert project["scripts"]["llm-gateway"] == "gateway.cli:main"
+    assert project["scripts"]["llm-gateway"] == "llm_gateway.cli:main"
 
 
 def test_copied_sources_exist(instructions):

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gateway.config_loader import load_config
+from llm_gateway.config_loader import load_config
 from tests.deploy._tools import K8S_CONFIG, K8S_DIR, PROM_DIR, load_yaml, load_yaml_docs, need_module
 
 # the oldest Kubernetes minor still commonly run, and the newest the package knows

@@ -18,8 +18,8 @@ import httpx
 import openai
 import pytest
 
-from emulators import EmulatorConfig, EmulatorThread
-from gateway.core.auth import digest_of
+from llm_gateway.auth import digest_of
+from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisNotInstalled, RedisServer
 

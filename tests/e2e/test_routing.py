@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from emulators import EmulatorConfig, EmulatorThread
+from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess, http_status
 from tests.support.real_engines import REPO_ROOT, free_port
 
@@ -53,7 +53,17 @@ class EngineProcess:
 
     def start(self) -> EngineProcess:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "emulators", self.engine, "--port", str(self.port), "--model", "tiny", *self.args],
+            [
+                sys.executable,
+                "-m",
+                "llm_gateway_emulators",
+                self.engine,
+                "--port",
+                str(self.port),
+                "--model",
+                "tiny",
+                *self.args,
+            ],
             cwd=REPO_ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from emulators import Emulator, EmulatorConfig
+from llm_gateway_emulators import Emulator, EmulatorConfig
 
 CAPTURES = Path(__file__).resolve().parent / "captures"
 

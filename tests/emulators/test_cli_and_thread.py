@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from emulators import EmulatorConfig, EmulatorThread
+from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def start(*args: str) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "emulators", *args],
+        [sys.executable, "-m", "llm_gateway_emulators", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -79,7 +79,7 @@ def test_cli_set_any_knob() -> None:
 
 def test_cli_rejects_unknown_fault() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "emulators", "vllm", "--fault", "boom"],
+        [sys.executable, "-m", "llm_gateway_emulators", "vllm", "--fault", "boom"],
         capture_output=True,
         text=True,
         cwd=ROOT,

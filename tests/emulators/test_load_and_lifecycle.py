@@ -8,7 +8,7 @@ import json
 import pytest
 from emu_helpers import chat, request, running
 
-from emulators import Emulator, EmulatorConfig, expected_text
+from llm_gateway_emulators import Emulator, EmulatorConfig, expected_text
 
 pytestmark = pytest.mark.asyncio
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from emu_helpers import capture, keys, request, running, shape
 
-from emulators import expected_text
+from llm_gateway_emulators import expected_text
 
 pytestmark = pytest.mark.asyncio
 ENGINE = "ollama"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from emu_helpers import chat, request, running
 
-from emulators import expected_text
+from llm_gateway_emulators import expected_text
 
 pytestmark = pytest.mark.asyncio
 

@@ -9,7 +9,7 @@ import pytest
 from emu_helpers import capture, keys, request, running, shape
 from emu_helpers import chat as base_chat
 
-from emulators import Emulator, EmulatorConfig, expected_text
+from llm_gateway_emulators import Emulator, EmulatorConfig, expected_text
 
 pytestmark = pytest.mark.asyncio
 ENGINE = "vllm"

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from emulators import EmulatorConfig, EmulatorThread
+from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
 
 MATRIX: list[tuple[str, str, str, float]] = []

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from emulators import EmulatorConfig, EmulatorThread
+from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess, http_status
 from tests.support.raw_http import exchange, parse, request_bytes
 

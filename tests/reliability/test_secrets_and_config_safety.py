@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from emulators import EmulatorConfig, EmulatorThread
-from gateway.config_loader import ConfigError, parse_config
-from gateway.core.auth import digest_of
+from llm_gateway.auth import digest_of
+from llm_gateway.config_loader import ConfigError, parse_config
+from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
 from tests.support.real_engines import REPO_ROOT
 
@@ -90,7 +90,7 @@ def test_no_key_or_digest_appears_in_logs_metrics_errors_or_check_config(tmp_pat
             time.sleep(1.0)
         logs = gw.log_text()
     check = subprocess.run(
-        [sys.executable, "-m", "gateway", "check-config", str(gw.config_path)],
+        [sys.executable, "-m", "llm_gateway", "check-config", str(gw.config_path)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -99,7 +99,7 @@ def test_no_key_or_digest_appears_in_logs_metrics_errors_or_check_config(tmp_pat
     good = parse_config(_config("http://127.0.0.1:1"), "ok.yaml", {"ENGINE_KEY": ENGINE_KEY})
     assert good.backends[0].api_key is not None
     check_ok = subprocess.run(
-        [sys.executable, "-m", "gateway", "check-config", "/dev/stdin"],
+        [sys.executable, "-m", "llm_gateway", "check-config", "/dev/stdin"],
         cwd=REPO_ROOT,
         input=_config("http://127.0.0.1:1"),
         capture_output=True,

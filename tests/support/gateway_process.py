@@ -1,4 +1,4 @@
-"""Run the gateway as a real process (`python -m gateway serve`) for end-to-end tests.
+"""Run the gateway as a real process (`python -m llm_gateway serve`) for end-to-end tests.
 
 Writes the config to a file, starts the process on a free port, waits for `/healthz` (and, when
 asked, `/readyz`), keeps its log, and stops it by PID with SIGTERM (then SIGKILL). Only processes
@@ -78,7 +78,7 @@ class GatewayProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(self.config_path), "--port", str(self.port)],
+            [sys.executable, "-m", "llm_gateway", "serve", "--config", str(self.config_path), "--port", str(self.port)],
             cwd=REPO_ROOT,
             env=env,
             stdout=log,

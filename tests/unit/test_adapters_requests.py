@@ -7,17 +7,17 @@ import copy
 import orjson
 import pytest
 
-from adapters.base import BackendInfo, CallContext, Usage
-from adapters.llama_server import LlamaServerAdapter
-from adapters.lmdeploy import LMDeployAdapter
-from adapters.ollama import OllamaAdapter
-from adapters.openai_compat import OpenAICompatAdapter
-from adapters.openai_generic import GenericOpenAIAdapter
-from adapters.registry import ADAPTERS, adapter_for, formats_for, unsupported_capabilities
-from adapters.sglang import SGLangAdapter
-from adapters.tabbyapi import TabbyAPIAdapter
-from adapters.vllm import VLLMAdapter
-from gateway.errors import InvalidRequest, UpstreamError, UpstreamProtocolError
+from llm_gateway.adapters.llama_server import LlamaServerAdapter
+from llm_gateway.adapters.lmdeploy import LMDeployAdapter
+from llm_gateway.adapters.ollama import OllamaAdapter
+from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
+from llm_gateway.adapters.openai_generic import GenericOpenAIAdapter
+from llm_gateway.adapters.registry import ADAPTERS, adapter_for, formats_for, unsupported_capabilities
+from llm_gateway.adapters.sglang import SGLangAdapter
+from llm_gateway.adapters.tabbyapi import TabbyAPIAdapter
+from llm_gateway.adapters.vllm import VLLMAdapter
+from llm_gateway.errors import InvalidRequest, UpstreamError, UpstreamProtocolError
+from llm_gateway.types import BackendInfo, CallContext, Usage
 
 COMPAT = [LlamaServerAdapter, VLLMAdapter, SGLangAdapter, TabbyAPIAdapter, LMDeployAdapter, GenericOpenAIAdapter]
 HI = [{"role": "user", "content": "hi"}]

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from gateway.core.auth import ANONYMOUS, KEY_PREFIX, Authenticator, Principal, digest_of, new_key
-from gateway.errors import AuthenticationFailed, PermissionDenied
-from gateway.settings import AuthConfig, KeyConfig, Limits
+from llm_gateway.auth import ANONYMOUS, KEY_PREFIX, Authenticator, Principal, digest_of, new_key
+from llm_gateway.errors import AuthenticationFailed, PermissionDenied
+from llm_gateway.settings import AuthConfig, KeyConfig, Limits
 
 ALICE = "sk-test-alice-0123456789"
 BOB = "sk-test-bob-9876543210"

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from gateway.core.admission import Admission
-from gateway.core.breaker import STATE_VALUE, Breaker
+from llm_gateway.routing.admission import Admission
+from llm_gateway.routing.breaker import STATE_VALUE, Breaker
 
 # -- Breaker -----------------------------------------------------------------------------------------
 

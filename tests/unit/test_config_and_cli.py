@@ -12,8 +12,8 @@ import orjson
 import pytest
 import respx
 
-from gateway.cli import main
-from gateway.config_loader import ConfigError, load_config, parse_config
+from llm_gateway.cli import main
+from llm_gateway.config_loader import ConfigError, load_config, parse_config
 from tests.conftest import ONE_BACKEND, gateway_client, make_config
 
 GOOD = """
@@ -159,7 +159,7 @@ async def test_one_json_access_log_line_per_request_without_prompt_or_key(caplog
         "completion_tokens": 1,
     }
     assert fields["duration_ms"] >= 0 and fields["overhead_ms"] >= 0
-    from gateway.observability.logs import JsonFormatter
+    from llm_gateway.observability.logs import JsonFormatter
 
     text = JsonFormatter().format(lines[0])
     assert orjson.loads(text)["request_id"] == "req-1"

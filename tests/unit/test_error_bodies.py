@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from adapters.error_bodies import EngineError, parse_error_body, upstream_error
+from llm_gateway.adapters.error_bodies import EngineError, parse_error_body, upstream_error
 
 # -- parse_error_body --------------------------------------------------------------------------------
 

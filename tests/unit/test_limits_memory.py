@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.limits import WINDOW_S, MemoryStore, Quota, ScopeLimits, format_reset
+from llm_gateway.limits.memory import MemoryStore
+from llm_gateway.limits.store import WINDOW_S, Quota, ScopeLimits, format_reset
 
 
 class Clock:

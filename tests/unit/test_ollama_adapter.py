@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import adapters.ollama as ollama_mod
-import adapters.ollama_stream as ollama_stream
-from adapters.base import BackendInfo, CallContext, Usage
-from adapters.ollama import OllamaAdapter
-from adapters.ollama_stream import OllamaRelay, finish_reason, tool_calls_to_openai
-from gateway.errors import InvalidRequest, StreamInterrupted, UpstreamError, UpstreamProtocolError
+import llm_gateway.adapters.ollama as ollama_mod
+import llm_gateway.adapters.ollama_stream as ollama_stream
+from llm_gateway.adapters.ollama import OllamaAdapter
+from llm_gateway.adapters.ollama_stream import OllamaRelay, finish_reason, tool_calls_to_openai
+from llm_gateway.errors import InvalidRequest, StreamInterrupted, UpstreamError, UpstreamProtocolError
+from llm_gateway.types import BackendInfo, CallContext, Usage
 
 NOW = 1796000000
 

@@ -6,15 +6,15 @@ from collections.abc import Mapping
 
 import pytest
 
-from adapters.base import BackendInfo, LoadSnapshot, ProbeResult
-from adapters.llama_server import LlamaServerAdapter
-from adapters.lmdeploy import LMDeployAdapter
-from adapters.ollama import OllamaAdapter
-from adapters.openai_generic import GenericOpenAIAdapter
-from adapters.sglang import SGLangAdapter
-from adapters.tabbyapi import TabbyAPIAdapter
-from adapters.vllm import VLLMAdapter
-from gateway.errors import UpstreamUnreachable
+from llm_gateway.adapters.llama_server import LlamaServerAdapter
+from llm_gateway.adapters.lmdeploy import LMDeployAdapter
+from llm_gateway.adapters.ollama import OllamaAdapter
+from llm_gateway.adapters.openai_generic import GenericOpenAIAdapter
+from llm_gateway.adapters.sglang import SGLangAdapter
+from llm_gateway.adapters.tabbyapi import TabbyAPIAdapter
+from llm_gateway.adapters.vllm import VLLMAdapter
+from llm_gateway.errors import UpstreamUnreachable
+from llm_gateway.types import BackendInfo, LoadSnapshot, ProbeResult
 
 NOW = 4242.0
 NOT_FOUND = (404, b'{"detail":"Not Found"}')

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from adapters.prom_text import parse_samples, peak, total
+from llm_gateway.adapters.prom_text import parse_samples, peak, total
 
 
 def summed(text: bytes) -> dict[str, float]:

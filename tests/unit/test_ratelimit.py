@@ -8,12 +8,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.core.auth import Principal
-from gateway.core.limits import Decision, MemoryStore, Quota, Reservation, ScopeLimits
-from gateway.core.limits_redis import StoreUnavailable
-from gateway.core.ratelimit import Limiter, quota_headers
-from gateway.errors import RateLimited, ServiceUnavailable
-from gateway.settings import Limits
+from llm_gateway.auth import Principal
+from llm_gateway.errors import RateLimited, ServiceUnavailable
+from llm_gateway.limits.limiter import Limiter, quota_headers
+from llm_gateway.limits.memory import MemoryStore
+from llm_gateway.limits.store import Decision, Quota, Reservation, ScopeLimits, StoreUnavailable
+from llm_gateway.settings import Limits
 
 
 class Clock:

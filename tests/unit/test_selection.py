@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from adapters.base import LoadSnapshot
-from gateway.core.selection import KV_KNEE, UNKNOWN_LOAD, CandidateView, load_score, order
+from llm_gateway.routing.selection import KV_KNEE, UNKNOWN_LOAD, CandidateView, load_score, order
+from llm_gateway.types import LoadSnapshot
 
 NOW = 1000.0
 STALE = 15.0

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import adapters.sse_relay as sse_relay
-from adapters.base import BackendInfo, CallContext, Usage
-from adapters.lmdeploy import LMDeployAdapter
-from adapters.sglang import SGLangAdapter
-from adapters.sse_relay import DONE, SSERelay, usage_from
-from adapters.tabbyapi import TabbyAPIAdapter
-from adapters.vllm import VLLMAdapter
-from gateway.errors import StreamInterrupted, UpstreamError, UpstreamProtocolError
+import llm_gateway.adapters.sse_relay as sse_relay
+from llm_gateway.adapters.lmdeploy import LMDeployAdapter
+from llm_gateway.adapters.sglang import SGLangAdapter
+from llm_gateway.adapters.sse_relay import DONE, SSERelay, usage_from
+from llm_gateway.adapters.tabbyapi import TabbyAPIAdapter
+from llm_gateway.adapters.vllm import VLLMAdapter
+from llm_gateway.errors import StreamInterrupted, UpstreamError, UpstreamProtocolError
+from llm_gateway.types import BackendInfo, CallContext, Usage
 
 
 def ctx(public: str = "tiny-llama", upstream: str = "tiny-llama", wants_usage: bool = False) -> CallContext:

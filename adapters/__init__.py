@@ -1,1 +1,0 @@
-"""Engine adapters: one module per engine behind the protocol in `adapters.base`."""

@@ -1,0 +1,37 @@
+"""One module per engine; ``make_engine`` picks the class for an engine name."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llm_gateway_emulators.engine import Engine
+from llm_gateway_emulators.jobs import Runtime
+
+
+def make_engine(name: str, rt: Runtime) -> Engine:
+    if name == "llama-server":
+        from llm_gateway_emulators.engines.llama_server import LlamaServer
+
+        return LlamaServer(rt)
+    if name == "vllm":
+        from llm_gateway_emulators.engines.vllm import Vllm
+
+        return Vllm(rt)
+    if name == "sglang":
+        from llm_gateway_emulators.engines.sglang import Sglang
+
+        return Sglang(rt)
+    if name == "ollama":
+        from llm_gateway_emulators.engines.ollama import Ollama
+
+        return Ollama(rt)
+    if name == "tabbyapi":
+        from llm_gateway_emulators.engines.tabbyapi import TabbyApi
+
+        return TabbyApi(rt)
+    if name == "lmdeploy":
+        from llm_gateway_emulators.engines.lmdeploy import LmDeploy
+
+        return LmDeploy(rt)
+    raise ValueError(f"unknown engine {name!r}")

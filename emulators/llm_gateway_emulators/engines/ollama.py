@@ -1,0 +1,381 @@
+"""Ollama (HEAD fb30760 by default; ``ollama_legacy`` = the captured 0.5.4 build): native API.
+
+Go net/http + gin heads; no auth; the Host guard (a loopback-bound server answers 403
+with an empty body unless Host is loopback/private/unspecified, ``localhost``, the
+machine's hostname or ends ``.localhost``/``.local``/``.internal``). No loading state: the
+model loads lazily on the first inference request, which waits ``load_delay_s`` and
+reports it as ``load_duration``; /api/ps lists the model only once loaded. Native
+endpoints stream NDJSON by default; the final object has ``done: true``, ``done_reason``
+and nanosecond durations; a mid-stream error is an ``{"error": ...}`` line with status 200.
+``max_queue`` is OLLAMA_MAX_QUEUE (503 "server busy" beyond it). The ``/v1`` layer lives
+in ``ollama_v1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from llm_gateway_emulators import textgen, wire
+from llm_gateway_emulators.engine import Engine
+from llm_gateway_emulators.engines.ollama_stream import NativeStream, allowed_host, go_json
+from llm_gateway_emulators.engines.ollama_v1 import BUSY, OllamaV1, go_json_error
+from llm_gateway_emulators.httpserver import Request
+from llm_gateway_emulators.jobs import Job, Reply, Result, StreamFormat
+
+DIGEST = "df23d3d75cc3d6cc62dc5b936ff8e1862e93a0b3471d8ebc1bcd5fbc55b0d914"
+DETAILS = {
+    "parent_model": "",
+    "format": "gguf",
+    "family": "llama",
+    "families": ["llama"],
+    "parameter_size": "138K",
+    "quantization_level": "unknown",
+}
+JSON_UTF8 = "application/json; charset=utf-8"
+
+
+class Ollama(Engine):
+    name = "ollama"
+    headers_after_first_token = True
+    default_keepalive_s = None
+
+    def setup(self) -> None:
+        self.v1 = OllamaV1(self)
+        self.loaded = False
+        self.expires = 0.0
+        self._load_task: asyncio.Future[None] | None = None
+        self.route("GET,HEAD", "/", self.root)
+        self.route("GET,HEAD", "/api/version", self.version)
+        self.route("GET,HEAD", "/api/tags", self.tags)
+        self.route("GET", "/api/ps", self.ps)
+        self.route("POST", "/api/show", self.show)
+        self.route("POST", "/api/chat", self.chat, inference=True)
+        self.route("POST", "/api/generate", self.generate_route, inference=True)
+        self.route("POST", "/api/embed", self.embed, inference=True)
+        self.route("POST", "/api/embeddings", self.embed, inference=True)
+        self.v1.setup()
+
+    def on_start(self) -> None:
+        self.loaded = False
+        self._load_task = None
+
+    @property
+    def canonical(self) -> str:
+        m = self.cfg.model
+        return m if ":" in m else f"{m}:latest"
+
+    def known(self, name: Any) -> bool:
+        return isinstance(name, str) and (name if ":" in name else f"{name}:latest") == self.canonical
+
+    def version_str(self) -> str:
+        return self.cfg.version or ("0.5.4-ipexllm-20250407" if self.cfg.ollama_legacy else "0.13.5")
+
+    # ---- replies -----------------------------------------------------------------------
+    def jr(self, status: int, obj: Any, ctype: str = JSON_UTF8, newline: bool = False) -> Reply:
+        body = obj if isinstance(obj, bytes) else go_json(obj)
+        if newline:
+            body += b"\n"
+        return status, wire.go(self.dates.now(), [("Content-Type", ctype)], len(body)), body
+
+    def err(self, status: int, message: str) -> Reply:
+        return self.jr(status, {"error": message})
+
+    def status_error(self, req: Request, code: int) -> Reply:
+        if req.path.startswith("/v1/"):
+            return self.v1.err(code, BUSY if code == 503 else f"emulated error {code}")
+        return self.err(code, BUSY if code == 503 else f"emulated error {code}")
+
+    def not_found_model(self, name: str) -> str:
+        return f'model "{name}" not found, try pulling it first'
+
+    async def handle(self, req: Request) -> None:
+        if self.rt.is_loopback_bind() and not allowed_host(req.headers.get("host", "")):
+            await self.reply(req, (403, wire.go(self.dates.now(), [], 0), b""))
+            return
+        entry = self.lookup(req)
+        if isinstance(entry, str):
+            if req.path.startswith("/v1/models/") and req.method == "GET":
+                await self.v1.model_card(req, req.path[len("/v1/models/") :])
+                return
+            body = b"404 page not found"
+            await self.reply(req, (404, wire.go(self.dates.now(), [("Content-Type", "text/plain")], len(body)), body))
+            return
+        await self.call(req, entry)
+
+    # ---- model lifecycle ----------------------------------------------------------------
+    async def ensure_loaded(self) -> int:
+        """Load on first use; returns the load_duration (ns) to report."""
+        self.expires = time.time() + 300
+        if self.loaded:
+            return 1_000_000 + textgen.RNG.randrange(200_000)
+        if self._load_task is None:
+            self._load_task = asyncio.ensure_future(self._load())
+        await asyncio.shield(self._load_task)
+        return max(1_000_000, int(self.cfg.load_delay_s * 1e9))
+
+    async def _load(self) -> None:
+        if self.cfg.load_delay_s > 0:
+            await asyncio.sleep(self.cfg.load_delay_s)
+        self.loaded = True
+
+    def done_object(self, model: str, chat: bool, text: str, res: Result, reason: str | None = None) -> dict[str, Any]:
+        obj: dict[str, Any] = {"model": model, "created_at": textgen.go_time()}
+        if chat:
+            obj["message"] = {"role": "assistant", "content": text}
+            if res.reasoning:
+                obj["message"]["thinking"] = res.reasoning
+            obj["done_reason"] = reason or res.finish
+            obj["done"] = True
+        else:
+            obj["response"] = text
+            obj["done"] = True
+            obj["done_reason"] = reason or res.finish
+            obj["context"] = [textgen.token_id(i) for i in range(min(res.prompt_tokens + res.completion_tokens, 64))]
+        obj.update(self.durations(res))
+        return obj
+
+    @staticmethod
+    def durations(res: Result) -> dict[str, int]:
+        return {
+            "total_duration": max(1000, int((res.t_end - res.t_arrive) * 1e9) + res.load_ns),
+            "load_duration": res.load_ns,
+            "prompt_eval_count": res.prompt_tokens,
+            "prompt_eval_duration": max(1000, int((res.t_first - res.t_slot) * 1e9)),
+            "eval_count": res.completion_tokens,
+            "eval_duration": max(1000, int((res.t_end - res.t_first) * 1e9)),
+        }
+
+    def job(
+        self,
+        req: Request,
+        *,
+        model: str,
+        stream: bool,
+        limit: Any,
+        stops: list[str],
+        prompt_tokens: int,
+        fmt: StreamFormat | None,
+        body: Any,
+        error_reply: Any,
+        busy: Reply,
+        effective: dict[str, Any],
+        reasoning: bool = False,
+    ) -> Job:
+        lim, finish = self.limit_for(limit if isinstance(limit, int) and limit >= 0 else None)
+        lim = min(lim, max(0, self.cfg.ctx_len - prompt_tokens)) if lim > 0 else lim
+
+        async def queue_full(r: Request) -> None:
+            await self.reply(r, busy)
+
+        return Job(
+            stream=stream,
+            limit=lim,
+            finish_at_limit=finish,
+            stops=stops,
+            prompt_tokens=prompt_tokens,
+            fmt=fmt,
+            body=body,
+            error_reply=error_reply,
+            queue_bound=self.cfg.max_queue,
+            queue_full=queue_full,
+            prepare=self.ensure_loaded,
+            reasoning=reasoning,
+            effective={**effective, "max_tokens": lim, "stream": stream, "model": model},
+        )
+
+    # ---- informational routes ------------------------------------------------------------
+    async def root(self, req: Request) -> None:
+        body = b"Ollama is running"
+        head = wire.go(self.dates.now(), [("Content-Type", "text/plain; charset=utf-8")], len(body))
+        await req.send(200, head, b"" if req.method == "HEAD" else body)
+
+    async def version(self, req: Request) -> None:
+        await self.reply(req, self.jr(200, {"version": self.version_str()}))
+
+    def _tag(self) -> dict[str, Any]:
+        return {
+            "name": self.canonical,
+            "model": self.canonical,
+            "modified_at": textgen.go_time(int(self.rt.started_wall * 1e9)),
+            "size": 564212,
+            "digest": DIGEST,
+            "details": DETAILS,
+        }
+
+    async def tags(self, req: Request) -> None:
+        await self.reply(req, self.jr(200, {"models": [self._tag()]}))
+
+    async def ps(self, req: Request) -> None:
+        models = []
+        if self.loaded:
+            m: dict[str, Any] = {
+                "name": self.canonical,
+                "model": self.canonical,
+                "size": 6537216,
+                "digest": DIGEST,
+                "details": DETAILS,
+                "expires_at": textgen.go_time(int(self.expires * 1e9)),
+                "size_vram": 0,
+            }
+            if not self.cfg.ollama_legacy:
+                m["context_length"] = self.cfg.ctx_len
+            models.append(m)
+        await self.reply(req, self.jr(200, {"models": models}))
+
+    async def show(self, req: Request) -> None:
+        body, exc = self.parse_json(req)
+        if exc is not None:
+            await self.reply(req, self.err(400, go_json_error(exc)))
+            return
+        name = (body.get("model") or body.get("name")) if isinstance(body, dict) else None
+        if not self.known(name):
+            await self.reply(req, self.err(404, self.not_found_model(str(name))))
+            return
+        obj = {
+            "modelfile": f'# Modelfile generated by "ollama show"\nFROM {self.canonical}\n',
+            "parameters": f"num_ctx                        {self.cfg.ctx_len}",
+            "template": "{{ .Prompt }}",
+            "details": DETAILS,
+            "model_info": {
+                "general.architecture": "llama",
+                "general.parameter_count": 137664,
+                "llama.context_length": 4096,
+                "llama.embedding_length": 64,
+            },
+            "capabilities": ["completion"],
+            "modified_at": self._tag()["modified_at"],
+        }
+        await self.reply(req, self.jr(200, obj))
+
+    # ---- native inference -------------------------------------------------------------
+    async def _model(self, req: Request, body: dict[str, Any]) -> str | None:
+        """The request's model, or None once the refusal went out (400 when missing, 404 when unknown)."""
+        model = body.get("model")
+        if not model:
+            await self.reply(req, self.err(400, "model is required"))
+            return None
+        if not self.known(model):
+            await self.reply(req, self.err(404, self.not_found_model(str(model))))
+            return None
+        return str(model)
+
+    async def _native(self, req: Request, chat: bool) -> None:
+        body, exc = self.parse_json(req)
+        if exc is not None:
+            await self.reply(req, self.err(400, go_json_error(exc)))
+            return
+        if not isinstance(body, dict):
+            await self.reply(req, self.err(400, "json: cannot unmarshal value into Go value"))
+            return
+        model = await self._model(req, body)
+        if model is None:
+            return
+        raw_opts = body.get("options")
+        opts: dict[str, Any] = raw_opts if isinstance(raw_opts, dict) else {}
+        prompt_empty = not body.get("messages") if chat else not body.get("prompt")
+        if prompt_empty:  # load / unload
+            ka = body.get("keep_alive")
+            unload = ka in (0, "0", "0s", "0m")
+            if unload:
+                self.loaded = False
+                self._load_task = None
+            else:
+                await self.ensure_loaded()
+            obj: dict[str, Any] = {"model": model, "created_at": textgen.go_time()}
+            if chat:
+                obj.update(
+                    {
+                        "message": {"role": "assistant", "content": ""},
+                        "done_reason": "unload" if unload else "load",
+                        "done": True,
+                    }
+                )
+            else:
+                obj.update({"response": "", "done": True, "done_reason": "unload" if unload else "load"})
+            await self.reply(req, self.jr(200, obj))
+            return
+        pt = textgen.chat_prompt_tokens(body["messages"]) if chat else textgen.prompt_tokens(body.get("prompt"))
+        stream = body.get("stream", True) is not False
+        fmt = NativeStream(self, model, chat) if stream else None
+
+        def build(res: Result) -> Reply:
+            if res.finish is None:  # repeat abort
+                obj: dict[str, Any] = {"model": model, "created_at": textgen.go_time()}
+                obj.update({"message": {"role": "assistant", "content": res.text}} if chat else {"response": res.text})
+                obj["done"] = False
+                return self.jr(200, obj)
+            return self.jr(200, self.done_object(model, chat, res.text, res))
+
+        job = self.job(
+            req,
+            model=model,
+            stream=stream,
+            limit=opts.get("num_predict"),
+            stops=textgen.stop_list(opts.get("stop")),
+            prompt_tokens=pt,
+            fmt=fmt,
+            body=build,
+            error_reply=lambda: self.err(500, "an error was encountered while running the model"),
+            busy=self.err(503, BUSY),
+            reasoning=chat,
+            effective={
+                "options": opts,
+                "temperature": opts.get("temperature"),
+                "stop": opts.get("stop"),
+                "keep_alive": body.get("keep_alive"),
+            },
+        )
+        await self.generate(req, job)
+
+    async def chat(self, req: Request) -> None:
+        await self._native(req, True)
+
+    async def generate_route(self, req: Request) -> None:
+        await self._native(req, False)
+
+    async def embed(self, req: Request) -> None:
+        body, exc = self.parse_json(req)
+        if exc is not None:
+            await self.reply(req, self.err(400, go_json_error(exc)))
+            return
+        body = body if isinstance(body, dict) else {}
+        model = await self._model(req, body)
+        if model is None:
+            return
+        legacy = req.path == "/api/embeddings"
+        texts = textgen.embed_inputs(body.get("prompt", "") if legacy else body.get("input", ""))
+        tokens = sum(textgen.text_tokens(t) for t in texts)
+
+        def build(res: Result) -> Reply:
+            if legacy:
+                return self.jr(200, {"embedding": textgen.embedding(texts[0]) if texts else []})
+            d = self.durations(res)
+            return self.jr(
+                200,
+                {
+                    "model": model,
+                    "embeddings": [textgen.embedding(t) for t in texts],
+                    "total_duration": d["total_duration"],
+                    "load_duration": d["load_duration"],
+                    "prompt_eval_count": tokens,
+                },
+            )
+
+        await self.generate(
+            req,
+            self.job(
+                req,
+                model=model,
+                stream=False,
+                limit=0,
+                stops=[],
+                prompt_tokens=tokens,
+                fmt=None,
+                body=build,
+                error_reply=lambda: self.err(500, "embedding failed"),
+                busy=self.err(503, BUSY),
+                effective={},
+            ),
+        )

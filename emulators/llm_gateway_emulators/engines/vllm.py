@@ -1,0 +1,338 @@
+"""vLLM (``vllm serve``, captured 0.32.0): OpenAI routes, /health, /ping, /version, /load.
+
+The port does not accept connections until the model is loaded (no HTTP loading state).
+Auth: Bearer only, on paths starting ``/v1``; 401 ``{"error":"Unauthorized"}``. Errors are
+nested with class-like types; validation errors are 400. ``model`` must be the served name
+(404 NotFoundError). Streams: role chunk, one chunk per token with ``token_ids``, finish on
+the last token's chunk, ``include_usage`` on by default once ``stream_options`` is present,
+and a mid-stream error is ``data: {"error": ...}`` followed by ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llm_gateway_emulators import textgen, wire
+from llm_gateway_emulators.engines import pymetrics
+from llm_gateway_emulators.engines.fastapi_base import FastApiEngine, Problem
+from llm_gateway_emulators.engines.vllm_stream import DEAD, VllmStream
+from llm_gateway_emulators.httpserver import Request, reason
+from llm_gateway_emulators.jobs import Job, Reply, Result
+from llm_gateway_emulators.prom_text import PROM_CONTENT_TYPE
+
+VERSION = "0.32.0"
+CLASS_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 501: "NotImplementedError"}
+
+
+def _summary(value: Any) -> Any:
+    return f"<dict of {len(value)} items>" if isinstance(value, dict) else value
+
+
+class Vllm(FastApiEngine):
+    name = "vllm"
+    listen_after_load = True
+    vary_origin = True
+
+    def setup(self) -> None:
+        self.fingerprint = ""
+        self.on_start()
+        self.route("GET", "/health", self.health)
+        self.route("GET,POST", "/ping", self.health)
+        self.route("GET", "/version", self.version)
+        self.route("GET", "/load", self.load)
+        self.route("GET", "/metrics", self.metrics)
+        self.route("GET", "/v1/models", self.models)
+        self.route("POST", "/v1/chat/completions", self.chat, inference=True)
+        self.route("POST", "/v1/completions", self.completions, inference=True)
+        self.route("POST", "/v1/embeddings", self.embeddings, inference=True)
+        self.route("POST", "/tokenize", self.tokenize)
+
+    def on_start(self) -> None:
+        self.fingerprint = f"vllm-{self.cfg.version or VERSION}-{textgen.rand_hex(8)}"
+
+    def err(self, status: int, message: str, etype: str | None = None, param: str | None = None) -> Reply:
+        e = {
+            "message": message,
+            "type": etype or CLASS_TYPES.get(status, reason(status)),
+            "param": param,
+            "code": status,
+        }
+        return self.uv_json(status, {"error": e})
+
+    def status_error(self, req: Request, code: int) -> Reply:
+        if code == 401:
+            return self.uv_json(401, b'{"error":"Unauthorized"}', vary=False)
+        return self.err(code, DEAD if code == 500 else f"{reason(code)} (emulated)")
+
+    def problem(self, p: Problem) -> Reply:
+        loc = ".".join(str(x) for x in p.loc)
+        d = p.as_dict(loc)
+        d["input"] = _summary(p.input)
+        return self.err(400, f"1 validation error:\n  {d!r}", reason(400), loc)
+
+    async def handle(self, req: Request) -> None:
+        guarded = req.path.startswith("/v1") and req.method != "OPTIONS"
+        if self.cfg.api_key and guarded and self.bearer(req) != self.cfg.api_key:
+            await self.reply(req, self.uv_json(401, b'{"error":"Unauthorized"}', vary=False))
+            return
+        entry = self.lookup(req)
+        if isinstance(entry, str):
+            await self.no_route(req, entry)
+            return
+        await self.call(req, entry)
+
+    # ---- info routes ------------------------------------------------------------------
+    async def health(self, req: Request) -> None:
+        await self.reply(req, self.uv_empty(503 if self.cfg.health == "unhealthy" else 200))
+
+    async def version(self, req: Request) -> None:
+        await self.reply(req, self.uv_json(200, {"version": self.cfg.version or VERSION}))
+
+    async def load(self, req: Request) -> None:
+        await self.reply(req, self.uv_json(200, {"server_load": self.pool.running + self.pool.waiting}))
+
+    async def models(self, req: Request) -> None:
+        now = self.now()
+        card = {
+            "id": self.cfg.model,
+            "object": "model",
+            "created": now,
+            "owned_by": "vllm",
+            "root": f"/models/{self.cfg.model}",
+            "parent": None,
+            "max_model_len": self.cfg.ctx_len,
+            "permission": [
+                {
+                    "id": "modelperm-" + textgen.rand_hex(16),
+                    "object": "model_permission",
+                    "created": now,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+        await self.reply(req, self.uv_json(200, {"object": "list", "data": [card]}))
+
+    async def tokenize(self, req: Request) -> None:
+        body, _ = self.parse_json(req)
+        body = body if isinstance(body, dict) else {}
+        n = (
+            textgen.chat_prompt_tokens(body["messages"])
+            if isinstance(body.get("messages"), list)
+            else textgen.prompt_tokens(body.get("prompt", ""))
+        )
+        obj = {
+            "count": n,
+            "max_model_len": self.cfg.ctx_len,
+            "tokens": [textgen.token_id(i) for i in range(n)],
+            "token_strs": None,
+        }
+        await self.reply(req, self.uv_json(200, obj))
+
+    async def metrics(self, req: Request) -> None:
+        body = pymetrics.vllm(self.cfg.model, self.rt.started_wall, self.pool, self.stats, self.rt.hist)
+        pairs = [("content-length", str(len(body))), ("content-type", PROM_CONTENT_TYPE), ("vary", "Origin")]
+        await req.send(200, wire.uvicorn(self.dates.now(), pairs), body)
+
+    # ---- inference -------------------------------------------------------------------
+    def _common(self, req: Request, body: dict[str, Any], chat: bool, prompt_tokens: int) -> Job | Reply:
+        model = body.get("model")
+        if model is not None and model != self.cfg.model:
+            return self.err(404, f"The model `{model}` does not exist. Valid aliases: {self.cfg.model}.", param="model")
+        temp = body.get("temperature")
+        if isinstance(temp, (int, float)) and temp < 0:
+            return self.err(
+                400,
+                f"temperature must be non-negative, got {float(temp)}. (parameter=temperature, value={float(temp)})",
+                param="temperature",
+            )
+        n = body.get("n", 1)
+        if isinstance(n, int) and n > 1 and temp == 0:
+            return self.err(400, f"n must be 1 when using greedy sampling, got {n}.")
+        if self.cfg.health == "unhealthy":
+            return self.err(500, DEAD)
+        if prompt_tokens > self.cfg.ctx_len:
+            return self.err(
+                400,
+                f"This model's maximum context length is {self.cfg.ctx_len} tokens. However, "
+                f"your prompt contains at least {prompt_tokens} input tokens, which exceeds this limit "
+                "even without any output tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={prompt_tokens})",
+                param="input_tokens",
+            )
+        requested = body.get("max_completion_tokens") if chat else None
+        requested = body.get("max_tokens") if requested is None else requested
+        if isinstance(requested, int) and requested > self.cfg.ctx_len:
+            return self.err(
+                400,
+                f"max_tokens={requested} cannot be greater than max_model_len={self.cfg.ctx_len}. "
+                f"Please request fewer output tokens. (parameter=max_tokens, value={requested})",
+                param="max_tokens",
+            )
+        limit, finish = self.limit_for(requested)
+        if limit > self.cfg.ctx_len - prompt_tokens:
+            limit, finish = self.cfg.ctx_len - prompt_tokens, "length"
+        stream = bool(body.get("stream"))
+        so = body.get("stream_options")
+        include_usage = isinstance(so, dict) and so.get("include_usage", True) is not False
+        continuous = isinstance(so, dict) and bool(so.get("continuous_usage_stats"))
+        n_choices = n if isinstance(n, int) and n > 1 else 1
+        return Job(
+            stream=stream,
+            limit=limit,
+            finish_at_limit=finish,
+            stops=textgen.stop_list(body.get("stop")),
+            prompt_tokens=prompt_tokens,
+            fmt=VllmStream(self, chat, include_usage, continuous, prompt_tokens) if stream else None,
+            reasoning=chat,
+            body=(lambda res: self._body(res, chat, n_choices)),
+            error_reply=lambda: self.err(500, DEAD),
+            effective={
+                "max_tokens": limit,
+                "stream": stream,
+                "include_usage": include_usage,
+                "continuous_usage_stats": continuous,
+                "stop": body.get("stop"),
+                "model": model,
+            },
+        )
+
+    async def _run(self, req: Request, chat: bool) -> None:
+        body, prob = self.body_problem(req, ("messages",) if chat else ("prompt",), ("messages",) if chat else ())
+        if prob is not None:
+            await self.reply(req, self.problem(prob))
+            return
+        assert body is not None
+        pt = textgen.chat_prompt_tokens(body["messages"]) if chat else textgen.prompt_tokens(body["prompt"])
+        job = self._common(req, body, chat, pt)
+        await (self.reply(req, job) if isinstance(job, tuple) else self.generate(req, job))
+
+    async def chat(self, req: Request) -> None:
+        await self._run(req, True)
+
+    async def completions(self, req: Request) -> None:
+        await self._run(req, False)
+
+    def _body(self, res: Result, chat: bool, n: int) -> Reply:
+        usage = {
+            "prompt_tokens": res.prompt_tokens,
+            "total_tokens": res.prompt_tokens + res.completion_tokens,
+            "completion_tokens": res.completion_tokens,
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
+        }
+        if chat:
+            choices = [
+                {
+                    "index": i,
+                    "message": {
+                        "role": "assistant",
+                        "content": res.text,
+                        "refusal": None,
+                        "annotations": None,
+                        "audio": None,
+                        "function_call": None,
+                        "reasoning": res.reasoning or None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": res.finish,
+                    "stop_reason": res.matched,
+                    "token_ids": None,
+                    "routed_experts": None,
+                }
+                for i in range(n)
+            ]
+            obj: dict[str, Any] = {
+                "id": "chatcmpl-" + textgen.rand_hex(16),
+                "object": "chat.completion",
+                "created": self.now(),
+                "model": self.cfg.model,
+                "choices": choices,
+                "service_tier": None,
+                "system_fingerprint": self.fingerprint,
+                "usage": usage,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "prompt_text": None,
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "metrics": None,
+            }
+        else:
+            choices = [
+                {
+                    "index": i,
+                    "text": res.text,
+                    "logprobs": None,
+                    "finish_reason": res.finish,
+                    "stop_reason": res.matched,
+                    "token_ids": None,
+                    "prompt_logprobs": None,
+                    "prompt_token_ids": None,
+                    "routed_experts": None,
+                }
+                for i in range(n)
+            ]
+            obj = {
+                "id": "cmpl-" + textgen.rand_hex(16),
+                "object": "text_completion",
+                "created": self.now(),
+                "model": self.cfg.model,
+                "choices": choices,
+                "service_tier": None,
+                "system_fingerprint": self.fingerprint,
+                "usage": usage,
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "metrics": None,
+            }
+        return self.uv_json(200, obj)
+
+    async def embeddings(self, req: Request) -> None:
+        if not self.cfg.embeddings:
+            await self.no_route(req, "not_found")
+            return
+        body, prob = self.body_problem(req, ("input",))
+        if prob is not None:
+            await self.reply(req, self.problem(prob))
+            return
+        assert body is not None
+        model = body.get("model")
+        if model is not None and model != self.cfg.model:
+            await self.reply(
+                req,
+                self.err(404, f"The model `{model}` does not exist. Valid aliases: {self.cfg.model}.", param="model"),
+            )
+            return
+        texts = textgen.embed_inputs(body["input"])
+        b64 = body.get("encoding_format") == "base64"
+        tokens = sum(textgen.text_tokens(t) for t in texts)
+
+        def build(res: Result) -> Reply:
+            data = [
+                {"index": i, "object": "embedding", "embedding": (textgen.embedding_b64(v) if b64 else v)}
+                for i, v in enumerate(textgen.embedding(t) for t in texts)
+            ]
+            obj = {
+                "id": "embd-" + textgen.rand_hex(32),
+                "object": "list",
+                "created": self.now(),
+                "model": self.cfg.model,
+                "data": data,
+                "usage": {
+                    "prompt_tokens": tokens,
+                    "total_tokens": tokens,
+                    "completion_tokens": 0,
+                    "prompt_tokens_details": None,
+                },
+            }
+            return self.uv_json(200, obj)
+
+        await self.generate(req, Job.embedding(tokens, build, lambda: self.err(500, DEAD)))

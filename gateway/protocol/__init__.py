@@ -1,1 +1,0 @@
-"""Wire formats and request inspection; no I/O."""

@@ -1,0 +1,106 @@
+"""llama.cpp `llama-server`.
+
+- Auth: Bearer or X-Api-Key; 401 `{"error": {"message": "Invalid API Key", "type":
+  "authentication_error", "code": 401}}`.
+- `/health` answers 503 "Loading model" until the weights are in, then 200.
+- Load: `llamacpp:requests_processing` and `llamacpp:requests_deferred` from `/metrics` (only with
+  `--metrics`; otherwise 501), and slot occupancy from `/slots` as the KV-pressure signal
+  (`llamacpp:kv_cache_*` are documented but not emitted; never relied on).
+- Chat-body parse errors (bad `response_format`, `n` != 1 on older builds, tools without `--jinja`)
+  come back as 500 `server_error`: a 500 whose message is about the request is a client error (400).
+- `exceed_context_size_error` becomes OpenAI's `context_length_exceeded`.
+- A mid-stream error is `data: {"error": ...}` and the stream closes without `[DONE]`.
+- `/v1/completions` refuses `echo`, `best_of` and `suffix`: harmless values are dropped, real ones
+  are refused before reaching the engine. `repetition_penalty` is llama.cpp's `repeat_penalty`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+
+from llm_gateway.adapters.base import ProbeClient
+from llm_gateway.adapters.error_bodies import EngineError, upstream_error
+from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
+from llm_gateway.errors import InvalidRequest, UpstreamError
+from llm_gateway.types import Endpoint, LoadSnapshot
+
+_CLIENT_HINTS = (
+    "json",
+    "parse",
+    "only one",
+    "response_format",
+    "jinja",
+    "logprob",
+    "grammar",
+    "tool",
+    "must",
+    "invalid",
+    "not supported",
+    "unsupported",
+    "expected",
+    "field",
+    "n_probs",
+    "schema",
+    "template",
+)
+
+
+class LlamaServerAdapter(OpenAICompatAdapter):
+    kind: ClassVar[str] = "llama-server"
+    formats: ClassVar[frozenset[str] | None] = frozenset({"gguf"})
+    reports_load: ClassVar[bool] = True
+    load_metrics = (("llamacpp:requests_processing",), ("llamacpp:requests_deferred",), ())
+    reasoning_key: ClassVar[str | None] = "reasoning_content"
+    ignores_model_name: ClassVar[bool] = True
+
+    def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
+        if "repetition_penalty" in body and "repeat_penalty" not in body:
+            body["repeat_penalty"] = body.pop("repetition_penalty")
+        if endpoint == "completions":
+            for field, harmless in (("echo", (False, None)), ("best_of", (1, None)), ("suffix", (None, ""))):
+                if field in body:
+                    if body[field] in harmless:
+                        del body[field]
+                    else:
+                        raise InvalidRequest(
+                            f"'{field}' is not supported by the llama-server backend serving this model",
+                            param=field,
+                            code="unsupported_parameter",
+                        )
+
+    def classify(self, status: int, err: EngineError) -> UpstreamError:
+        if err.type == "exceed_context_size_error":
+            err.code = "context_length_exceeded"
+            return upstream_error(self.backend.name, self.kind, 400, err, client_error=True)
+        if status == 500 and any(h in err.message.lower() for h in _CLIENT_HINTS):
+            return upstream_error(self.backend.name, self.kind, 400, err, client_error=True)
+        if status == 501:
+            e = upstream_error(self.backend.name, self.kind, 502, err, retryable=True)
+            e.code = "upstream_not_supported"
+            return e
+        return super().classify(status, err)
+
+    async def probe_load(self, client: ProbeClient) -> LoadSnapshot | None:
+        snap = await super().probe_load(client)  # None when --metrics is off (501)
+        busy, total = await self._slots(client)
+        kv = busy / total if total else None
+        if snap is None:
+            if total == 0:
+                return None
+            return LoadSnapshot(running=float(busy), waiting=None, kv=kv, at=client.now())
+        return LoadSnapshot(running=snap.running, waiting=snap.waiting, kv=kv, at=snap.at)
+
+    async def _slots(self, client: ProbeClient) -> tuple[int, int]:
+        status, body = await client.get("/slots", self.auth_headers())
+        if status != 200:
+            return 0, 0
+        try:
+            slots = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return 0, 0
+        if not isinstance(slots, list):
+            return 0, 0
+        busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+        return busy, len(slots)

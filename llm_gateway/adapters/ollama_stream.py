@@ -1,0 +1,160 @@
+"""Ollama's NDJSON answer stream, translated into OpenAI SSE chunks as it arrives.
+
+Shape of what the client sees, as OpenAI sends it: a role chunk first, content (and reasoning,
+and tool-call) deltas, then a separate finish chunk with an empty delta, then the usage chunk when
+the client asked for it (built from `prompt_eval_count` / `eval_count`), then `[DONE]`.
+A line `{"error": "..."}` becomes one error event; a stream that stops without a `done: true` line
+(Ollama aborts a generation after repeated identical tokens) ends with a clear error event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from llm_gateway.errors import GatewayError, StreamInterrupted, UpstreamError, UpstreamProtocolError
+from llm_gateway.types import CallContext, Usage
+
+DONE = b"data: [DONE]\n\n"
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+
+def finish_reason(obj: dict[str, Any], tool_calls: bool) -> str:
+    if tool_calls:
+        return "tool_calls"
+    reason = obj.get("done_reason")
+    return "length" if reason == "length" else "stop"
+
+
+def tool_calls_to_openai(calls: Any, request_id: str, start: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if not isinstance(calls, list):
+        return out
+    for i, tc in enumerate(calls, start):
+        fn = (tc or {}).get("function") or {}
+        args = fn.get("arguments", {})
+        out.append(
+            {
+                "index": i,
+                "id": f"call_{request_id[:12]}_{i}",
+                "type": "function",
+                "function": {
+                    "name": fn.get("name", ""),
+                    "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
+                },
+            }
+        )
+    return out
+
+
+class OllamaRelay:
+    def __init__(self, ctx: CallContext, on_error: Callable[[str], UpstreamError]) -> None:
+        self._ctx = ctx
+        self._on_error = on_error
+        self._chat = ctx.endpoint == "chat"
+        obj = "chat.completion.chunk" if self._chat else "text_completion"
+        pre = "chatcmpl-" if self._chat else "cmpl-"
+        head = orjson.dumps(
+            {"id": pre + ctx.request_id, "object": obj, "created": int(time.time()), "model": ctx.public_model}
+        )
+        self._head = b"data: " + head[:-1] + b',"choices":['
+        self._buf = b""
+        self._closed = False
+        self._sent_role = False
+        self._tools = 0
+        self.done = False
+        self.usage: Usage | None = None
+        self.error: GatewayError | None = None
+        self.content_events = 0
+
+    def _chunk(self, choice: dict[str, Any]) -> bytes:
+        return self._head + orjson.dumps(choice) + b"]}\n\n"
+
+    def _delta(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        if self._chat:
+            return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish})
+        return self._chunk({"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": finish})
+
+    def feed(self, data: bytes) -> bytes:
+        if self._closed:
+            return b""
+        buf = self._buf + data if self._buf else data
+        if b"\n" not in buf:
+            if len(buf) > MAX_LINE_BYTES:
+                return self._fail(UpstreamProtocolError(f"Ollama sent a line over {MAX_LINE_BYTES} bytes"))
+            self._buf = buf
+            return b""
+        *lines, self._buf = buf.split(b"\n")
+        out = []
+        for line in lines:
+            if self._closed:
+                break
+            if line.strip():
+                out.append(self._line(line))
+        return b"".join(out)
+
+    def _line(self, line: bytes) -> bytes:
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return self._fail(UpstreamProtocolError("Ollama sent a stream line that is not valid JSON"))
+        if not isinstance(obj, dict):
+            return self._fail(UpstreamProtocolError("Ollama sent a stream line that is not a JSON object"))
+        if "error" in obj:
+            return self._fail(self._on_error(str(obj["error"])))
+        parts: list[bytes] = []
+        if self._chat:
+            msg = obj.get("message") or {}
+            content, thinking, calls = msg.get("content"), msg.get("thinking"), msg.get("tool_calls")
+        else:
+            content, thinking, calls = obj.get("response"), obj.get("thinking"), None
+        if not self._sent_role and self._chat:
+            parts.append(self._delta({"role": "assistant", "content": ""}))
+        self._sent_role = True
+        if thinking and self._chat:
+            parts.append(self._delta({self._ctx.reasoning_field: thinking}))
+        if content:
+            self.content_events += 1
+            parts.append(self._delta({"content": content}))
+        if calls:
+            oa = tool_calls_to_openai(calls, self._ctx.request_id, self._tools)
+            self._tools += len(oa)
+            parts.append(self._delta({"tool_calls": oa}))
+        if obj.get("done"):
+            parts.append(self._delta({}, finish_reason(obj, self._tools > 0)))
+            self.usage = Usage(int(obj.get("prompt_eval_count") or 0), int(obj.get("eval_count") or 0))
+            if self._ctx.client_wants_usage:
+                u = self.usage
+                usage = {
+                    "prompt_tokens": u.prompt_tokens,
+                    "completion_tokens": u.completion_tokens,
+                    "total_tokens": u.total_tokens,
+                }
+                parts.append(self._head + b"]," + orjson.dumps({"usage": usage})[1:] + b"\n\n")
+            parts.append(DONE)
+            self.done = True
+            self._closed = True
+        return b"".join(parts)
+
+    def _fail(self, err: GatewayError) -> bytes:
+        self._closed = True
+        self.error = err
+        return err.sse_event() + DONE
+
+    def finish(self) -> bytes:
+        if self._closed:
+            return b""
+        out = b""
+        if self._buf.strip():
+            out = self._line(self._buf)
+            self._buf = b""
+            if self._closed:
+                return out
+        return out + self._fail(
+            StreamInterrupted(
+                "Ollama ended the stream without finishing it (it aborts a generation after many repeated tokens)"
+            )
+        )

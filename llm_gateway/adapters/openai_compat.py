@@ -1,0 +1,218 @@
+"""The shared behaviour of engines that speak OpenAI's HTTP API themselves.
+
+llama-server, vLLM, SGLang, TabbyAPI, LMDeploy and any other OpenAI-compatible server
+(`kind: openai`: Aphrodite, TGI, trtllm-serve, MLX-LM, MLC LLM, OpenVINO Model Server,
+llama-swap) build on `OpenAICompatAdapter`; each overrides only what its engine does differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import orjson
+
+from llm_gateway.adapters.base import Adapter, ProbeClient, UpstreamRequest
+from llm_gateway.adapters.error_bodies import EngineError, json_object, parse_error_body, upstream_error
+from llm_gateway.adapters.prom_text import parse_samples, peak, total
+from llm_gateway.adapters.sse_relay import SSERelay, usage_from
+from llm_gateway.errors import UpstreamError
+from llm_gateway.types import BackendInfo, CallContext, Endpoint, LoadSnapshot, ProbeResult, ProbeState, Usage
+
+_AUTH_HINT = ": the engine refused the gateway's key (check backends[].api_key)"
+PATHS: dict[str, str] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
+
+
+class OpenAICompatAdapter(Adapter):
+    kind: ClassVar[str] = "openai"
+    formats: ClassVar[frozenset[str] | None] = None
+    #: (running, waiting, kv) metric names, each a tuple of alternatives tried in order
+    load_metrics: ClassVar[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None] = None
+    #: the engine's name for reasoning text, renamed to the configured one on the way out
+    reasoning_key: ClassVar[str | None] = None
+    #: finish reasons that mean the generation failed (SGLang/LMDeploy "abort", "error")
+    error_finish_reasons: ClassVar[tuple[str, ...]] = ()
+    #: finish reasons renamed to OpenAI's ("parse_error" -> "stop")
+    finish_renames: ClassVar[tuple[tuple[str, str], ...]] = ()
+    #: the paths probed: readiness, models (and metrics when load_metrics is set)
+    health_path: ClassVar[str | None] = "/health"
+    models_path: ClassVar[str] = "/v1/models"
+    metrics_path: ClassVar[str] = "/metrics"
+
+    def __init__(self, backend: BackendInfo) -> None:
+        super().__init__(backend)
+        self.headers = {"Content-Type": "application/json", **self.auth_headers()}
+        self._finish_errors = tuple(b'"finish_reason":"' + r.encode() + b'"' for r in self.error_finish_reasons)
+        self._finish_renames = tuple(
+            (b'"finish_reason":"' + a.encode() + b'"', b'"finish_reason":"' + b.encode() + b'"')
+            for a, b in self.finish_renames
+        )
+
+    # -- requests ----------------------------------------------------------------------------------
+    def auth_headers(self) -> dict[str, str]:
+        key = self.backend.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def build(self, endpoint: Endpoint, body: dict[str, Any], ctx: CallContext) -> UpstreamRequest:
+        b = dict(body)
+        b["model"] = ctx.upstream_model
+        if ctx.stream:
+            so = b.get("stream_options")
+            b["stream_options"] = {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
+        if endpoint == "chat":
+            limit = b.get("max_completion_tokens", b.get("max_tokens"))
+            if isinstance(limit, int):  # engines read one or the other: send both
+                b["max_tokens"] = b["max_completion_tokens"] = limit
+        self.translate(endpoint, b)
+        headers = {**self.headers, "X-Request-Id": ctx.request_id}
+        return UpstreamRequest("POST", PATHS[endpoint], headers, orjson.dumps(b))
+
+    def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
+        """Engine-specific renames of request fields, in place on the gateway's copy."""
+
+    # -- responses ---------------------------------------------------------------------------------
+    def response_body(self, body: bytes, ctx: CallContext) -> tuple[bytes, Usage | None]:
+        obj = json_object(body, self.backend.name, self.kind)
+        if "error" in obj and "choices" not in obj and "data" not in obj:
+            raise self.error_from_frame(obj)
+        if "model" in obj:
+            obj["model"] = ctx.public_model
+        self.fix_choices(obj, ctx)
+        return orjson.dumps(obj), usage_from(obj)
+
+    def fix_choices(self, obj: dict[str, Any], ctx: CallContext) -> None:
+        choices = obj.get("choices")
+        if not isinstance(choices, list):
+            return
+        for ch in choices:
+            if not isinstance(ch, dict):
+                continue
+            fr = ch.get("finish_reason")
+            if fr in self.error_finish_reasons:
+                raise UpstreamError(
+                    f"backend '{self.backend.name}' ({self.kind}) ended the generation with finish_reason '{fr}'",
+                    status=502,
+                    code="generation_failed",
+                    backend=self.backend.name,
+                )
+            for a, b in self.finish_renames:
+                if fr == a:
+                    ch["finish_reason"] = b
+            msg = ch.get("message")
+            rk = self.reasoning_key
+            if rk and isinstance(msg, dict) and rk in msg and rk != ctx.reasoning_field:
+                msg[ctx.reasoning_field] = msg.pop(rk)
+
+    def relay(self, ctx: CallContext) -> SSERelay:
+        reps: tuple[tuple[bytes, bytes], ...] = ()
+        rk = self.reasoning_key
+        if rk and rk != ctx.reasoning_field:
+            reps = ((b'"' + rk.encode() + b'":', b'"' + ctx.reasoning_field.encode() + b'":'),)
+        return SSERelay(
+            ctx,
+            self.error_from_frame,
+            replacements=reps,
+            finish_errors=self._finish_errors,
+            finish_renames=self._finish_renames,
+        )
+
+    # -- errors ------------------------------------------------------------------------------------
+    def error(self, status: int, body: bytes, content_type: str) -> UpstreamError:
+        err = parse_error_body(body, content_type)
+        if status == 404:
+            return UpstreamError(
+                f"backend '{self.backend.name}' ({self.kind}) does not serve this model or route: {err.message}",
+                status=502,
+                code="upstream_model_not_found",
+                retryable=True,
+                backend=self.backend.name,
+            )
+        return self.classify(status, err)
+
+    def classify(self, status: int, err: EngineError) -> UpstreamError:
+        """Status mapping hook: the default keeps 4xx as client errors and retries 502/503/504/429."""
+        return upstream_error(self.backend.name, self.kind, status, err, retryable=status in (429, 502, 503, 504))
+
+    def error_from_frame(self, obj: Mapping[str, Any]) -> UpstreamError:
+        """An error object sent inside a stream (or in a 2xx body)."""
+        err = parse_error_body(orjson.dumps(obj))
+        status = 502
+        code = err.code
+        if code is not None and code.isdigit() and 400 <= int(code) < 600:
+            status = int(code)
+        if 400 <= status < 500 and status not in (401, 403, 404):
+            return upstream_error(self.backend.name, self.kind, status, err, retryable=False)
+        return UpstreamError(
+            f"backend '{self.backend.name}' ({self.kind}) failed mid-stream: {err.message}",
+            status=502,
+            code="upstream_stream_error",
+            backend=self.backend.name,
+        )
+
+    # -- probes ------------------------------------------------------------------------------------
+    async def probe(self, client: ProbeClient) -> ProbeResult:
+        state, detail = await self.probe_ready(client)
+        if state != "ready":
+            return ProbeResult(state, detail=detail)
+        models = await self.probe_models(client)
+        load = await self.probe_load(client) if self.load_metrics else None
+        return ProbeResult("ready", load=load, models=models, detail=detail)
+
+    async def probe_ready(self, client: ProbeClient) -> tuple[ProbeState, str]:
+        if self.health_path is None:
+            status, _ = await client.get(self.models_path, self.auth_headers())
+        else:
+            status, _ = await client.get(self.health_path)
+        path = self.health_path or self.models_path
+        if status == 200:
+            return "ready", ""
+        if status == 503:
+            return "loading", f"{path} answered 503"
+        return "down", f"{path} answered {status}{_AUTH_HINT if status in (401, 403) else ''}"
+
+    async def probe_models(self, client: ProbeClient) -> frozenset[str] | None:
+        status, body = await client.get(self.models_path, self.auth_headers())
+        if status != 200:
+            return None
+        try:
+            data = orjson.loads(body).get("data")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        if not isinstance(data, list):
+            return None
+        return frozenset(str(m["id"]) for m in data if isinstance(m, dict) and "id" in m)
+
+    async def probe_load(self, client: ProbeClient) -> LoadSnapshot | None:
+        assert self.load_metrics is not None
+        status, body = await client.get(self.metrics_path, self.auth_headers())
+        if status != 200:
+            return None
+        samples = parse_samples(body)
+        running_names, waiting_names, kv_names = self.load_metrics
+        return LoadSnapshot(
+            running=_first(samples, running_names, total),
+            waiting=_first(samples, waiting_names, total),
+            kv=_first(samples, kv_names, peak),  # a fraction per data-parallel rank: the fullest one counts
+            at=client.now(),
+        )
+
+
+def _first(
+    samples: dict[str, list[float]],
+    names: tuple[str, ...],
+    combine: Callable[[dict[str, list[float]], str], float | None],
+) -> float | None:
+    """The first of `names` that is present; a "+name" adds its value (LMDeploy's API-layer queue)."""
+    found: float | None = None
+    for name in names:
+        if name.startswith("+"):
+            v = combine(samples, name[1:])
+            if v is not None and found is not None:
+                found += v
+        elif found is None:
+            found = combine(samples, name)
+    return found

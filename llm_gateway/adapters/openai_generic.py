@@ -1,0 +1,19 @@
+"""Any other OpenAI-compatible server (`engine: openai`): Aphrodite, TGI, TensorRT-LLM
+`trtllm-serve`, MLX-LM, MLC LLM, OpenVINO Model Server, llama-swap, or a hosted API.
+
+It is the shared OpenAI-compatible behaviour with no engine assumptions: readiness is a `GET
+/v1/models` (the one route they all have), load is the gateway's own in-flight count, the weight
+format is whatever the config says, and error bodies of every known shape are normalised.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
+
+
+class GenericOpenAIAdapter(OpenAICompatAdapter):
+    kind: ClassVar[str] = "openai"
+    formats: ClassVar[frozenset[str] | None] = None
+    health_path: ClassVar[str | None] = None

@@ -1,0 +1,39 @@
+"""Engine kind -> adapter class, and what config validation asks of adapters."""
+
+from __future__ import annotations
+
+from llm_gateway.adapters.base import Adapter
+from llm_gateway.adapters.llama_server import LlamaServerAdapter
+from llm_gateway.adapters.lmdeploy import LMDeployAdapter
+from llm_gateway.adapters.ollama import OllamaAdapter
+from llm_gateway.adapters.openai_generic import GenericOpenAIAdapter
+from llm_gateway.adapters.sglang import SGLangAdapter
+from llm_gateway.adapters.tabbyapi import TabbyAPIAdapter
+from llm_gateway.adapters.vllm import VLLMAdapter
+from llm_gateway.types import BackendInfo
+
+ADAPTERS: dict[str, type[Adapter]] = {
+    cls.kind: cls
+    for cls in (
+        LlamaServerAdapter,
+        VLLMAdapter,
+        SGLangAdapter,
+        OllamaAdapter,
+        TabbyAPIAdapter,
+        LMDeployAdapter,
+        GenericOpenAIAdapter,
+    )
+}
+
+
+def adapter_for(kind: str, backend: BackendInfo) -> Adapter:
+    return ADAPTERS[kind](backend)
+
+
+def formats_for(kind: str) -> frozenset[str] | None:
+    """Weight formats the engine can load (None: unknown, any is accepted)."""
+    return ADAPTERS[kind].formats
+
+
+def unsupported_capabilities(kind: str) -> frozenset[str]:
+    return ADAPTERS[kind].unsupported_capabilities

@@ -1,0 +1,61 @@
+"""SGLang (`python -m sglang.launch_server`).
+
+- Non-streamed errors are flat `{"object": "error", "message", "type", "param", "code"}`; stream
+  errors are `data: {"error": {flat}}`; auth failures `{"error": "Unauthorized"}`.
+- `/health` answers 503 while the server starts (warm-up) and during shutdown.
+- Load (only with `--enable-metrics`): `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
+  `sglang:token_usage` (KV token-pool fraction). Without metrics the probe falls back to `/get_load`.
+- `finish_reason` may be `"abort"`: the generation failed, surfaced as an error.
+- Reasoning text is `reasoning_content`. `repeat_penalty` becomes `repetition_penalty`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+
+from llm_gateway.adapters.base import ProbeClient
+from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
+from llm_gateway.types import Endpoint, LoadSnapshot
+
+
+class SGLangAdapter(OpenAICompatAdapter):
+    kind: ClassVar[str] = "sglang"
+    formats: ClassVar[frozenset[str] | None] = frozenset({"safetensors", "awq", "gptq", "fp8"})
+    reports_load: ClassVar[bool] = True
+    load_metrics = (("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:token_usage",))
+    reasoning_key: ClassVar[str | None] = "reasoning_content"
+    ignores_model_name: ClassVar[bool] = True
+    error_finish_reasons: ClassVar[tuple[str, ...]] = ("abort",)
+
+    def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
+        if "repeat_penalty" in body and "repetition_penalty" not in body:
+            body["repetition_penalty"] = body.pop("repeat_penalty")
+
+    async def probe_load(self, client: ProbeClient) -> LoadSnapshot | None:
+        snap = await super().probe_load(client)
+        if snap is not None and snap.running is not None:
+            return snap
+        status, body = await client.get("/get_load", self.auth_headers())
+        if status != 200:
+            return snap
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return snap
+        ranks = data if isinstance(data, list) else [data]
+        running = waiting = 0.0
+        seen = False
+        for r in ranks:
+            if isinstance(r, dict):
+                for k in ("num_reqs", "num_running_reqs"):
+                    if isinstance(r.get(k), int | float):
+                        running += r[k]
+                        seen = True
+                        break
+                if isinstance(r.get("num_waiting_reqs"), int | float):
+                    waiting += r["num_waiting_reqs"]
+        if not seen:
+            return snap
+        return LoadSnapshot(running=running, waiting=waiting, kv=None, at=client.now())

@@ -1,0 +1,240 @@
+"""Relaying an engine's OpenAI-style SSE stream to the client as clean OpenAI SSE.
+
+Bytes pass through untouched on the fast path: a block of complete events with nothing to fix is
+forwarded as one write (with the public model name swapped in by a byte replace). Only blocks that
+carry something special are parsed event by event: `[DONE]`, usage chunks (captured for billing and
+stripped unless the client asked for them), in-band error frames (turned into one OpenAI error
+event followed by `[DONE]`), comment lines such as TabbyAPI's `: ping`, CRLF framing, and
+finish reasons that are not OpenAI's. A stream that ends without `[DONE]` and without a finish
+reason ends for the client with an error event: the client must never take a cut stream for a
+complete answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from llm_gateway.errors import GatewayError, StreamInterrupted, UpstreamError, UpstreamProtocolError
+from llm_gateway.types import CallContext, Usage
+
+DONE = b"data: [DONE]\n\n"
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+
+ErrorFrameHandler = Callable[[dict[str, Any]], UpstreamError]
+
+
+def usage_from(obj: dict[str, Any]) -> Usage | None:
+    u = obj.get("usage")
+    if isinstance(u, dict):
+        p, c = u.get("prompt_tokens"), u.get("completion_tokens")
+        if isinstance(p, int) and isinstance(c, int):
+            return Usage(p, c)
+    return None
+
+
+class SSERelay:
+    """One stream's state. Adapters configure it; they rarely need to subclass it."""
+
+    __slots__ = (
+        "_buf",
+        "_closed",
+        "_ctx",
+        "_finish_errors",
+        "_finish_renames",
+        "_on_error",
+        "_replacements",
+        "_saw_finish",
+        "content_events",
+        "done",
+        "error",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        ctx: CallContext,
+        on_error: ErrorFrameHandler,
+        *,
+        replacements: tuple[tuple[bytes, bytes], ...] = (),
+        finish_errors: tuple[bytes, ...] = (),
+        finish_renames: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        self._ctx = ctx
+        self._on_error = on_error
+        rep = list(replacements)
+        if ctx.public_model != ctx.upstream_model:
+            up, pub = _json_str(ctx.upstream_model), _json_str(ctx.public_model)
+            # compact JSON (pydantic, orjson, Go, nlohmann) and json.dumps' spaced style (TabbyAPI, LMDeploy)
+            rep.append((b'"model":"' + up + b'"', b'"model":"' + pub + b'"'))
+            rep.append((b'"model": "' + up + b'"', b'"model": "' + pub + b'"'))
+        self._replacements = tuple(rep)
+        self._finish_errors = finish_errors + tuple(f.replace(b'":"', b'": "') for f in finish_errors)
+        self._finish_renames = finish_renames + tuple(
+            (a.replace(b'":"', b'": "'), b.replace(b'":"', b'": "')) for a, b in finish_renames
+        )
+        self._buf = b""
+        self._closed = False
+        self._saw_finish = False
+        self.done = False
+        self.usage: Usage | None = None
+        self.error: GatewayError | None = None
+        self.content_events = 0
+
+    # -- the hot path ------------------------------------------------------------------------------
+    def feed(self, data: bytes) -> bytes:
+        if self._closed:
+            return b""
+        buf = self._buf + data if self._buf else data
+        if b"\r" in buf:
+            tail = b"\r" if buf.endswith(b"\r") else b""
+            buf = buf[: len(buf) - len(tail)].replace(b"\r\n", b"\n") + tail
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            if len(buf) > MAX_EVENT_BYTES:
+                return self._fail(UpstreamProtocolError(f"the engine sent an SSE event over {MAX_EVENT_BYTES} bytes"))
+            self._buf = buf
+            return b""
+        block = buf[: end + 2]
+        self._buf = buf[end + 2 :]
+        if b'"finish_reason":"' in block or b'"finish_reason": "' in block:
+            self._saw_finish = True
+        n = block.count(b"\n\n")
+        if (
+            block.startswith(b"data: {")
+            and block.count(b"\n") == 2 * n  # every event is one line
+            and block.count(b"\n\ndata: {") == n - 1
+            and block.count(b"}\n\n") == n
+            and b"[DONE]" not in block
+            and not _has_usage(block)  # `"usage": null` on every chunk (LMDeploy, vLLM) stays on the fast path
+            and b'{"error"' not in block
+            and not (self._finish_errors and self._saw_finish)
+        ):
+            self.content_events += n
+            for old, new in self._replacements:
+                block = block.replace(old, new)
+            for old, new in self._finish_renames:
+                block = block.replace(old, new)
+            return block
+        return self._slow(block)
+
+    # -- everything special ------------------------------------------------------------------------
+    def _slow(self, block: bytes) -> bytes:
+        out: list[bytes] = []
+        for raw in block.split(b"\n\n"):
+            if self._closed:
+                break
+            payload = _data_of(raw)
+            if payload is None:
+                continue  # blank, comment (": ping"), or an event with no data
+            if payload == b"[DONE]":
+                self.done = True
+                self._closed = True
+                out.append(DONE)
+                break
+            ev = self._event(payload)
+            if ev:
+                out.append(ev)
+        return b"".join(out)
+
+    def _event(self, payload: bytes) -> bytes:
+        if (
+            payload[:1] == b"{"
+            and payload[-1:] == b"}"
+            and not _has_usage(payload)
+            and b'"error"' not in payload
+            and not any(f in payload for f in self._finish_errors)
+        ):  # an ordinary chunk in a block with something special elsewhere: no need to parse it
+            self.content_events += 1
+            return self._rewrite(payload)
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return self._fail(UpstreamProtocolError("the engine sent an SSE event that is not valid JSON"))
+        if not isinstance(obj, dict):
+            return self._fail(UpstreamProtocolError("the engine sent an SSE event that is not a JSON object"))
+        if "error" in obj and "choices" not in obj:
+            return self._fail(self._on_error(obj))
+        for f in self._finish_errors:
+            if f in payload:
+                reason = f.split(b'"')[-2].decode()
+                return self._fail(StreamInterrupted(f"the engine ended the generation with finish_reason '{reason}'"))
+        usage = usage_from(obj)
+        if usage is None:
+            self.content_events += 1
+            return self._rewrite(payload)
+        self.usage = usage
+        if not obj.get("choices"):
+            # the usage chunk: the client's if it asked, else asked for on the gateway's own account
+            return self._rewrite(payload) if self._ctx.client_wants_usage else b""
+        # usage riding on a chunk that also has a choice (TabbyAPI puts the finish there): OpenAI's shape
+        # is the choice first, then a usage chunk with no choices
+        self.content_events += 1
+        u = obj.pop("usage")
+        if "model" in obj:
+            obj["model"] = self._ctx.public_model
+        out = self._rewrite(orjson.dumps(obj))
+        if self._ctx.client_wants_usage:
+            obj["choices"] = []
+            obj["usage"] = u
+            out += b"data: " + orjson.dumps(obj) + b"\n\n"
+        return out
+
+    def _rewrite(self, payload: bytes) -> bytes:
+        for old, new in self._replacements:
+            payload = payload.replace(old, new)
+        for old, new in self._finish_renames:
+            payload = payload.replace(old, new)
+        return b"data: " + payload + b"\n\n"
+
+    def _fail(self, err: GatewayError) -> bytes:
+        self._closed = True
+        self.error = err
+        return err.sse_event() + DONE
+
+    def finish(self) -> bytes:
+        """At the engine's end of body. A partial last event is an error, never forwarded."""
+        if self._closed:
+            return b""
+        out = b""
+        if self._buf.strip():
+            payload = _data_of(self._buf)
+            self._buf = b""
+            if payload is not None and payload != b"[DONE]":
+                try:
+                    orjson.loads(payload)
+                except orjson.JSONDecodeError:
+                    return self._fail(StreamInterrupted("the engine's stream ended in the middle of an event"))
+            if payload is not None and (b'"finish_reason":"' in payload or b'"finish_reason": "' in payload):
+                self._saw_finish = True
+            out = self._slow(b"data: " + payload + b"\n\n") if payload is not None else b""
+            if self._closed:
+                return out
+        if self.done or self._saw_finish:
+            self._closed = True
+            return out + DONE
+        return out + self._fail(StreamInterrupted("the engine's stream ended before the answer was complete"))
+
+
+def _has_usage(data: bytes) -> bool:
+    return b'"usage":{' in data or b'"usage": {' in data
+
+
+def _data_of(raw: bytes) -> bytes | None:
+    raw = raw.strip(b"\n")
+    if not raw:
+        return None
+    if raw.startswith(b"data: ") and b"\n" not in raw:
+        return raw[6:]
+    parts = []
+    for line in raw.split(b"\n"):
+        if line.startswith(b"data:"):
+            v = line[5:]
+            parts.append(v[1:] if v.startswith(b" ") else v)
+    return b"\n".join(parts) if parts else None
+
+
+def _json_str(s: str) -> bytes:
+    return orjson.dumps(s)[1:-1]

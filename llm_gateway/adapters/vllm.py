@@ -1,0 +1,43 @@
+"""vLLM (`vllm serve`): the reference OpenAI-compatible engine, with its own quirks.
+
+- Auth is Bearer only; a failure is `{"error": "Unauthorized"}` (handled as the gateway's key problem).
+- `/health` is 200 or 503 (engine dead); while weights load the port does not answer at all, which
+  the prober reports as down until the first 200.
+- Load: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (older
+  builds: `vllm:gpu_cache_usage_perc`), summed over the `engine` label (data-parallel ranks).
+- Reasoning text is `reasoning` (renamed from `reasoning_content` in late 2025).
+- The legacy `guided_json|regex|choice|grammar` fields are silently ignored since v0.12: rewritten to
+  `structured_outputs` so that constraints still apply. `repeat_penalty` (llama.cpp's name) is
+  renamed to `repetition_penalty`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
+from llm_gateway.types import Endpoint
+
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+class VLLMAdapter(OpenAICompatAdapter):
+    kind: ClassVar[str] = "vllm"
+    formats: ClassVar[frozenset[str] | None] = frozenset({"safetensors", "awq", "gptq", "fp8", "gguf"})
+    reports_load: ClassVar[bool] = True
+    load_metrics = (
+        ("vllm:num_requests_running",),
+        ("vllm:num_requests_waiting",),
+        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    )
+    reasoning_key: ClassVar[str | None] = "reasoning"
+
+    def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
+        if "repeat_penalty" in body and "repetition_penalty" not in body:
+            body["repetition_penalty"] = body.pop("repeat_penalty")
+        guided = [k for k in _GUIDED if k in body]
+        if guided:
+            so = dict(body.get("structured_outputs") or {})
+            for k in guided:
+                so.setdefault(_GUIDED[k], body.pop(k))
+            body["structured_outputs"] = so

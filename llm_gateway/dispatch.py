@@ -1,0 +1,261 @@
+"""Getting one request onto a deployment: candidates, selection, admission, retries, failover.
+
+Candidates are the model's deployments that can serve the request at all (format constraint,
+capabilities), then those that are routable now (backend not down or loading, breaker not open,
+model present). Selection orders them; admission takes a slot (or queues for one, bounded);
+the exchange runs. A failure that is the backend's (connection refused or reset, 502/503/504,
+engine queue full, timeout) is retried on another deployment, before any byte reached the client,
+bounded in count and time, with jittered backoff. When every deployment of a model is unavailable,
+the model's configured fallbacks are tried in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from llm_gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    NoHealthyBackend,
+    Overloaded,
+    StreamInterrupted,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from llm_gateway.observability.metrics import Metrics
+from llm_gateway.request_info import RequestInfo, affinity_key
+from llm_gateway.routing import selection
+from llm_gateway.routing.table import Deployment, ModelRoute, RoutingTable
+from llm_gateway.settings import RoutingConfig
+
+T = TypeVar("T")
+Exchange = Callable[[Deployment, ModelRoute], Awaitable[T]]
+
+
+@dataclass(slots=True)
+class Trace:
+    """What happened while dispatching, for metrics, headers and the access log."""
+
+    deployment: Deployment | None = None
+    route: ModelRoute | None = None
+    attempts: int = 0
+    waited_s: float = 0.0  # queueing and backoff: not the gateway's own overhead
+
+
+def eligible(route: ModelRoute, info: RequestInfo) -> list[Deployment]:
+    """Deployments that could serve this request at all (ignores health); cached per route and need."""
+    key = (info.format, info.needs)
+    found = route.eligible.get(key)
+    if found is None:
+        found = [
+            d
+            for d in route.deployments
+            if (info.format is None or d.cfg.format == info.format) and info.needs <= d.cfg.capabilities
+        ]
+        if len(route.eligible) < 256:
+            route.eligible[key] = found
+    return found
+
+
+def explain_ineligible(route: ModelRoute, info: RequestInfo) -> InvalidRequest:
+    if info.format is not None and not any(d.cfg.format == info.format for d in route.deployments):
+        have = sorted({d.cfg.format for d in route.deployments})
+        return InvalidRequest(
+            f"no deployment of model '{route.name}' serves the '{info.format}' weight format "
+            f"(it has: {', '.join(have)})",
+            param="model",
+            code="format_unavailable",
+        )
+    missing = sorted(info.needs - set().union(*(d.cfg.capabilities for d in route.deployments)))
+    return InvalidRequest(
+        f"model '{route.name}' has no deployment with the capabilities this request needs: "
+        f"{', '.join(missing) or 'a combination'}",
+        param="model",
+        code="capability_unavailable",
+    )
+
+
+# the engine lacks this route or model: a config mismatch for one endpoint, not ill health (its chat may
+# work fine), so it must not open the breaker for every endpoint
+ENDPOINT_MISMATCH = frozenset({"upstream_model_not_found", "upstream_not_supported"})
+
+
+def judge(dep: Deployment, err: GatewayError, now: float) -> None:
+    """Book an attempt's failure against the deployment's breaker and the backend's state."""
+    b = dep.backend
+    if isinstance(err, UpstreamError) and err.busy:
+        b.busy_until = now + 1.0
+        dep.breaker.neutral()
+    elif isinstance(err, UpstreamError) and err.code in ENDPOINT_MISMATCH:
+        dep.breaker.neutral()
+    elif isinstance(err, UpstreamUnreachable | UpstreamTimeout | UpstreamProtocolError | StreamInterrupted) or (
+        isinstance(err, UpstreamError) and err.status >= 500
+    ):
+        dep.breaker.failure(now)
+        if isinstance(err, UpstreamUnreachable) and err.message.startswith("cannot connect"):
+            b.state, b.detail = "down", err.message
+    else:
+        dep.breaker.success()  # the engine answered (a client error): it is alive
+
+
+def release(dep: Deployment) -> None:
+    dep.admission.leave()
+    dep.backend.in_flight -= 1
+
+
+class Dispatcher:
+    def __init__(self, routing: RoutingConfig, metrics: Metrics, rng: random.Random | None = None) -> None:
+        self.cfg = routing
+        self.metrics = metrics
+        self.rng = rng or random.Random()
+
+    def _order(
+        self, route: ModelRoute, deps: list[Deployment], info: RequestInfo, session: str | None
+    ) -> list[Deployment]:
+        if len(deps) == 1:
+            return deps
+        now = time.monotonic()
+        stale = self.cfg.stale_after_probes * max(d.backend.cfg.probe.interval_s for d in deps)
+        views = [
+            selection.CandidateView(
+                d.key,
+                d.backend.in_flight,
+                d.capacity,
+                d.backend.adapter.reports_load,
+                d.backend.load,
+                d.backend.own_at_probe,
+                d.cfg.weight,
+                d.cfg.priority,
+            )
+            for d in deps
+        ]
+        key = None
+        if route.cfg.strategy == "prefix_affinity":
+            key = session or affinity_key(info.affinity_text, route.cfg.affinity.prefix_chars)
+        route.rotation += 1
+        idx = selection.order(
+            route.cfg.strategy,
+            views,
+            now=now,
+            stale_s=stale,
+            rotation=route.rotation,
+            affinity_key=key,
+            max_affinity_load=route.cfg.affinity.max_load,
+            rng=self.rng,
+        )
+        return [deps[i] for i in idx]
+
+    async def _enter(self, ordered: list[Deployment], trace: Trace) -> Deployment:
+        for d in ordered:
+            if d.admission.try_enter():
+                return d
+        queueable = [d for d in ordered if d.admission.can_queue()]
+        if not queueable:
+            raise Overloaded(
+                "every deployment of this model is at its concurrency limit and its wait queue is full",
+                headers={"retry-after": "1"},
+            )
+        d = min(queueable, key=lambda x: len(x.admission.waiters))
+        t = time.monotonic()
+        ok = await d.admission.wait_enter(d.backend.cfg.queue_timeout_s)
+        trace.waited_s += time.monotonic() - t
+        if not ok:
+            raise Overloaded(
+                f"no slot of a deployment freed up within {d.backend.cfg.queue_timeout_s:g}s",
+                headers={"retry-after": "1"},
+            )
+        return d
+
+    async def run(
+        self,
+        table: RoutingTable,
+        route: ModelRoute,
+        info: RequestInfo,
+        session: str | None,
+        exchange: Exchange[T],
+        trace: Trace,
+    ) -> T:
+        """Run `exchange` on a deployment until one succeeds; on success the caller owns the slot
+        (and must `release()` it and report to the breaker)."""
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.retry_budget_s
+        groups = [route] + [r for f in route.cfg.fallbacks if (r := table.resolve(f)) is not None]
+        last: GatewayError | None = None
+        tried: set[int] = set()
+        first_choice: Deployment | None = None
+        for gi, group in enumerate(groups):
+            static = eligible(group, info)
+            if gi == 0 and not static:
+                raise explain_ineligible(group, info)
+            while True:
+                now = time.monotonic()
+                live = [
+                    d
+                    for d in static
+                    if id(d) not in tried and d.backend.routable() and d.breaker.available(now) and d.model_present()
+                ]
+                if not live:
+                    break
+                ordered = self._order(group, live, info, session)
+                if first_choice is None:
+                    first_choice = ordered[0]
+                dep = await self._enter(ordered, trace)
+                tried.add(id(dep))
+                if not dep.breaker.acquire(time.monotonic()):
+                    dep.admission.leave()
+                    continue
+                dep.backend.in_flight += 1
+                trace.attempts += 1
+                trace.deployment, trace.route = dep, group
+                try:
+                    result = await exchange(dep, group)
+                except GatewayError as e:
+                    release(dep)
+                    judge(dep, e, time.monotonic())
+                    if not e.retryable:
+                        raise
+                    last = e
+                    if trace.attempts > cfg.retries or time.monotonic() >= deadline:
+                        raise
+                    self.metrics.retries.labels(route.name, dep.backend.name, type(e).__name__).inc()
+                    pause = self.rng.uniform(0, cfg.backoff_base_ms * (2 ** (trace.attempts - 1))) / 1000
+                    pause = min(pause, max(0.0, deadline - time.monotonic()))
+                    if pause > 0:
+                        trace.waited_s += pause
+                        await asyncio.sleep(pause)
+                    continue
+                except BaseException:
+                    release(dep)
+                    dep.breaker.neutral()
+                    raise
+                if dep is not first_choice:
+                    self.metrics.failovers.labels(route.name, dep.backend.name).inc()
+                if gi > 0:
+                    self.metrics.model_fallbacks.labels(route.name, group.name).inc()
+                return result
+        if last is not None:
+            raise last
+        raise NoHealthyBackend(
+            f"no healthy backend for model '{route.name}': " + _why_unavailable(groups[0], time.monotonic()),
+            headers={"retry-after": "2"},
+        )
+
+
+def _why_unavailable(route: ModelRoute, now: float) -> str:
+    parts = []
+    for d in route.deployments:
+        b = d.backend
+        if not b.routable():
+            parts.append(f"backend '{b.name}' is {b.state}" + (f" ({b.detail})" if b.detail else ""))
+        elif not d.breaker.available(now):
+            parts.append(f"backend '{b.name}': circuit breaker open after {d.breaker.failures} failures")
+        elif not d.model_present():
+            parts.append(f"backend '{b.name}' does not list model '{d.upstream_model}'")
+    return "; ".join(parts) or "every deployment is busy or failed"

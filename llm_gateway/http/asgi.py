@@ -1,0 +1,141 @@
+"""The ASGI entry point: request ids, dispatch by (method, path), error rendering, the lifespan.
+
+Routes are a dict lookup, not a framework router (measured in bench/: the whole HTTP surface is a
+handful of fixed paths). Every error becomes the OpenAI envelope with its status; an exception the
+gateway did not expect is logged and answered 500 with no internals in the body. Each request ends
+in exactly one `finish_record` (metrics + access log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+
+from llm_gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound
+from llm_gateway.http import handlers
+from llm_gateway.http.call import Call, Receive, Scope, Send
+from llm_gateway.observability.record import RequestRecord, finish_record, outcome_of
+from llm_gateway.runtime import Gateway, Runtime
+from llm_gateway.service import GenerationService
+
+log = logging.getLogger("gateway")
+_RID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
+
+Handler = Callable[["GatewayApp", Call, RequestRecord, Runtime], Awaitable[None]]
+Lifecycle = Callable[[], Awaitable[None]]
+
+
+def _routes() -> dict[tuple[str, str], Handler]:
+    r: dict[tuple[str, str], Handler] = {}
+    for prefix in ("/v1", ""):
+        r[("POST", prefix + "/chat/completions")] = handlers.chat
+        r[("POST", prefix + "/completions")] = handlers.completions
+        r[("POST", prefix + "/embeddings")] = handlers.embeddings
+        r[("GET", prefix + "/models")] = handlers.list_models
+    r[("GET", "/healthz")] = handlers.healthz
+    r[("GET", "/readyz")] = handlers.readyz
+    r[("GET", "/metrics")] = handlers.metrics
+    r[("GET", "/openapi.json")] = handlers.openapi
+    return r
+
+
+ROUTES = _routes()
+PATHS = {p for _, p in ROUTES}
+
+
+class GatewayApp:
+    def __init__(
+        self, gw: Gateway, *, on_startup: Lifecycle | None = None, on_shutdown: Lifecycle | None = None
+    ) -> None:
+        self.gw = gw
+        self.service = GenerationService(gw)
+        self._on_startup = on_startup
+        self._on_shutdown = on_shutdown
+        self.started_at = int(time.time())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self.http(scope, receive, send)
+        elif kind == "lifespan":
+            await self.lifespan(receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        rid_in = None
+        for k, v in scope["headers"]:
+            if k == b"x-request-id":
+                rid_in = v
+                break
+        rid = rid_in.decode() if rid_in is not None and _RID.match(rid_in) else os.urandom(12).hex()
+        method, path = scope["method"], scope["path"]
+        call = Call(scope, receive, send, rid)
+        rec = RequestRecord(rid, t0, method, path if path in PATHS else "other")
+        rt = self.gw.runtime
+        try:
+            handler = ROUTES.get((method, path))
+            if handler is None:
+                if path.startswith(("/v1/models/", "/models/")) and method == "GET":
+                    handler = handlers.get_model
+                elif path in PATHS:
+                    raise MethodNotAllowed(f"{method} is not allowed on {path}")
+                else:
+                    raise RouteNotFound(f"Unknown request URL: {method} {path[:200]}")
+            await handler(self, call, rec, rt)
+        except GatewayError as e:
+            rec.status, rec.error = e.status, e.code
+            rec.outcome = outcome_of(e.status, e.code)
+            if not call.started:
+                await self.send_error(call, e)
+        except asyncio.CancelledError:
+            if not call.disconnected:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            rec.status, rec.outcome = 499, "cancelled"
+        except Exception:
+            log.exception("unexpected error while handling %s %s (request %s)", method, rec.path, rid)
+            rec.status, rec.outcome, rec.error = 500, "error", "internal_error"
+            if not call.started:
+                await self.send_error(
+                    call, GatewayError("The gateway hit an internal error; see its logs.", code="internal_error")
+                )
+        finally:
+            if rec.status == 0:
+                rec.status = 200
+            finish_record(self.gw.metrics, self.gw.access, rec)
+
+    async def send_error(self, call: Call, e: GatewayError) -> None:
+        headers = [(b"x-request-id", call.rid.encode())]
+        for k, v in e.headers.items():
+            headers.append((k.encode(), v.encode()))
+        if e.backend:
+            headers.append((b"x-gateway-backend", e.backend.encode()))
+        with contextlib.suppress(OSError):
+            await call.respond(e.status, e.body(), headers)
+
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    if self._on_startup:
+                        await self._on_startup()
+                except Exception as e:
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                try:
+                    if self._on_shutdown:
+                        await self._on_shutdown()
+                finally:
+                    await send({"type": "lifespan.shutdown.complete"})
+                return

@@ -1,0 +1,124 @@
+"""Handlers of the HTTP surface. Each parses what it needs and hands over; no routing logic here.
+
+OpenAI routes: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `GET /v1/models`,
+`GET /v1/models/{id}` (also without the `/v1` prefix). Operations: `GET /healthz` (the process is
+alive), `GET /readyz` (at least one backend is ready or busy), `GET /metrics`, `GET /openapi.json`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from llm_gateway.auth import Principal
+from llm_gateway.errors import InvalidJSON, InvalidRequest, ModelNotFound, RouteNotFound, UnsupportedMediaType
+from llm_gateway.http.call import Call
+from llm_gateway.http.openapi import openapi_document
+from llm_gateway.observability.record import RequestRecord
+from llm_gateway.runtime import Runtime
+from llm_gateway.types import Endpoint
+
+if TYPE_CHECKING:
+    from llm_gateway.http.asgi import GatewayApp
+
+PROM = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+def _auth(call: Call, rec: RequestRecord, rt: Runtime) -> Principal:
+    who = rt.auth.authenticate(call.header(b"authorization"), call.header(b"x-api-key"))
+    rec.key = who.name
+    return who
+
+
+async def _generation(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime, endpoint: Endpoint) -> None:
+    rec.endpoint = endpoint
+    who = _auth(call, rec, rt)
+    ct = call.header(b"content-type")
+    if ct is not None and not ct.lower().startswith(b"application/json"):
+        raise UnsupportedMediaType("The request body must be JSON: send it with 'Content-Type: application/json'.")
+    server = app.gw.server
+    raw = await call.read_body(server.max_body_bytes, server.body_timeout_s)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidJSON(
+            "We could not parse the JSON body of your request. The body must be valid JSON (UTF-8)."
+        ) from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    await app.service.handle(call, rec, rt, endpoint, body, who)
+
+
+async def chat(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    await _generation(app, call, rec, rt, "chat")
+
+
+async def completions(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    await _generation(app, call, rec, rt, "completions")
+
+
+async def embeddings(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    await _generation(app, call, rec, rt, "embeddings")
+
+
+def _card(name: str, created: int, canonical: str) -> dict[str, Any]:
+    card: dict[str, Any] = {"id": name, "object": "model", "created": created, "owned_by": "llm-gateway"}
+    if name != canonical:
+        card["root"] = canonical
+    return card
+
+
+async def list_models(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    who = _auth(call, rec, rt)
+    data = [
+        _card(name, app.started_at, route.name)
+        for name, route in rt.table.public_names()
+        if who.may_use(route.name) or who.may_use(name)
+    ]
+    rec.status = 200
+    await call.respond(200, orjson.dumps({"object": "list", "data": data}), [(b"x-request-id", call.rid.encode())])
+
+
+async def get_model(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    who = _auth(call, rec, rt)
+    name = call.scope["path"].split("/models/", 1)[1]
+    route = rt.table.resolve(name)
+    if route is None or not (who.may_use(route.name) or who.may_use(name)):
+        raise ModelNotFound(
+            "The requested model does not exist; GET /v1/models lists the models this key may use.", param="model"
+        )
+    rec.status = 200
+    await call.respond(
+        200, orjson.dumps(_card(name, app.started_at, route.name)), [(b"x-request-id", call.rid.encode())]
+    )
+
+
+async def healthz(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    rec.status = 200
+    await call.respond(200, b'{"status":"ok"}', [])
+
+
+async def readyz(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    now = time.monotonic()
+    backends = {
+        b.name: {"engine": b.kind, "state": b.health(now), "in_flight": b.in_flight} for b in rt.table.backends.values()
+    }
+    ready = any(v["state"] in ("ready", "busy") for v in backends.values())
+    status = 200 if ready else 503
+    rec.status = status
+    body = {"status": "ready" if ready else "not_ready", "backends": backends}
+    await call.respond(status, orjson.dumps(body), [])
+
+
+async def metrics(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    if app.gw.server.metrics_port is not None and not app.gw.server.metrics_on_main_port:
+        raise RouteNotFound("Metrics are served on the metrics port.")
+    rec.status = 200
+    await call.respond(200, app.gw.metrics.render(), [], content_type=PROM)
+
+
+async def openapi(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    rec.status = 200
+    await call.respond(200, openapi_document(), [])

@@ -1,0 +1,160 @@
+"""The in-process limit store: sliding-window logs in memory, for one gateway process.
+
+Same semantics as the Redis store (see store.py); exact for one process, N times the limit for N
+replicas, which is why replicas share `RedisStore` instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from llm_gateway.limits.store import WINDOW_S, Decision, Quota, Reservation, ScopeLimits
+
+
+class _Window:
+    """Entries of the window in arrival order: timestamps and weights in two deques of floats (nothing
+    for the cyclic GC to walk, however long the window), with their running total. An entry is named
+    by its sequence number, so a settlement can correct it in place while it is still in the window."""
+
+    __slots__ = ("base", "total", "ts", "w")
+
+    def __init__(self) -> None:
+        self.ts: deque[float] = deque()
+        self.w: deque[float] = deque()
+        self.total = 0.0
+        self.base = 0  # sequence number of ts[0]
+
+    def prune(self, horizon: float) -> None:
+        ts, w = self.ts, self.w
+        while ts and ts[0] <= horizon:
+            ts.popleft()
+            self.total -= w.popleft()
+            self.base += 1
+
+    def add(self, now: float, weight: float) -> int:
+        self.ts.append(now)
+        self.w.append(weight)
+        self.total += weight
+        return self.base + len(self.ts) - 1
+
+    def adjust(self, seq: int, weight: float) -> None:
+        i = seq - self.base
+        n = len(self.w)
+        if 0 <= i < n:  # not pruned yet; index from the right end, where recent entries are
+            i -= n
+            self.total += weight - self.w[i]
+            self.w[i] = weight
+
+    def reset_after(self, now: float) -> float:
+        return self.ts[0] + WINDOW_S - now if self.ts else 0.0
+
+    def wait_for(self, need: float, limit: float, now: float) -> float:
+        """Seconds until `need` more fits under `limit`."""
+        free = limit - self.total
+        for ts, w in zip(self.ts, self.w, strict=True):
+            if free >= need:
+                break
+            free += w
+            if free >= need:
+                return ts + WINDOW_S - now
+        return self.reset_after(now) if free < need else 0.0
+
+
+class MemoryStore:
+    """Exact, in-process. The clock is injectable (monotonic by default) for tests."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._ids = itertools.count()
+        self._req: dict[str, _Window] = {}
+        self._tok: dict[str, _Window] = {}
+        self._conc: dict[str, dict[str, float]] = {}
+
+    async def reserve(self, rid: str, scopes: Sequence[ScopeLimits], tokens: int) -> tuple[Decision, Reservation]:
+        return self.reserve_now(rid, scopes, tokens)
+
+    def reserve_now(self, rid: str, scopes: Sequence[ScopeLimits], tokens: int) -> tuple[Decision, Reservation]:
+        now = self._clock()
+        horizon = now - WINDOW_S
+        res = Reservation(f"{rid}#{next(self._ids)}", tuple(scopes), tokens)  # unique even if rid repeats
+        first_req: Quota | None = None
+        first_tok: Quota | None = None
+        refusal: Decision | None = None
+        for s in scopes:
+            if s.rpm is not None:
+                w = self._req.setdefault(s.scope, _Window())
+                w.prune(horizon)
+                if refusal is None and w.total + 1 > s.rpm:
+                    refusal = Decision(
+                        False,
+                        "requests",
+                        max(w.reset_after(now), 0.001),
+                        f"Rate limit reached for requests: {s.rpm} per minute",
+                    )
+                if first_req is None:
+                    first_req = Quota(s.rpm, int(s.rpm - w.total), w.reset_after(now))
+            if s.tpm is not None:
+                w = self._tok.setdefault(s.scope, _Window())
+                w.prune(horizon)
+                if refusal is None and w.total + tokens > s.tpm:
+                    if tokens > s.tpm:
+                        msg = f"Request too large: it needs {tokens} tokens, more than the limit of {s.tpm} per minute"
+                        wait = WINDOW_S
+                    else:
+                        msg = f"Rate limit reached for tokens: {s.tpm} per minute, {int(s.tpm - w.total)} left"
+                        wait = w.wait_for(tokens, s.tpm, now)
+                    refusal = Decision(False, "tokens", max(wait, 0.001), msg)
+                if first_tok is None:
+                    first_tok = Quota(s.tpm, max(0, int(s.tpm - w.total)), w.reset_after(now))
+            if s.concurrency is not None:
+                leases = self._conc.setdefault(s.scope, {})
+                if len(leases) + 1 > s.concurrency:  # only then look for leases that expired
+                    for k in [k for k, exp in leases.items() if exp <= now]:
+                        del leases[k]
+                if refusal is None and len(leases) + 1 > s.concurrency:
+                    refusal = Decision(
+                        False, "concurrency", 1.0, f"Too many concurrent requests: the limit is {s.concurrency}"
+                    )
+        if refusal is not None:
+            refusal.requests, refusal.tokens = first_req, first_tok
+            res.active = False
+            return refusal, res
+        for s in scopes:
+            if s.rpm is not None:
+                self._req[s.scope].add(now, 1.0)
+            if s.tpm is not None:
+                w = self._tok[s.scope]
+                res.handles.append((w, w.add(now, float(tokens))))
+            if s.concurrency is not None:
+                self._conc[s.scope][res.request_id] = now + s.lease_s
+        if first_req is not None:
+            first_req.remaining = max(0, first_req.remaining - 1)
+            if first_req.reset_s <= 0:
+                first_req.reset_s = WINDOW_S
+        if first_tok is not None:
+            first_tok.remaining = max(0, first_tok.remaining - tokens)
+            if first_tok.reset_s <= 0:
+                first_tok.reset_s = WINDOW_S
+        return Decision(True, requests=first_req, tokens=first_tok), res
+
+    async def finish(self, res: Reservation, actual_tokens: int | None) -> None:
+        self.finish_now(res, actual_tokens)
+
+    def finish_now(self, res: Reservation, actual_tokens: int | None) -> None:
+        if not res.active:
+            return
+        res.active = False
+        if actual_tokens is not None and actual_tokens != res.tokens:
+            for handle in res.handles:
+                assert isinstance(handle, tuple)
+                window, seq = handle
+                window.adjust(seq, float(actual_tokens))
+        for s in res.scopes:
+            if s.concurrency is not None:
+                self._conc.get(s.scope, {}).pop(res.request_id, None)
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,215 @@
+"""Prometheus metrics measured at the gateway, the same for every engine.
+
+One registry per app (no module globals). Hot-path series are cached per deployment so a request
+pays for a few `inc`/`observe` calls, not for label lookups. State that already lives in the
+routing table (in-flight, queue length, backend health, breaker state, engine load signals) is
+read at scrape time by a collector, so it costs the request path nothing.
+
+Labels are bounded: public model names and backend names come from the config, key names from the
+config, endpoint/outcome/status class from fixed sets. Never a raw key, prompt, request id or any
+other string a client chooses (an unknown model is counted as "unknown").
+
+The gateway runs one worker per process (scale out with replicas, limits shared through Redis);
+`llm-gateway serve` has no workers option, so there is no multiprocess mode to get wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from llm_gateway.routing.breaker import STATE_VALUE
+
+if TYPE_CHECKING:
+    from llm_gateway.routing.table import RoutingTable
+
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+BACKEND_STATES = ("unknown", "ready", "busy", "loading", "down")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series: half the series count, nothing a dashboard reads
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "gateway_requests",
+            "Requests answered, by public model, backend, engine, endpoint and outcome.",
+            ["model", "backend", "engine", "endpoint", "status_class", "outcome"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Time from request to the last byte of the answer.",
+            ["model", "backend", "endpoint"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Streams: time from the request to the first chunk carrying generated text.",
+            ["model", "backend"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "gateway_inter_token_latency_seconds",
+            "Streams: time between consecutive chunks from the engine.",
+            ["model", "backend"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "gateway_prompt_tokens", "Prompt tokens, from the engines' usage.", ["model", "backend"], registry=r
+        )
+        self.completion_tokens = Counter(
+            "gateway_completion_tokens",
+            "Completion tokens, from the engines' usage (estimated for streams the engine cut before reporting usage).",
+            ["model", "backend"],
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "gateway_overhead_seconds",
+            "Time spent in the gateway itself (the request minus waiting on engines).",
+            ["endpoint"],
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter(
+            "gateway_retries",
+            "Attempts retried on another deployment, by the backend that failed and why.",
+            ["model", "backend", "reason"],
+            registry=r,
+        )
+        self.failovers = Counter(
+            "gateway_failovers",
+            "Requests answered by another deployment than the first choice.",
+            ["model", "backend"],
+            registry=r,
+        )
+        self.model_fallbacks = Counter(
+            "gateway_model_fallbacks",
+            "Requests served by a fallback model because every deployment of the requested one was unavailable.",
+            ["model", "fallback"],
+            registry=r,
+        )
+        self.ratelimit_rejections = Counter(
+            "gateway_ratelimit_rejections", "Requests refused by a key's limits.", ["key", "limit"], registry=r
+        )
+        self.ratelimit_store_errors = Counter(
+            "gateway_ratelimit_store_errors",
+            "Rate-limit store calls that failed (the on_store_error policy applied).",
+            registry=r,
+        )
+        self.ratelimit_store_up = Gauge(
+            "gateway_ratelimit_store_up",
+            "1 when the rate-limit store answers (always 1 for the memory store).",
+            registry=r,
+        )
+        self.ratelimit_store_up.set(1)
+        self.config_reloads = Counter("gateway_config_reloads", "Config reloads, by result.", ["result"], registry=r)
+        for result in ("success", "failure"):  # both series exist from the start, so rate() and alerts work
+            self.config_reloads.labels(result)
+        self.config_last_reload = Gauge(
+            "gateway_config_last_reload_success_timestamp_seconds", "When the running config was loaded.", registry=r
+        )
+        self.config_last_reload.set(time.time())
+        self.probes = Counter("gateway_backend_probes", "Backend probes, by result.", ["backend", "result"], registry=r)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._state = _StateCollector()
+        r.register(self._state)
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached: a dict lookup instead of prometheus-client's validation and lock."""
+        key = (id(metric), labels)
+        c = self._children.get(key)
+        if c is None:
+            c = metric.labels(*labels)
+            if len(self._children) < 100_000:  # labels are bounded (config names); this is a safety net
+                self._children[key] = c
+        return c
+
+    def watch(self, table_getter: Callable[[], RoutingTable]) -> None:
+        self._state.table = table_getter
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    """Gauges read from the routing table at scrape time."""
+
+    def __init__(self) -> None:
+        self.table: Callable[[], RoutingTable] | None = None
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        if self.table is None:
+            return
+        table = self.table()
+        now = time.monotonic()
+        up = GaugeMetricFamily(
+            "gateway_backend_up", "1 when the backend is live (ready or busy).", labels=["backend", "engine"]
+        )
+        state = GaugeMetricFamily(
+            "gateway_backend_state", "Backend state (one series per state, 1 = current).", labels=["backend", "state"]
+        )
+        inflight = GaugeMetricFamily(
+            "gateway_in_flight_requests", "Requests the gateway has in flight to the backend.", labels=["backend"]
+        )
+        waiting = GaugeMetricFamily(
+            "gateway_backend_requests_waiting",
+            "Requests queued in the engine, as it reports them (NaN: unknown).",
+            labels=["backend"],
+        )
+        running = GaugeMetricFamily(
+            "gateway_backend_requests_running",
+            "Requests running in the engine, as it reports them (NaN: unknown).",
+            labels=["backend"],
+        )
+        kv = GaugeMetricFamily(
+            "gateway_backend_kv_cache_usage_ratio",
+            "KV-cache or token-pool fill (0-1), as the engine reports it (NaN: unknown).",
+            labels=["backend"],
+        )
+        age = GaugeMetricFamily(
+            "gateway_backend_load_age_seconds", "Age of the engine's last load report.", labels=["backend"]
+        )
+        for b in table.backends.values():
+            h = b.health(now)
+            up.add_metric([b.name, b.kind], 1.0 if h in ("ready", "busy") else 0.0)
+            for s in BACKEND_STATES:
+                state.add_metric([b.name, s], 1.0 if s == h else 0.0)
+            inflight.add_metric([b.name], float(b.in_flight))
+            load = b.load
+            waiting.add_metric([b.name], _num(load.waiting if load else None))
+            running.add_metric([b.name], _num(load.running if load else None))
+            kv.add_metric([b.name], _num(load.kv if load else None))
+            age.add_metric([b.name], now - load.at if load else math.nan)
+        labels = ["model", "backend", "upstream_model"]
+        breaker = GaugeMetricFamily(
+            "gateway_breaker_state", "Circuit breaker per deployment: 0 closed, 1 half-open, 2 open.", labels=labels
+        )
+        queue = GaugeMetricFamily(
+            "gateway_deployment_queue_length", "Requests waiting for a free slot of the deployment.", labels=labels
+        )
+        for m in table.models:
+            for d in m.deployments:
+                key = [m.name, d.backend.name, d.upstream_model]
+                breaker.add_metric(key, float(STATE_VALUE[d.breaker.state]))
+                queue.add_metric(key, float(len(d.admission.waiters)))
+        yield from (up, state, inflight, waiting, running, kv, age, breaker, queue)
+
+
+def _num(v: float | None) -> float:
+    return math.nan if v is None else float(v)

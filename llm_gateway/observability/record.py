@@ -1,0 +1,102 @@
+"""One record per request, filled along the way and turned into metrics and an access-log line at
+the end: the single place where a request's outcome is counted, so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from llm_gateway.observability.logs import AccessLog
+from llm_gateway.observability.metrics import Metrics
+
+UNKNOWN = "unknown"
+NONE = "none"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    rid: str
+    t0: float  # perf_counter at arrival
+    method: str
+    path: str
+    endpoint: str = "other"
+    key: str = NONE
+    model: str = UNKNOWN
+    backend: str = NONE
+    engine: str = NONE
+    upstream_model: str | None = None
+    stream: bool = False
+    status: int = 0
+    outcome: str = "success"
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    usage_estimated: bool = False
+    ttft_s: float | None = None
+    attempts: int = 0
+    waited_s: float = 0.0
+    upstream_s: float = 0.0
+    overhead_s: float | None = None
+    error: str | None = None
+
+
+def outcome_of(status: int, error_code: str | None) -> str:
+    if status < 400:
+        return "success"
+    if status in (401, 403):
+        return "auth_error"
+    if status == 429:
+        return "overloaded" if error_code == "queue_full" else "rate_limited"
+    if status == 499:
+        return "cancelled"
+    if status == 504:
+        return "timeout"
+    if status == 503:
+        return "unavailable"
+    if status >= 500:
+        return "upstream_error" if error_code and error_code.startswith(("upstream", "stream")) else "error"
+    return "client_error"
+
+
+def finish_record(metrics: Metrics, access: AccessLog, rec: RequestRecord) -> None:
+    duration = time.perf_counter() - rec.t0
+    if rec.endpoint == "other":  # health, metrics, models listing: not counted as traffic
+        return
+    sc = f"{rec.status // 100}xx" if rec.status else "none"
+    child = metrics.child
+    child(metrics.requests, rec.model, rec.backend, rec.engine, rec.endpoint, sc, rec.outcome).inc()
+    if rec.backend != NONE:
+        child(metrics.duration, rec.model, rec.backend, rec.endpoint).observe(duration)
+        if rec.prompt_tokens:
+            child(metrics.prompt_tokens, rec.model, rec.backend).inc(rec.prompt_tokens)
+        if rec.completion_tokens:
+            child(metrics.completion_tokens, rec.model, rec.backend).inc(rec.completion_tokens)
+    overhead = rec.overhead_s
+    if overhead is None:
+        overhead = max(0.0, duration - rec.upstream_s - rec.waited_s)
+    child(metrics.overhead, rec.endpoint).observe(overhead)
+    if access.enabled:
+        fields: dict[str, Any] = {
+            "request_id": rec.rid,
+            "method": rec.method,
+            "path": rec.path,
+            "key": rec.key,
+            "model": rec.model,
+            "backend": rec.backend,
+            "engine": rec.engine,
+            "stream": rec.stream,
+            "status": rec.status,
+            "outcome": rec.outcome,
+            "prompt_tokens": rec.prompt_tokens,
+            "completion_tokens": rec.completion_tokens,
+            "ttft_ms": None if rec.ttft_s is None else round(rec.ttft_s * 1000, 2),
+            "duration_ms": round(duration * 1000, 2),
+            "overhead_ms": round(overhead * 1000, 3),
+            "attempts": rec.attempts,
+        }
+        if rec.usage_estimated:
+            fields["usage_estimated"] = True
+        if rec.error:
+            fields["error"] = rec.error
+        access.emit(fields)

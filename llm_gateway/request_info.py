@@ -1,0 +1,136 @@
+"""Reading an OpenAI request body for what the gateway itself needs, without re-validating it whole.
+
+The body is parsed once (orjson) into a dict that is passed on; only the fields that routing,
+limits and error messages need are checked here: `model`, `stream`, the endpoint's required field,
+the capabilities the request calls for (vision, tools, json_schema), a token estimate for rate
+limits, and the affinity key for prefix-aware routing. Everything else passes through to the engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from llm_gateway.errors import InvalidRequest
+
+REQUIRED = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
+FORMAT_SEP = "@"
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    model: str  # as asked, without a format suffix
+    format: str | None
+    stream: bool
+    wants_usage: bool
+    needs: frozenset[str]
+    prompt_tokens: int  # estimate
+    max_tokens: int | None
+    affinity_text: str
+
+
+def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("you must provide a model parameter (a non-empty string)", param="model")
+    fmt: str | None = None
+    if FORMAT_SEP in model:
+        model, _, fmt = model.rpartition(FORMAT_SEP)
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be a boolean", param="stream")
+    req = REQUIRED[endpoint]
+    value = body.get(req)
+    if value is None:
+        raise InvalidRequest(f"'{req}' is a required property", param=req)
+    needs: set[str] = {endpoint}
+    wants_usage = False
+    if stream:
+        if endpoint == "embeddings":
+            raise InvalidRequest("embeddings cannot be streamed", param="stream")
+        so = body.get("stream_options")
+        if so is not None and not isinstance(so, dict):
+            raise InvalidRequest("'stream_options' must be an object", param="stream_options")
+        wants_usage = bool(so and so.get("include_usage") is True)
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
+        raise InvalidRequest("'max_tokens' must be a non-negative integer", param="max_tokens")
+    if endpoint == "chat":
+        chars, affinity = _messages(value, needs)
+        if body.get("tools") or body.get("functions"):
+            needs.add("tools")
+        rf = body.get("response_format")
+        if isinstance(rf, dict) and rf.get("type") == "json_schema":
+            needs.add("json_schema")
+    elif endpoint == "completions":
+        chars, affinity = _text_size(value, "prompt"), _prefix_text(value)
+    else:
+        chars, affinity = _text_size(value, "input"), ""
+    return RequestInfo(model, fmt, stream, wants_usage, frozenset(needs), chars // 4 + 1, max_tokens, affinity)
+
+
+def _messages(messages: Any, needs: set[str]) -> tuple[int, str]:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty array", param="messages")
+    chars = 0
+    head: list[str] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
+        role = m.get("role")
+        if not isinstance(role, str):
+            raise InvalidRequest(f"messages[{i}].role must be a string", param=f"messages[{i}].role")
+        chars += 16
+        content = m.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+            if len(head) < 4:
+                head.append(content)
+        elif isinstance(content, list):
+            for part in content:
+                if not isinstance(part, dict):
+                    continue
+                t = part.get("type")
+                if t in ("image_url", "input_image", "image"):
+                    needs.add("vision")
+                    chars += 1024
+                elif isinstance(part.get("text"), str):
+                    chars += len(part["text"])
+                    if len(head) < 4:
+                        head.append(part["text"])
+        elif content is not None and role != "assistant":
+            raise InvalidRequest(f"messages[{i}].content must be a string or an array", param=f"messages[{i}].content")
+    return chars, "\x00".join(head)
+
+
+def _text_size(value: Any, name: str) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        total = 0
+        for v in value:
+            if isinstance(v, str):
+                total += len(v)
+            elif isinstance(v, int):
+                total += 4
+            elif isinstance(v, list):
+                total += 4 * len(v)
+        return total
+    raise InvalidRequest(f"'{name}' must be a string or an array", param=name)
+
+
+def _prefix_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and isinstance(value[0], str):
+        return value[0]
+    return ""
+
+
+def affinity_key(text: str, chars: int) -> str | None:
+    if not text:
+        return None
+    return hashlib.blake2b(text[:chars].encode("utf-8", "replace"), digest_size=8).hexdigest()

@@ -1,0 +1,110 @@
+"""Choosing a deployment: a pure function of the request, the candidates and a load snapshot.
+
+`order()` returns the candidates in the order to try them (the first is the choice, the rest are
+the failover order). Strategies:
+
+- `least_load` (default): lowest estimated load per slot. The estimate is the gateway's own
+  in-flight count (exact, live) plus what the engine reported beyond the gateway's own requests at
+  probe time (other clients' work), plus the engine's queue, plus a penalty when its KV cache is
+  nearly full. A signal that is missing or older than `stale_s` is *unknown*: it costs a full slot
+  of load, so a backend that says nothing never looks idle next to one that says it is idle.
+  Engines that report nothing at all (Ollama, TabbyAPI) are judged by the gateway's count alone.
+- `round_robin`: rotate through the candidates.
+- `weighted`: pick at random in proportion to `weight`; failover by load.
+- `priority`: lowest `priority` value first (ordered fallback), load breaks ties.
+- `prefix_affinity`: requests with the same affinity key (session header or prompt prefix) go to
+  the same deployment (rendezvous hashing, stable when deployments come and go) while its load per
+  slot stays under `max_load`; otherwise least load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llm_gateway.types import LoadSnapshot
+
+UNKNOWN_LOAD = 1.0  # slots of load assumed for an engine whose load signal is missing or stale
+KV_KNEE = 0.85  # KV-cache fill above which new work starts to evict or queue
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateView:
+    """What selection may know about one deployment; built fresh for each request."""
+
+    key: str  # a stable identity: backend name + upstream model
+    in_flight: int  # the gateway's own requests to this backend now
+    capacity: int  # slots (engine capacity or the deployment's max_concurrency)
+    reports_load: bool
+    load: LoadSnapshot | None
+    own_at_probe: int  # the gateway's in-flight count when `load` was read
+    weight: float = 1.0
+    priority: int = 0
+
+
+def load_score(c: CandidateView, now: float, stale_s: float) -> float:
+    cap = max(c.capacity, 1)
+    load = c.load
+    if load is not None and now - load.at <= stale_s:
+        running = load.running or 0.0
+        waiting = load.waiting if load.waiting is not None else 0.0
+        external = max(0.0, running + waiting - c.own_at_probe)
+        score = (c.in_flight + external) / cap + waiting / cap
+        if load.running is None and load.waiting is None:
+            score += UNKNOWN_LOAD
+        kv = load.kv
+        if kv is not None and kv > KV_KNEE:
+            score += (kv - KV_KNEE) * 10
+        return score
+    if c.reports_load:
+        return c.in_flight / cap + UNKNOWN_LOAD
+    return c.in_flight / cap
+
+
+def order(
+    strategy: str,
+    cands: Sequence[CandidateView],
+    *,
+    now: float,
+    stale_s: float,
+    rotation: int = 0,
+    affinity_key: str | None = None,
+    max_affinity_load: float = 1.5,
+    rng: random.Random | None = None,
+) -> list[int]:
+    """Indices of `cands` in the order to try them."""
+    n = len(cands)
+    if n <= 1:
+        return list(range(n))
+    # rotate before the stable sort so that equal scores take turns
+    base = [(i + rotation) % n for i in range(n)]
+    by_load = sorted(base, key=lambda i: load_score(cands[i], now, stale_s))
+    if strategy == "least_load":
+        return by_load
+    if strategy == "round_robin":
+        return base
+    if strategy == "priority":
+        return sorted(by_load, key=lambda i: cands[i].priority)
+    if strategy == "weighted":
+        r = (rng or random).random() * sum(c.weight for c in cands)
+        first = n - 1
+        for i, c in enumerate(cands):
+            r -= c.weight
+            if r < 0:
+                first = i
+                break
+        return [first] + [i for i in by_load if i != first]
+    if strategy == "prefix_affinity":
+        if affinity_key is None:
+            return by_load
+        sticky = max(range(n), key=lambda i: _rendezvous(affinity_key, cands[i].key))
+        if load_score(cands[sticky], now, stale_s) <= max_affinity_load:
+            return [sticky] + [i for i in by_load if i != sticky]
+        return by_load
+    raise ValueError(f"unknown strategy {strategy!r}")
+
+
+def _rendezvous(key: str, node: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{key}\0{node}".encode(), digest_size=8).digest(), "big")

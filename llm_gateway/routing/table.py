@@ -1,0 +1,169 @@
+"""The routing table: public model names -> deployments -> backends, with their live state.
+
+Built from a validated config. On a reload the new table takes over the live state of what did not
+change (a backend with the same name, engine and URL keeps its health, load and in-flight count; a
+deployment keeps its breaker and admission queue), so requests in flight finish against the objects
+they hold and nothing is counted twice or lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from llm_gateway.adapters.base import Adapter
+from llm_gateway.adapters.registry import adapter_for
+from llm_gateway.routing.admission import Admission
+from llm_gateway.routing.breaker import Breaker
+from llm_gateway.settings import BackendConfig, DeploymentConfig, GatewayConfig, ModelConfig
+from llm_gateway.types import BackendInfo, LoadSnapshot
+from llm_gateway.upstream.base import UpstreamTimeouts
+
+ROUTABLE = frozenset({"unknown", "ready", "busy"})
+
+
+@dataclass(eq=False)
+class Backend:
+    cfg: BackendConfig
+    adapter: Adapter
+    timeouts: UpstreamTimeouts
+    state: str = "unknown"  # unknown | ready | loading | down
+    detail: str = ""
+    load: LoadSnapshot | None = None
+    own_at_probe: int = 0
+    models: frozenset[str] | None = None
+    in_flight: int = 0
+    busy_until: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    @property
+    def kind(self) -> str:
+        return self.adapter.kind
+
+    def routable(self) -> bool:
+        return self.state in ROUTABLE
+
+    def health(self, now: float) -> str:
+        """ready / busy / loading / down / unknown: busy is a live backend with no free slot."""
+        if self.state != "ready":
+            return self.state
+        if self.busy_until > now or self.in_flight >= self.cfg.capacity:
+            return "busy"
+        load = self.load
+        if load is not None and (load.waiting or 0) > 0:
+            return "busy"
+        return "ready"
+
+
+@dataclass(eq=False)
+class Deployment:
+    model: str
+    backend: Backend
+    cfg: DeploymentConfig
+    admission: Admission
+    breaker: Breaker
+    key: str
+
+    @property
+    def upstream_model(self) -> str:
+        return self.cfg.model
+
+    @property
+    def capacity(self) -> int:
+        return self.admission.limit or self.backend.cfg.capacity
+
+    def model_present(self) -> bool:
+        models = self.backend.models
+        if models is None or self.backend.adapter.ignores_model_name:
+            return True
+        return self.cfg.model in models
+
+
+@dataclass(eq=False)
+class ModelRoute:
+    cfg: ModelConfig
+    deployments: list[Deployment]
+    rotation: int = 0
+    eligible: dict[tuple[str | None, frozenset[str]], list[Deployment]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+
+@dataclass(eq=False)
+class RoutingTable:
+    config: GatewayConfig
+    backends: dict[str, Backend]
+    routes: dict[str, ModelRoute]  # canonical names and aliases
+    models: list[ModelRoute]
+
+    def resolve(self, name: str) -> ModelRoute | None:
+        return self.routes.get(name)
+
+    def public_names(self) -> Iterable[tuple[str, ModelRoute]]:
+        for m in self.models:
+            yield m.name, m
+            for a in m.cfg.aliases:
+                yield a, m
+
+
+def _timeouts(b: BackendConfig) -> UpstreamTimeouts:
+    t = b.timeouts
+    return UpstreamTimeouts(t.connect_s, t.first_byte_s, t.idle_s, t.total_s)
+
+
+def build_table(cfg: GatewayConfig, previous: RoutingTable | None = None) -> RoutingTable:
+    old_backends = previous.backends if previous else {}
+    old_deps: dict[tuple[str, str], Deployment] = {}
+    if previous:
+        for m in previous.models:
+            for d in m.deployments:
+                old_deps[(m.name, d.key)] = d
+
+    backends: dict[str, Backend] = {}
+    for bc in cfg.backends:
+        key = bc.api_key.get_secret_value() if bc.api_key else None
+        adapter = adapter_for(bc.engine, BackendInfo(bc.name, bc.url, key))
+        old = old_backends.get(bc.name)
+        if old is not None and old.cfg.engine == bc.engine and old.cfg.url == bc.url:
+            old.cfg, old.adapter, old.timeouts = bc, adapter, _timeouts(bc)
+            backends[bc.name] = old
+        else:
+            backends[bc.name] = Backend(bc, adapter, _timeouts(bc))
+
+    routes: dict[str, ModelRoute] = {}
+    models: list[ModelRoute] = []
+    r = cfg.routing
+    for mc in cfg.models:
+        deps = []
+        for dc in mc.deployments:
+            b = backends[dc.backend]
+            key = f"{b.name}/{dc.model}"
+            limit = dc.max_concurrency or b.cfg.max_concurrency
+            prev = old_deps.get((mc.name, key))
+            if prev is not None and prev.backend is b:
+                prev.cfg = dc
+                prev.admission.limit, prev.admission.max_queue = limit, b.cfg.max_queue
+                prev.breaker.threshold, prev.breaker.cooldown_s = r.breaker_failures, r.breaker_cooldown_s
+                deps.append(prev)
+            else:
+                deps.append(
+                    Deployment(
+                        mc.name,
+                        b,
+                        dc,
+                        Admission(limit, b.cfg.max_queue),
+                        Breaker(r.breaker_failures, r.breaker_cooldown_s),
+                        key,
+                    )
+                )
+        route = ModelRoute(mc, deps)
+        models.append(route)
+        routes[mc.name] = route
+        for a in mc.aliases:
+            routes[a] = route
+    return RoutingTable(cfg, backends, routes, models)

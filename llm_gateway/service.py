@@ -1,0 +1,308 @@
+"""The steps of one generation request (chat, completions, embeddings); each step lives elsewhere.
+
+inspect the body -> resolve the public model -> check the key may use it -> reserve rate limits ->
+dispatch to a deployment (selection, admission, retries, failover) -> answer: the whole JSON body,
+or the stream relayed chunk by chunk -> settle the limits with the real usage. Usage for streams:
+the adapters always ask the engine for it and strip the extra chunk unless the client asked; if the
+engine never sent it (the stream was cut, or the client left), the completion is estimated from
+the chunks relayed so that an aborted stream still pays for what was generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from llm_gateway.adapters.base import StreamRelay
+from llm_gateway.auth import Principal
+from llm_gateway.dispatch import Trace, release
+from llm_gateway.errors import GatewayError, ModelNotFound, UpstreamProtocolError
+from llm_gateway.http.call import Call, Headers
+from llm_gateway.limits.limiter import quota_headers
+from llm_gateway.observability.record import RequestRecord
+from llm_gateway.request_info import RequestInfo, read_request
+from llm_gateway.routing.table import Deployment, ModelRoute
+from llm_gateway.runtime import Gateway, Runtime
+from llm_gateway.types import CallContext, Endpoint, Usage
+from llm_gateway.upstream.base import UpstreamResponse
+
+ERROR_BODY_LIMIT = 256 * 1024
+RESPONSE_LIMIT = 256 * 1024 * 1024
+DISCONNECT_WATCH_DELAY_S = 0.25
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class Job:
+    """One generation request on its way through the steps."""
+
+    call: Call
+    rec: RequestRecord
+    rt: Runtime
+    endpoint: Endpoint
+    body: dict[str, Any]
+    route: ModelRoute
+    info: RequestInfo
+    quota: Headers  # x-ratelimit-* for every answer
+
+    def context(self, group: ModelRoute, dep: Deployment) -> CallContext:
+        return CallContext(
+            self.endpoint,
+            group.name,
+            dep.upstream_model,
+            self.info.stream,
+            self.info.wants_usage,
+            self.call.rid,
+            self.rt.config.server.reasoning_field,
+            self.body.get("encoding_format") == "base64",
+        )
+
+    def session(self) -> str | None:
+        v = self.call.header(self.rt.session_header)
+        return v.decode("latin-1")[:256] if v else None
+
+    def answer_headers(self, dep: Deployment) -> Headers:
+        """Transparency and quota headers, and the gateway's own time so far (everything but the waits)."""
+        rec = self.rec
+        rec.overhead_s = time.perf_counter() - rec.t0 - rec.upstream_s - rec.waited_s
+        return [
+            (b"x-request-id", self.call.rid.encode()),
+            (b"x-gateway-backend", dep.backend.name.encode()),
+            (b"x-gateway-engine", dep.backend.kind.encode()),
+            (b"x-gateway-model", rec.model.encode()),
+            *self.quota,
+            (b"x-gateway-overhead-ms", f"{rec.overhead_s * 1000:.3f}".encode()),
+        ]
+
+    def traced(self, trace: Trace) -> None:
+        rec = self.rec
+        rec.attempts = trace.attempts
+        rec.waited_s += trace.waited_s
+        dep = trace.deployment
+        if dep is not None:
+            rec.backend, rec.engine, rec.upstream_model = dep.backend.name, dep.backend.kind, dep.upstream_model
+            if trace.route is not None:
+                rec.model = trace.route.name
+
+
+class GenerationService:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+
+    async def handle(
+        self, call: Call, rec: RequestRecord, rt: Runtime, endpoint: Endpoint, body: dict[str, Any], who: Principal
+    ) -> None:
+        info = read_request(endpoint, body)
+        fmt = call.header(rt.format_header)
+        if fmt:
+            info.format = fmt.decode("latin-1").strip().lower()[:32]
+        rec.stream = info.stream
+        route = rt.table.resolve(info.model)
+        if route is None:  # the name is not echoed: a client that pastes a key there must not see it mirrored
+            raise ModelNotFound(
+                "The requested model does not exist; GET /v1/models lists the models this key may use.", param="model"
+            )
+        rec.model = route.name
+        if not (who.may_use(route.name) or who.may_use(info.model)):
+            rt.auth.check_model(who, route.name)
+        limits = rt.config.limits
+        budget = info.prompt_tokens + (
+            0 if endpoint == "embeddings" else (info.max_tokens or limits.default_max_tokens)
+        )
+        decision, reservation = await rt.limiter.admit(who, route.name, budget, call.rid)
+        job = Job(call, rec, rt, endpoint, body, route, info, quota_headers(decision))
+        usage: Usage | None = None
+        failed = False
+        try:
+            usage = await (self._stream(job) if info.stream else self._unary(job))
+        except GatewayError as e:
+            failed = True  # answered with an error before any output: nothing was generated
+            for k, v in job.quota:  # the quota headers go on every answer, errors included
+                e.headers.setdefault(k.decode(), v.decode())
+            raise
+        finally:
+            if usage is None and rec.completion_tokens is not None:
+                usage = Usage(rec.prompt_tokens or info.prompt_tokens, rec.completion_tokens)
+            # settle: the real usage; 0 for a request that failed before any output; the reserved
+            # estimate when the engine's count is unknown (a client that left mid-generation pays for it)
+            actual = usage.total_tokens if usage else (0 if failed else None)
+            await asyncio.shield(rt.limiter.finish(reservation, actual))
+
+    async def _send_upstream(self, job: Job, dep: Deployment, ctx: CallContext) -> UpstreamResponse:
+        adapter, rec = dep.backend.adapter, job.rec
+        req = adapter.build(job.endpoint, job.body, ctx)
+        t = time.perf_counter()
+        try:
+            resp = await self.gw.upstream.send(
+                req.method, dep.backend.cfg.url + req.path, req.headers, req.body, dep.backend.timeouts
+            )
+        finally:
+            rec.upstream_s += time.perf_counter() - t
+        status = resp.status
+        if status < 300:
+            return resp
+        t = time.perf_counter()
+        try:
+            data = await resp.read(ERROR_BODY_LIMIT)
+        finally:
+            resp.close()
+            rec.upstream_s += time.perf_counter() - t
+        if status < 400:
+            raise UpstreamProtocolError(
+                f"backend '{dep.backend.name}' answered with a redirect ({status}); the gateway does not follow "
+                "redirects from engines",
+                backend=dep.backend.name,
+            )
+        raise adapter.error(status, data, resp.headers.get("content-type", ""))
+
+    # -- whole answers ---------------------------------------------------------------------------------
+    async def _unary(self, job: Job) -> Usage | None:
+        trace = Trace()
+        rec = job.rec
+
+        async def exchange(dep: Deployment, group: ModelRoute) -> tuple[bytes, Usage | None]:
+            ctx = job.context(group, dep)
+            resp = await self._send_upstream(job, dep, ctx)
+            t = time.perf_counter()
+            try:
+                data = await resp.read(RESPONSE_LIMIT)
+            finally:
+                resp.close()
+                rec.upstream_s += time.perf_counter() - t
+            return dep.backend.adapter.response_body(data, ctx)
+
+        job.call.watch_disconnect(DISCONNECT_WATCH_DELAY_S)
+        try:
+            out, usage = await job.rt.dispatcher.run(job.rt.table, job.route, job.info, job.session(), exchange, trace)
+        finally:
+            job.call.stop_watching()
+            job.traced(trace)
+        dep = trace.deployment
+        assert dep is not None
+        release(dep)
+        dep.breaker.success()
+        if usage is not None:
+            rec.prompt_tokens, rec.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        rec.status = 200
+        await job.call.respond(200, out, job.answer_headers(dep))
+        return usage
+
+    # -- streams -----------------------------------------------------------------------------------------
+    async def _stream(self, job: Job) -> Usage | None:
+        trace = Trace()
+
+        async def exchange(dep: Deployment, group: ModelRoute) -> tuple[UpstreamResponse, CallContext]:
+            ctx = job.context(group, dep)
+            resp = await self._send_upstream(job, dep, ctx)
+            ct = resp.headers.get("content-type", "")
+            if not ct.startswith(dep.backend.adapter.stream_content_types()):
+                resp.close()
+                raise UpstreamProtocolError(
+                    f"backend '{dep.backend.name}' answered a stream request with content type '{ct[:60]}'",
+                    backend=dep.backend.name,
+                )
+            return resp, ctx
+
+        job.call.watch_disconnect()
+        try:
+            try:
+                resp, ctx = await job.rt.dispatcher.run(
+                    job.rt.table, job.route, job.info, job.session(), exchange, trace
+                )
+            finally:
+                job.traced(trace)
+            dep = trace.deployment
+            assert dep is not None
+            try:
+                return await self._relay(job, dep, resp, ctx)
+            except asyncio.CancelledError:
+                dep.breaker.neutral()  # the client left: says nothing about the backend
+                raise
+            finally:
+                resp.close()  # mid-body this drops the connection: the engine stops generating
+                release(dep)
+        finally:
+            job.call.stop_watching()
+
+    async def _relay(self, job: Job, dep: Deployment, resp: UpstreamResponse, ctx: CallContext) -> Usage | None:
+        call, rec = job.call, job.rec
+        relay: StreamRelay = dep.backend.adapter.relay(ctx)
+        headers = job.answer_headers(dep)
+        headers += [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+        rec.status = 200
+        await call.start(200, headers)
+        itl = self.gw.metrics.child(self.gw.metrics.itl, dep.model, dep.backend.name)
+        first = True
+        last = time.perf_counter()
+        send = call.send
+        feed = relay.feed
+        err: GatewayError | None = None
+        read = resp.read_chunk
+        try:
+            while chunk := await read():
+                out = feed(chunk)
+                if out:
+                    now = time.perf_counter()
+                    if first:
+                        if _has_token(out):  # not a role-only or empty chunk: the first generated text
+                            first = False
+                            rec.ttft_s = now - rec.t0
+                            self.gw.metrics.child(self.gw.metrics.ttft, dep.model, dep.backend.name).observe(rec.ttft_s)
+                    else:
+                        itl.observe(now - last)
+                    last = now
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                if relay.error is not None:
+                    break
+            else:
+                tail = relay.finish()
+                if tail:
+                    await call.write(tail)
+        except GatewayError as e:  # the engine failed mid-body: cut, idle timeout, reset
+            err = e
+            if relay.error is None:
+                await call.write(e.sse_event() + DONE)
+        finally:
+            rec.prompt_tokens, rec.completion_tokens, rec.usage_estimated = _usage_of(relay, job.info.prompt_tokens)
+        err = err or relay.error
+        if err is None or err.status < 500:
+            dep.breaker.success()
+        else:
+            dep.breaker.failure(time.monotonic())
+        if err is not None:
+            rec.outcome, rec.error = "stream_error", err.code
+        call.stop_watching()
+        await call.end()
+        return relay.usage
+
+
+def _usage_of(relay: StreamRelay, prompt_estimate: int) -> tuple[int, int, bool]:
+    u = relay.usage
+    if u is not None:
+        return u.prompt_tokens, u.completion_tokens, False
+    # the engine never reported usage (cut stream, or the client left): estimate what was generated
+    return prompt_estimate, relay.content_events, True
+
+
+_TOKEN_MARKERS = (
+    b'"content":"', b'"content": "', b'"text":"', b'"text": "', b'"reasoning_content":"', b'"reasoning_content": "',
+    b'"reasoning":"', b'"reasoning": "', b'"tool_calls":[', b'"tool_calls": [',
+)  # fmt: skip
+
+
+def _has_token(out: bytes) -> bool:
+    """Does this relayed block carry generated text (a non-empty content/text/reasoning, or a tool call)?"""
+    for m in _TOKEN_MARKERS:
+        i = out.find(m)
+        while i >= 0:
+            j = i + len(m)
+            if m.endswith(b"[") or out[j : j + 1] not in (b'"', b""):
+                return True
+            i = out.find(m, j)
+    return False

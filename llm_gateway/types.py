@@ -1,0 +1,63 @@
+"""The vocabulary every layer shares: endpoint kinds, token usage, one call's context, engine load.
+
+These are plain data types with no behaviour and no imports from the project, so the bottom of the
+house (next to errors.py) can hold them: adapters produce them, selection and the prober read them,
+the service passes them along. Nothing here knows an engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Endpoint = Literal["chat", "completions", "embeddings"]
+ProbeState = Literal["ready", "loading", "down"]
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(slots=True)
+class CallContext:
+    """What an adapter needs to know about one call."""
+
+    endpoint: Endpoint
+    public_model: str
+    upstream_model: str
+    stream: bool
+    client_wants_usage: bool
+    request_id: str
+    reasoning_field: str = "reasoning_content"
+    embedding_b64: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    """Engine-reported load, normalised. None = the engine does not say (unknown, never idle)."""
+
+    running: float | None
+    waiting: float | None
+    kv: float | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    state: ProbeState
+    load: LoadSnapshot | None = None
+    models: frozenset[str] | None = None
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class BackendInfo:
+    name: str
+    base_url: str
+    api_key: str | None = field(default=None, repr=False)
