@@ -19,15 +19,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from llm_gateway.errors import (
+    BackendFailure,
+    ConnectFailed,
+    EngineErrorAnswer,
     GatewayError,
     InvalidRequest,
     NoHealthyBackend,
     Overloaded,
-    StreamInterrupted,
-    UpstreamError,
-    UpstreamProtocolError,
-    UpstreamTimeout,
-    UpstreamUnreachable,
 )
 from llm_gateway.observability.metrics import Metrics
 from llm_gateway.request_info import RequestInfo, affinity_key
@@ -88,18 +86,17 @@ ENDPOINT_MISMATCH = frozenset({"upstream_model_not_found", "upstream_not_support
 
 
 def judge(dep: Deployment, err: GatewayError, now: float) -> None:
-    """Book an attempt's failure against the deployment's breaker and the backend's state."""
+    """Book an attempt's failure against the deployment's breaker and the backend's state: a failed
+    connection marks the backend down at once, until a probe finds it up again."""
     b = dep.backend
-    if isinstance(err, UpstreamError) and err.busy:
+    if isinstance(err, EngineErrorAnswer) and err.busy:
         b.busy_until = now + 1.0
         dep.breaker.neutral()
-    elif isinstance(err, UpstreamError) and err.code in ENDPOINT_MISMATCH:
+    elif isinstance(err, EngineErrorAnswer) and err.code in ENDPOINT_MISMATCH:
         dep.breaker.neutral()
-    elif isinstance(err, UpstreamUnreachable | UpstreamTimeout | UpstreamProtocolError | StreamInterrupted) or (
-        isinstance(err, UpstreamError) and err.status >= 500
-    ):
+    elif isinstance(err, BackendFailure) or (isinstance(err, EngineErrorAnswer) and err.status >= 500):
         dep.breaker.failure(now)
-        if isinstance(err, UpstreamUnreachable) and err.message.startswith("cannot connect"):
+        if isinstance(err, ConnectFailed):
             b.state, b.detail = "down", err.message
     else:
         dep.breaker.success()  # the engine answered (a client error): it is alive

@@ -4,6 +4,29 @@ Every error the gateway produces itself is a `GatewayError`: it knows its HTTP s
 once, as the OpenAI envelope `{"error": {"message", "type", "param", "code"}}`. Foreign exceptions
 (aiohttp, httpx, redis, engine error bodies) are translated into these where they enter.
 Messages never carry secrets: callers pass names (key name, backend name), never key material.
+
+The tree says what each error means, so that callers branch on classes, never on message text:
+
+    GatewayError                      answered to the client in the OpenAI envelope
+    ├── InvalidRequest > InvalidJSON, AuthenticationFailed, PermissionDenied, ModelNotFound,
+    │   RouteNotFound, MethodNotAllowed, RequestTimeout, PayloadTooLarge, UnsupportedMediaType,
+    │   RateLimited                   the client's request is at fault (or over its limits)
+    ├── Overloaded, NoHealthyBackend, ServiceUnavailable
+    │                                 the gateway cannot take the request now
+    └── UpstreamError                 anything that went wrong on a backend's side of the call
+        ├── EngineErrorAnswer         the engine answered with an error (status, busy; retryable
+        │                             when busy or by status, as the adapter decides)
+        └── BackendFailure            the backend's fault: another backend may succeed (retryable)
+            ├── UpstreamUnreachable   no answer: the connection closed before one, bad URL
+            │   └── ConnectFailed     the TCP connection could not be made: the backend is down
+            ├── UpstreamTimeout
+            ├── UpstreamProtocolError
+            └── StreamInterrupted
+
+`retryable` (another backend could succeed where this one failed) is a class attribute where it is
+constant, and an instance attribute on `EngineErrorAnswer`, where the adapter decides it per answer.
+`DONE`, the SSE end-of-stream event, lives here beside `GatewayError.sse_event` because every
+error event in a stream is followed by it.
 """
 
 from __future__ import annotations
@@ -12,6 +35,8 @@ from typing import Any
 
 import orjson
 
+DONE = b"data: [DONE]\n\n"
+
 
 class GatewayError(Exception):
     """Base: an error answered to the client in the OpenAI envelope."""
@@ -19,6 +44,8 @@ class GatewayError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str | None = None
+    #: True when another backend could succeed where this one failed (the backend's fault)
+    retryable: bool = False
 
     def __init__(
         self,
@@ -52,11 +79,6 @@ class GatewayError(Exception):
     def sse_event(self) -> bytes:
         """The error as one SSE event, for errors after the first byte of a stream."""
         return b"data: " + self.body() + b"\n\n"
-
-    @property
-    def retryable(self) -> bool:
-        """True when another backend could succeed where this one failed (backend's fault)."""
-        return False
 
 
 class InvalidRequest(GatewayError):
@@ -145,56 +167,50 @@ class ServiceUnavailable(GatewayError):
 
 
 class UpstreamError(GatewayError):
-    """An engine answered with an error; status and message come from its (normalised) body."""
+    """Anything that went wrong on a backend's side of the call: its answer, or getting one."""
 
     type = "upstream_error"
+
+
+class EngineErrorAnswer(UpstreamError):
+    """An engine answered with an error; status and message come from its (normalised) body."""
 
     def __init__(self, message: str, *, retryable: bool = False, busy: bool = False, **kw: Any) -> None:
         super().__init__(message, **kw)
-        self._retryable = retryable
+        self.retryable = retryable
         #: the engine is alive but saturated (queue full): retry elsewhere, not a breaker failure
         self.busy = busy
 
-    @property
-    def retryable(self) -> bool:
-        return self._retryable
 
+class BackendFailure(UpstreamError):
+    """The backend failed to give a proper answer: its fault, so another backend may succeed."""
 
-class UpstreamUnreachable(GatewayError):
     status = 502
-    type = "upstream_error"
+    retryable = True
+
+
+class UpstreamUnreachable(BackendFailure):
+    """No answer came: the connection closed before one, or the engine URL is unusable."""
+
     code = "upstream_unreachable"
 
-    @property
-    def retryable(self) -> bool:
-        return True
+
+class ConnectFailed(UpstreamUnreachable):
+    """The TCP connection to the engine could not be made (refused, no route): the backend is down."""
 
 
-class UpstreamProtocolError(GatewayError):
+class UpstreamProtocolError(BackendFailure):
     """The engine sent something that is not what its protocol promises (HTML, truncated JSON)."""
 
-    status = 502
-    type = "upstream_error"
     code = "upstream_bad_response"
 
-    @property
-    def retryable(self) -> bool:
-        return True
 
-
-class UpstreamTimeout(GatewayError):
+class UpstreamTimeout(BackendFailure):
     status = 504
-    type = "upstream_error"
     code = "upstream_timeout"
 
-    @property
-    def retryable(self) -> bool:
-        return True
 
-
-class StreamInterrupted(GatewayError):
+class StreamInterrupted(BackendFailure):
     """The upstream stream ended abnormally after the first byte reached the client."""
 
-    status = 502
-    type = "upstream_error"
     code = "stream_interrupted"

@@ -1,1 +1,1 @@
-"""Engine adapters: one module per engine behind the protocol in `llm_gateway.adapters.base`."""
+"""Engine adapters: one module per engine behind `llm_gateway.adapters.base`; all engine knowledge lives here."""

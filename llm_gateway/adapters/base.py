@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from llm_gateway.errors import GatewayError, UpstreamError
+from llm_gateway.errors import EngineErrorAnswer, GatewayError
 from llm_gateway.types import BackendInfo, CallContext, Endpoint, ProbeResult, Usage
 
 
@@ -35,11 +35,16 @@ class ProbeClient(Protocol):
 
 
 class StreamRelay(Protocol):
-    """Turns the engine's response body into OpenAI SSE bytes, chunk by chunk."""
+    """Turns the engine's response body into OpenAI SSE bytes, chunk by chunk (`relay_base.RelayBase`
+    holds what the relays share). What the engine's output looks like is known only here: the service
+    reads the attributes after each `feed()`."""
 
     usage: Usage | None
     content_events: int
     error: GatewayError | None
+    #: True once the relay has passed on generated output (non-empty text, reasoning, or a tool call):
+    #: role-only and empty chunks do not count (the service's time-to-first-token)
+    output_started: bool
 
     def feed(self, data: bytes) -> bytes:
         """Bytes for the client now (possibly empty); an in-band engine error becomes one error event."""
@@ -76,8 +81,8 @@ class Adapter(ABC):
         """A 2xx non-streamed engine body as OpenAI JSON, and the usage it reports."""
 
     @abstractmethod
-    def error(self, status: int, body: bytes, content_type: str) -> UpstreamError:
-        """A non-2xx engine answer as an UpstreamError in the OpenAI envelope."""
+    def error(self, status: int, body: bytes, content_type: str) -> EngineErrorAnswer:
+        """A non-2xx engine answer as an EngineErrorAnswer in the OpenAI envelope."""
 
     @abstractmethod
     def relay(self, ctx: CallContext) -> StreamRelay:

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from llm_gateway.errors import UpstreamError, UpstreamProtocolError
+from llm_gateway.errors import EngineErrorAnswer, UpstreamProtocolError
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -109,12 +109,12 @@ def upstream_error(
     retryable: bool | None = None,
     client_error: bool | None = None,
     busy: bool = False,
-) -> UpstreamError:
+) -> EngineErrorAnswer:
     """The envelope for an engine's error. 401/403 from an engine mean *the gateway's* engine key is
     wrong, so the client gets 502, not an auth error about its own key."""
     where = f"backend '{backend}' ({kind})"
     if status in (401, 403):
-        return UpstreamError(
+        return EngineErrorAnswer(
             f"{where} rejected the gateway's credentials (check backends[].api_key): {err.message}",
             status=502,
             code="upstream_auth_failed",
@@ -123,7 +123,7 @@ def upstream_error(
         )
     if client_error or (client_error is None and 400 <= status < 500):
         out_status = 400 if status in (422, 500) else status
-        return UpstreamError(
+        return EngineErrorAnswer(
             f"{err.message} ({where})",
             busy=status == 429,
             status=out_status,
@@ -135,7 +135,7 @@ def upstream_error(
         )
     if retryable is None:
         retryable = status in (502, 503, 504)
-    return UpstreamError(
+    return EngineErrorAnswer(
         f"{where} failed: {err.message}",
         busy=busy,
         status=status if 500 <= status < 600 else 502,

@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import orjson
@@ -23,7 +25,7 @@ import orjson
 from llm_gateway.adapters.base import ProbeClient
 from llm_gateway.adapters.error_bodies import EngineError, upstream_error
 from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
-from llm_gateway.errors import InvalidRequest, UpstreamError
+from llm_gateway.errors import EngineErrorAnswer, InvalidRequest
 from llm_gateway.types import Endpoint, LoadSnapshot
 
 _CLIENT_HINTS = (
@@ -54,10 +56,9 @@ class LlamaServerAdapter(OpenAICompatAdapter):
     load_metrics = (("llamacpp:requests_processing",), ("llamacpp:requests_deferred",), ())
     reasoning_key: ClassVar[str | None] = "reasoning_content"
     ignores_model_name: ClassVar[bool] = True
+    renames: ClassVar[Mapping[str, str]] = MappingProxyType({"repetition_penalty": "repeat_penalty"})
 
     def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
-        if "repetition_penalty" in body and "repeat_penalty" not in body:
-            body["repeat_penalty"] = body.pop("repetition_penalty")
         if endpoint == "completions":
             for field, harmless in (("echo", (False, None)), ("best_of", (1, None)), ("suffix", (None, ""))):
                 if field in body:
@@ -70,7 +71,7 @@ class LlamaServerAdapter(OpenAICompatAdapter):
                             code="unsupported_parameter",
                         )
 
-    def classify(self, status: int, err: EngineError) -> UpstreamError:
+    def classify(self, status: int, err: EngineError) -> EngineErrorAnswer:
         if err.type == "exceed_context_size_error":
             err.code = "context_length_exceeded"
             return upstream_error(self.backend.name, self.kind, 400, err, client_error=True)

@@ -14,13 +14,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import ClassVar
 
 import orjson
 
 from llm_gateway.adapters.base import ProbeClient
-from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
-from llm_gateway.types import Endpoint, ProbeState
+from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, OpenAICompatAdapter
+from llm_gateway.types import ProbeState
 
 
 class LMDeployAdapter(OpenAICompatAdapter):
@@ -36,10 +37,7 @@ class LMDeployAdapter(OpenAICompatAdapter):
     error_finish_reasons: ClassVar[tuple[str, ...]] = ("error", "abort")
     finish_renames: ClassVar[tuple[tuple[str, str], ...]] = (("parse_error", "stop"),)
     unsupported_capabilities: ClassVar[frozenset[str]] = frozenset({"embeddings"})
-
-    def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
-        if "repeat_penalty" in body and "repetition_penalty" not in body:
-            body["repetition_penalty"] = body.pop("repeat_penalty")
+    renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
 
     async def probe_ready(self, client: ProbeClient) -> tuple[ProbeState, str]:
         status, body = await client.get("/health")

@@ -25,8 +25,8 @@ import orjson
 from llm_gateway.adapters.base import Adapter, ProbeClient, UpstreamRequest
 from llm_gateway.adapters.error_bodies import json_object, parse_error_body, upstream_error
 from llm_gateway.adapters.ollama_request import native_body
-from llm_gateway.adapters.ollama_stream import OllamaRelay, finish_reason, tool_calls_to_openai
-from llm_gateway.errors import UpstreamError
+from llm_gateway.adapters.ollama_stream import OllamaRelay, finish_reason, openai_usage, tool_calls_to_openai
+from llm_gateway.errors import EngineErrorAnswer
 from llm_gateway.types import BackendInfo, CallContext, Endpoint, ProbeResult, Usage
 
 _PATHS = {"chat": "/api/chat", "completions": "/api/generate", "embeddings": "/api/embed"}
@@ -76,11 +76,7 @@ class OllamaAdapter(Adapter):
         now = int(time.time())
         if ctx.endpoint == "embeddings":
             return self._embeddings(obj, ctx), Usage(usage.prompt_tokens, 0)
-        usage_json = {
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens,
-        }
+        usage_json = openai_usage(usage)
         if ctx.endpoint == "completions":
             out: dict[str, Any] = {
                 "id": "cmpl-" + ctx.request_id,
@@ -141,11 +137,11 @@ class OllamaAdapter(Adapter):
         return ("application/x-ndjson", "application/json")
 
     # -- errors ------------------------------------------------------------------------------------
-    def error(self, status: int, body: bytes, content_type: str) -> UpstreamError:
+    def error(self, status: int, body: bytes, content_type: str) -> EngineErrorAnswer:
         err = parse_error_body(body, content_type)
         name = self.backend.name
         if status == 404:
-            return UpstreamError(
+            return EngineErrorAnswer(
                 f"backend '{name}' (ollama) does not have this model: {err.message}",
                 status=502,
                 code="upstream_model_not_found",
@@ -153,7 +149,7 @@ class OllamaAdapter(Adapter):
                 backend=name,
             )
         if status == 403 and not body.strip():
-            return UpstreamError(
+            return EngineErrorAnswer(
                 f"backend '{name}' (ollama) refused the request (403 with an empty body: its Host-header guard)",
                 status=502,
                 code="upstream_forbidden",
@@ -167,8 +163,8 @@ class OllamaAdapter(Adapter):
         busy = status == 503 and "busy" in err.message  # OLLAMA_MAX_QUEUE reached
         return upstream_error(name, self.kind, status, err, retryable=status in (429, 502, 503, 504), busy=busy)
 
-    def _frame_error(self, message: str) -> UpstreamError:
-        return UpstreamError(
+    def _frame_error(self, message: str) -> EngineErrorAnswer:
+        return EngineErrorAnswer(
             f"backend '{self.backend.name}' (ollama) failed mid-stream: {message}",
             status=502,
             code="upstream_stream_error",

@@ -5,21 +5,21 @@ and tool-call) deltas, then a separate finish chunk with an empty delta, then th
 the client asked for it (built from `prompt_eval_count` / `eval_count`), then `[DONE]`.
 A line `{"error": "..."}` becomes one error event; a stream that stops without a `done: true` line
 (Ollama aborts a generation after repeated identical tokens) ends with a clear error event.
+`output_started` is set with the first content, reasoning or tool-call delta. The usage object is
+built in one place (`openai_usage`) for both the stream and the whole answer.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
-from llm_gateway.errors import GatewayError, StreamInterrupted, UpstreamError, UpstreamProtocolError
+from llm_gateway.adapters.relay_base import RelayBase
+from llm_gateway.errors import DONE, EngineErrorAnswer, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import CallContext, Usage
-
-DONE = b"data: [DONE]\n\n"
-MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 def finish_reason(obj: dict[str, Any], tool_calls: bool) -> str:
@@ -27,6 +27,11 @@ def finish_reason(obj: dict[str, Any], tool_calls: bool) -> str:
         return "tool_calls"
     reason = obj.get("done_reason")
     return "length" if reason == "length" else "stop"
+
+
+def openai_usage(u: Usage) -> dict[str, int]:
+    """Ollama's counts as OpenAI's `usage` object."""
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
 
 
 def tool_calls_to_openai(calls: Any, request_id: str, start: int) -> list[dict[str, Any]]:
@@ -50,9 +55,13 @@ def tool_calls_to_openai(calls: Any, request_id: str, start: int) -> list[dict[s
     return out
 
 
-class OllamaRelay:
-    def __init__(self, ctx: CallContext, on_error: Callable[[str], UpstreamError]) -> None:
-        self._ctx = ctx
+class OllamaRelay(RelayBase):
+    __slots__ = ("_chat", "_head", "_on_error", "_sent_role", "_tools")
+
+    oversized: ClassVar[str] = "Ollama sent a line"
+
+    def __init__(self, ctx: CallContext, on_error: Callable[[str], EngineErrorAnswer]) -> None:
+        super().__init__(ctx)
         self._on_error = on_error
         self._chat = ctx.endpoint == "chat"
         obj = "chat.completion.chunk" if self._chat else "text_completion"
@@ -61,14 +70,8 @@ class OllamaRelay:
             {"id": pre + ctx.request_id, "object": obj, "created": int(time.time()), "model": ctx.public_model}
         )
         self._head = b"data: " + head[:-1] + b',"choices":['
-        self._buf = b""
-        self._closed = False
         self._sent_role = False
         self._tools = 0
-        self.done = False
-        self.usage: Usage | None = None
-        self.error: GatewayError | None = None
-        self.content_events = 0
 
     def _chunk(self, choice: dict[str, Any]) -> bytes:
         return self._head + orjson.dumps(choice) + b"]}\n\n"
@@ -83,10 +86,7 @@ class OllamaRelay:
             return b""
         buf = self._buf + data if self._buf else data
         if b"\n" not in buf:
-            if len(buf) > MAX_LINE_BYTES:
-                return self._fail(UpstreamProtocolError(f"Ollama sent a line over {MAX_LINE_BYTES} bytes"))
-            self._buf = buf
-            return b""
+            return self._hold(buf)
         *lines, self._buf = buf.split(b"\n")
         out = []
         for line in lines:
@@ -115,45 +115,33 @@ class OllamaRelay:
             parts.append(self._delta({"role": "assistant", "content": ""}))
         self._sent_role = True
         if thinking and self._chat:
+            self.output_started = True
             parts.append(self._delta({self._ctx.reasoning_field: thinking}))
         if content:
+            self.output_started = True
             self.content_events += 1
             parts.append(self._delta({"content": content}))
         if calls:
             oa = tool_calls_to_openai(calls, self._ctx.request_id, self._tools)
             self._tools += len(oa)
+            self.output_started = self.output_started or bool(oa)
             parts.append(self._delta({"tool_calls": oa}))
         if obj.get("done"):
             parts.append(self._delta({}, finish_reason(obj, self._tools > 0)))
             self.usage = Usage(int(obj.get("prompt_eval_count") or 0), int(obj.get("eval_count") or 0))
             if self._ctx.client_wants_usage:
-                u = self.usage
-                usage = {
-                    "prompt_tokens": u.prompt_tokens,
-                    "completion_tokens": u.completion_tokens,
-                    "total_tokens": u.total_tokens,
-                }
-                parts.append(self._head + b"]," + orjson.dumps({"usage": usage})[1:] + b"\n\n")
+                parts.append(self._head + b"]," + orjson.dumps({"usage": openai_usage(self.usage)})[1:] + b"\n\n")
             parts.append(DONE)
             self.done = True
             self._closed = True
         return b"".join(parts)
 
-    def _fail(self, err: GatewayError) -> bytes:
-        self._closed = True
-        self.error = err
-        return err.sse_event() + DONE
+    def _last(self, rest: bytes) -> bytes:
+        return self._line(rest)
 
-    def finish(self) -> bytes:
-        if self._closed:
-            return b""
-        out = b""
-        if self._buf.strip():
-            out = self._line(self._buf)
-            self._buf = b""
-            if self._closed:
-                return out
-        return out + self._fail(
+    def _end(self) -> bytes:
+        # a clean stream closes the relay at its `done: true` line: this one never sent it
+        return self._fail(
             StreamInterrupted(
                 "Ollama ended the stream without finishing it (it aborts a generation after many repeated tokens)"
             )

@@ -3,11 +3,14 @@
 llama-server, vLLM, SGLang, TabbyAPI, LMDeploy and any other OpenAI-compatible server
 (`kind: openai`: Aphrodite, TGI, trtllm-serve, MLX-LM, MLC LLM, OpenVINO Model Server,
 llama-swap) build on `OpenAICompatAdapter`; each overrides only what its engine does differently.
+Request fields an engine spells differently are declared (`renames`) and renamed in one place;
+`include_usage` is the one way the gateway asks an engine for usage.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import orjson
@@ -16,7 +19,7 @@ from llm_gateway.adapters.base import Adapter, ProbeClient, UpstreamRequest
 from llm_gateway.adapters.error_bodies import EngineError, json_object, parse_error_body, upstream_error
 from llm_gateway.adapters.prom_text import parse_samples, peak, total
 from llm_gateway.adapters.sse_relay import SSERelay, usage_from
-from llm_gateway.errors import UpstreamError
+from llm_gateway.errors import EngineErrorAnswer
 from llm_gateway.types import BackendInfo, CallContext, Endpoint, LoadSnapshot, ProbeResult, ProbeState, Usage
 
 _AUTH_HINT = ": the engine refused the gateway's key (check backends[].api_key)"
@@ -25,6 +28,14 @@ PATHS: dict[str, str] = {
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
 }
+#: llama.cpp's name for the repetition penalty, renamed to the one vLLM, SGLang, TabbyAPI, LMDeploy read
+TO_REPETITION_PENALTY: Mapping[str, str] = MappingProxyType({"repeat_penalty": "repetition_penalty"})
+
+
+def include_usage(body: dict[str, Any]) -> None:
+    """Ask the engine for usage (`stream_options.include_usage`), keeping the client's other stream options."""
+    so = body.get("stream_options")
+    body["stream_options"] = {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
 
 
 class OpenAICompatAdapter(Adapter):
@@ -38,6 +49,9 @@ class OpenAICompatAdapter(Adapter):
     error_finish_reasons: ClassVar[tuple[str, ...]] = ()
     #: finish reasons renamed to OpenAI's ("parse_error" -> "stop")
     finish_renames: ClassVar[tuple[tuple[str, str], ...]] = ()
+    #: request fields the engine spells differently (the client's name -> the engine's), renamed in
+    #: `build()` before `translate()`; only when the body does not already carry the engine's name
+    renames: ClassVar[Mapping[str, str]] = MappingProxyType({})
     #: the paths probed: readiness, models (and metrics when load_metrics is set)
     health_path: ClassVar[str | None] = "/health"
     models_path: ClassVar[str] = "/v1/models"
@@ -61,18 +75,20 @@ class OpenAICompatAdapter(Adapter):
         b = dict(body)
         b["model"] = ctx.upstream_model
         if ctx.stream:
-            so = b.get("stream_options")
-            b["stream_options"] = {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
+            include_usage(b)
         if endpoint == "chat":
             limit = b.get("max_completion_tokens", b.get("max_tokens"))
             if isinstance(limit, int):  # engines read one or the other: send both
                 b["max_tokens"] = b["max_completion_tokens"] = limit
+        for ours, theirs in self.renames.items():
+            if ours in b and theirs not in b:
+                b[theirs] = b.pop(ours)
         self.translate(endpoint, b)
         headers = {**self.headers, "X-Request-Id": ctx.request_id}
         return UpstreamRequest("POST", PATHS[endpoint], headers, orjson.dumps(b))
 
     def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
-        """Engine-specific renames of request fields, in place on the gateway's copy."""
+        """Engine-specific rewrites of request fields beyond `renames`, in place on the gateway's copy."""
 
     # -- responses ---------------------------------------------------------------------------------
     def response_body(self, body: bytes, ctx: CallContext) -> tuple[bytes, Usage | None]:
@@ -93,7 +109,7 @@ class OpenAICompatAdapter(Adapter):
                 continue
             fr = ch.get("finish_reason")
             if fr in self.error_finish_reasons:
-                raise UpstreamError(
+                raise EngineErrorAnswer(
                     f"backend '{self.backend.name}' ({self.kind}) ended the generation with finish_reason '{fr}'",
                     status=502,
                     code="generation_failed",
@@ -121,10 +137,10 @@ class OpenAICompatAdapter(Adapter):
         )
 
     # -- errors ------------------------------------------------------------------------------------
-    def error(self, status: int, body: bytes, content_type: str) -> UpstreamError:
+    def error(self, status: int, body: bytes, content_type: str) -> EngineErrorAnswer:
         err = parse_error_body(body, content_type)
         if status == 404:
-            return UpstreamError(
+            return EngineErrorAnswer(
                 f"backend '{self.backend.name}' ({self.kind}) does not serve this model or route: {err.message}",
                 status=502,
                 code="upstream_model_not_found",
@@ -133,11 +149,11 @@ class OpenAICompatAdapter(Adapter):
             )
         return self.classify(status, err)
 
-    def classify(self, status: int, err: EngineError) -> UpstreamError:
+    def classify(self, status: int, err: EngineError) -> EngineErrorAnswer:
         """Status mapping hook: the default keeps 4xx as client errors and retries 502/503/504/429."""
         return upstream_error(self.backend.name, self.kind, status, err, retryable=status in (429, 502, 503, 504))
 
-    def error_from_frame(self, obj: Mapping[str, Any]) -> UpstreamError:
+    def error_from_frame(self, obj: Mapping[str, Any]) -> EngineErrorAnswer:
         """An error object sent inside a stream (or in a 2xx body)."""
         err = parse_error_body(orjson.dumps(obj))
         status = 502
@@ -146,7 +162,7 @@ class OpenAICompatAdapter(Adapter):
             status = int(code)
         if 400 <= status < 500 and status not in (401, 403, 404):
             return upstream_error(self.backend.name, self.kind, status, err, retryable=False)
-        return UpstreamError(
+        return EngineErrorAnswer(
             f"backend '{self.backend.name}' ({self.kind}) failed mid-stream: {err.message}",
             status=502,
             code="upstream_stream_error",

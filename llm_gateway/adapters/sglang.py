@@ -11,13 +11,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import ClassVar
 
 import orjson
 
 from llm_gateway.adapters.base import ProbeClient
-from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
-from llm_gateway.types import Endpoint, LoadSnapshot
+from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, OpenAICompatAdapter
+from llm_gateway.types import LoadSnapshot
 
 
 class SGLangAdapter(OpenAICompatAdapter):
@@ -28,10 +29,7 @@ class SGLangAdapter(OpenAICompatAdapter):
     reasoning_key: ClassVar[str | None] = "reasoning_content"
     ignores_model_name: ClassVar[bool] = True
     error_finish_reasons: ClassVar[tuple[str, ...]] = ("abort",)
-
-    def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
-        if "repeat_penalty" in body and "repetition_penalty" not in body:
-            body["repetition_penalty"] = body.pop("repeat_penalty")
+    renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
 
     async def probe_load(self, client: ProbeClient) -> LoadSnapshot | None:
         snap = await super().probe_load(client)

@@ -7,23 +7,24 @@ stripped unless the client asked for them), in-band error frames (turned into on
 event followed by `[DONE]`), comment lines such as TabbyAPI's `: ping`, CRLF framing, and
 finish reasons that are not OpenAI's. A stream that ends without `[DONE]` and without a finish
 reason ends for the client with an error event: the client must never take a cut stream for a
-complete answer.
+complete answer. The first event that carries generated output (non-empty content, text or
+reasoning, or a tool call) sets `output_started`, found by a byte scan that stops once it is set.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
-from llm_gateway.errors import GatewayError, StreamInterrupted, UpstreamError, UpstreamProtocolError
+from llm_gateway.adapters.relay_base import RelayBase
+from llm_gateway.errors import DONE, EngineErrorAnswer, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import CallContext, Usage
 
-DONE = b"data: [DONE]\n\n"
-MAX_EVENT_BYTES = 16 * 1024 * 1024
+__all__ = ["DONE", "ErrorFrameHandler", "SSERelay", "has_output", "usage_from"]
 
-ErrorFrameHandler = Callable[[dict[str, Any]], UpstreamError]
+ErrorFrameHandler = Callable[[dict[str, Any]], EngineErrorAnswer]
 
 
 def usage_from(obj: dict[str, Any]) -> Usage | None:
@@ -35,23 +36,12 @@ def usage_from(obj: dict[str, Any]) -> Usage | None:
     return None
 
 
-class SSERelay:
+class SSERelay(RelayBase):
     """One stream's state. Adapters configure it; they rarely need to subclass it."""
 
-    __slots__ = (
-        "_buf",
-        "_closed",
-        "_ctx",
-        "_finish_errors",
-        "_finish_renames",
-        "_on_error",
-        "_replacements",
-        "_saw_finish",
-        "content_events",
-        "done",
-        "error",
-        "usage",
-    )
+    __slots__ = ("_finish_errors", "_finish_renames", "_on_error", "_replacements", "_saw_finish")
+
+    oversized: ClassVar[str] = "the engine sent an SSE event"
 
     def __init__(
         self,
@@ -62,7 +52,7 @@ class SSERelay:
         finish_errors: tuple[bytes, ...] = (),
         finish_renames: tuple[tuple[bytes, bytes], ...] = (),
     ) -> None:
-        self._ctx = ctx
+        super().__init__(ctx)
         self._on_error = on_error
         rep = list(replacements)
         if ctx.public_model != ctx.upstream_model:
@@ -75,13 +65,7 @@ class SSERelay:
         self._finish_renames = finish_renames + tuple(
             (a.replace(b'":"', b'": "'), b.replace(b'":"', b'": "')) for a, b in finish_renames
         )
-        self._buf = b""
-        self._closed = False
         self._saw_finish = False
-        self.done = False
-        self.usage: Usage | None = None
-        self.error: GatewayError | None = None
-        self.content_events = 0
 
     # -- the hot path ------------------------------------------------------------------------------
     def feed(self, data: bytes) -> bytes:
@@ -93,10 +77,7 @@ class SSERelay:
             buf = buf[: len(buf) - len(tail)].replace(b"\r\n", b"\n") + tail
         end = buf.rfind(b"\n\n")
         if end < 0:
-            if len(buf) > MAX_EVENT_BYTES:
-                return self._fail(UpstreamProtocolError(f"the engine sent an SSE event over {MAX_EVENT_BYTES} bytes"))
-            self._buf = buf
-            return b""
+            return self._hold(buf)
         block = buf[: end + 2]
         self._buf = buf[end + 2 :]
         if b'"finish_reason":"' in block or b'"finish_reason": "' in block:
@@ -117,6 +98,8 @@ class SSERelay:
                 block = block.replace(old, new)
             for old, new in self._finish_renames:
                 block = block.replace(old, new)
+            if not self.output_started:
+                self.output_started = has_output(block)
             return block
         return self._slow(block)
 
@@ -137,7 +120,10 @@ class SSERelay:
             ev = self._event(payload)
             if ev:
                 out.append(ev)
-        return b"".join(out)
+        joined = b"".join(out)
+        if not self.output_started and joined:
+            self.output_started = has_output(joined)
+        return joined
 
     def _event(self, payload: bytes) -> bytes:
         if (
@@ -189,33 +175,48 @@ class SSERelay:
             payload = payload.replace(old, new)
         return b"data: " + payload + b"\n\n"
 
-    def _fail(self, err: GatewayError) -> bytes:
-        self._closed = True
-        self.error = err
-        return err.sse_event() + DONE
-
-    def finish(self) -> bytes:
-        """At the engine's end of body. A partial last event is an error, never forwarded."""
-        if self._closed:
+    # -- the end of the body --------------------------------------------------------------------------
+    def _last(self, rest: bytes) -> bytes:
+        """An event the engine did not terminate: relayed if it is whole JSON; a partial one is an
+        error, never forwarded."""
+        payload = _data_of(rest)
+        if payload is None:
             return b""
-        out = b""
-        if self._buf.strip():
-            payload = _data_of(self._buf)
-            self._buf = b""
-            if payload is not None and payload != b"[DONE]":
-                try:
-                    orjson.loads(payload)
-                except orjson.JSONDecodeError:
-                    return self._fail(StreamInterrupted("the engine's stream ended in the middle of an event"))
-            if payload is not None and (b'"finish_reason":"' in payload or b'"finish_reason": "' in payload):
-                self._saw_finish = True
-            out = self._slow(b"data: " + payload + b"\n\n") if payload is not None else b""
-            if self._closed:
-                return out
+        if payload != b"[DONE]":
+            try:
+                orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                return self._fail(StreamInterrupted("the engine's stream ended in the middle of an event"))
+        if b'"finish_reason":"' in payload or b'"finish_reason": "' in payload:
+            self._saw_finish = True
+        return self._slow(b"data: " + payload + b"\n\n")
+
+    def _end(self) -> bytes:
         if self.done or self._saw_finish:
             self._closed = True
-            return out + DONE
-        return out + self._fail(StreamInterrupted("the engine's stream ended before the answer was complete"))
+            return DONE
+        return self._fail(StreamInterrupted("the engine's stream ended before the answer was complete"))
+
+
+# a marker counts only when a non-empty value follows it: the role chunk's `"content":""` is no output.
+# Compact JSON (pydantic, orjson, Go, nlohmann) and json.dumps' spaced style (TabbyAPI, LMDeploy).
+_OUTPUT_MARKERS = (
+    b'"content":"', b'"content": "', b'"text":"', b'"text": "', b'"reasoning_content":"', b'"reasoning_content": "',
+    b'"reasoning":"', b'"reasoning": "', b'"tool_calls":[', b'"tool_calls": [',
+)  # fmt: skip
+
+
+def has_output(out: bytes) -> bool:
+    """Does this relayed block carry generated output (non-empty content/text/reasoning, or a tool call)?"""
+    for m in _OUTPUT_MARKERS:
+        i = out.find(m)
+        while i >= 0:
+            j = i + len(m)
+            nxt = out[j : j + 1]
+            if nxt and nxt != (b"]" if m[-1:] == b"[" else b'"'):  # not `""` nor `[]`
+                return True
+            i = out.find(m, j)
+    return False
 
 
 def _has_usage(data: bytes) -> bool:

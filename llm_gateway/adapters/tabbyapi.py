@@ -17,14 +17,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import orjson
 
 from llm_gateway.adapters.base import ProbeClient
 from llm_gateway.adapters.error_bodies import EngineError
-from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
-from llm_gateway.errors import UpstreamError
+from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, OpenAICompatAdapter, include_usage
+from llm_gateway.errors import EngineErrorAnswer
 from llm_gateway.types import Endpoint, ProbeState
 
 
@@ -33,23 +34,20 @@ class TabbyAPIAdapter(OpenAICompatAdapter):
     formats: ClassVar[frozenset[str] | None] = frozenset({"exl2", "exl3"})
     reasoning_key: ClassVar[str | None] = "reasoning_content"
     ignores_model_name: ClassVar[bool] = True
+    renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
 
     def auth_headers(self) -> dict[str, str]:
         key = self.backend.api_key
         return {"x-api-key": key} if key else {}
 
     def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
-        if "repeat_penalty" in body and "repetition_penalty" not in body:
-            body["repetition_penalty"] = body.pop("repeat_penalty")
         rf = body.get("response_format")
         if isinstance(rf, dict) and rf.get("type") == "json_object":
             body["response_format"] = {"type": "json"}
         if not body.get("stream") and endpoint != "embeddings":
-            # Tabby puts usage in a whole answer only when stream_options.include_usage is set
-            so = body.get("stream_options")
-            body["stream_options"] = {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
+            include_usage(body)  # Tabby puts usage in a whole answer only when it is asked for
 
-    def classify(self, status: int, err: EngineError) -> UpstreamError:
+    def classify(self, status: int, err: EngineError) -> EngineErrorAnswer:
         if status == 422:
             status = 400
         return super().classify(status, err)

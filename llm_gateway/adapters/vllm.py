@@ -13,9 +13,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
+from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, OpenAICompatAdapter
 from llm_gateway.types import Endpoint
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -31,10 +32,9 @@ class VLLMAdapter(OpenAICompatAdapter):
         ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     )
     reasoning_key: ClassVar[str | None] = "reasoning"
+    renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
 
     def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
-        if "repeat_penalty" in body and "repetition_penalty" not in body:
-            body["repetition_penalty"] = body.pop("repeat_penalty")
         guided = [k for k in _GUIDED if k in body]
         if guided:
             so = dict(body.get("structured_outputs") or {})

@@ -19,6 +19,8 @@ from multidict import CIMultiDictProxy
 from yarl import URL
 
 from llm_gateway.errors import (
+    BackendFailure,
+    ConnectFailed,
     GatewayError,
     StreamInterrupted,
     UpstreamProtocolError,
@@ -28,12 +30,13 @@ from llm_gateway.errors import (
 from llm_gateway.upstream.base import UpstreamTimeouts
 
 
-def _translate(exc: BaseException, *, after_headers: bool) -> GatewayError:
+def _translate(exc: BaseException, *, after_headers: bool) -> BackendFailure:
+    """The client's exception as the gateway's: a failed connection is `ConnectFailed` (the backend is down)."""
     if isinstance(exc, aiohttp.ServerTimeoutError | asyncio.TimeoutError | TimeoutError):
         what = "between chunks of its response" if after_headers else "before its first byte"
         return UpstreamTimeout(f"the engine sent nothing {what} within the configured timeout")
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return UpstreamUnreachable(f"cannot connect to the engine: {exc.os_error.strerror or exc.os_error}")
+        return ConnectFailed(f"cannot connect to the engine: {exc.os_error.strerror or exc.os_error}")
     if isinstance(exc, aiohttp.ClientPayloadError):
         return StreamInterrupted("the engine's response ended before it was complete")
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | ConnectionError):

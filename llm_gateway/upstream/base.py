@@ -3,8 +3,9 @@
 One small protocol, in the spirit of httpx's transport: `send()` opens an exchange and returns once
 the engine's status line and headers are in; the body is then read whole or chunk by chunk, and
 `close()` releases (or, mid-body, drops) the connection. Implementations translate their own
-exceptions into `UpstreamUnreachable` / `UpstreamTimeout` / `UpstreamProtocolError` where they
-enter, so nothing above this layer knows which client is in use.
+exceptions into `BackendFailure`s where they enter (`ConnectFailed` when no connection could be made,
+`UpstreamUnreachable`, `UpstreamTimeout`, `UpstreamProtocolError`, `StreamInterrupted`), so nothing
+above this layer knows which client is in use.
 """
 
 from __future__ import annotations

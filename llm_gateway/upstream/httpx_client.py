@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Mapping
 import httpx
 
 from llm_gateway.errors import (
+    BackendFailure,
+    ConnectFailed,
     GatewayError,
     StreamInterrupted,
     UpstreamProtocolError,
@@ -22,12 +24,13 @@ from llm_gateway.errors import (
 from llm_gateway.upstream.base import UpstreamTimeouts
 
 
-def _translate(exc: BaseException, *, after_headers: bool) -> GatewayError:
+def _translate(exc: BaseException, *, after_headers: bool) -> BackendFailure:
+    """The client's exception as the gateway's: a failed connection is `ConnectFailed` (the backend is down)."""
     if isinstance(exc, httpx.TimeoutException | asyncio.TimeoutError):
         what = "between chunks of its response" if after_headers else "before its first byte"
         return UpstreamTimeout(f"the engine sent nothing {what} within the configured timeout")
     if isinstance(exc, httpx.ConnectError):
-        return UpstreamUnreachable(f"cannot connect to the engine: {exc}")
+        return ConnectFailed(f"cannot connect to the engine: {exc}")
     if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
         if after_headers:
             return StreamInterrupted("the engine closed the connection in the middle of its response")

@@ -16,7 +16,7 @@ from llm_gateway.adapters.registry import ADAPTERS, adapter_for, formats_for, un
 from llm_gateway.adapters.sglang import SGLangAdapter
 from llm_gateway.adapters.tabbyapi import TabbyAPIAdapter
 from llm_gateway.adapters.vllm import VLLMAdapter
-from llm_gateway.errors import InvalidRequest, UpstreamError, UpstreamProtocolError
+from llm_gateway.errors import EngineErrorAnswer, InvalidRequest, UpstreamProtocolError
 from llm_gateway.types import BackendInfo, CallContext, Usage
 
 COMPAT = [LlamaServerAdapter, VLLMAdapter, SGLangAdapter, TabbyAPIAdapter, LMDeployAdapter, GenericOpenAIAdapter]
@@ -298,7 +298,7 @@ def test_response_without_usage_reports_none():
 
 def test_sglang_abort_finish_reason_is_a_failed_generation():
     raw = b'{"model":"m","choices":[{"index":0,"message":{"content":""},"finish_reason":"abort"}]}'
-    with pytest.raises(UpstreamError) as ei:
+    with pytest.raises(EngineErrorAnswer) as ei:
         make(SGLangAdapter).response_body(raw, ctx())
     assert (ei.value.status, ei.value.code) == (502, "generation_failed")
 
@@ -311,17 +311,17 @@ def test_lmdeploy_parse_error_finish_reason_becomes_stop():
 
 def test_lmdeploy_error_finish_reason_fails():
     raw = b'{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"error"}]}'
-    with pytest.raises(UpstreamError):
+    with pytest.raises(EngineErrorAnswer):
         make(LMDeployAdapter).response_body(raw, ctx())
 
 
 def test_an_error_object_in_a_2xx_body_is_raised():
     raw = b'{"error":{"message":"out of memory","type":"InternalServerError","param":null,"code":500}}'
-    with pytest.raises(UpstreamError) as ei:
+    with pytest.raises(EngineErrorAnswer) as ei:
         make(VLLMAdapter).response_body(raw, ctx())
     assert (ei.value.status, ei.value.code) == (502, "upstream_stream_error")
     raw2 = b'{"error":{"message":"bad","code":400}}'
-    with pytest.raises(UpstreamError) as ei2:
+    with pytest.raises(EngineErrorAnswer) as ei2:
         make(VLLMAdapter).response_body(raw2, ctx())
     assert ei2.value.status == 400
 
@@ -342,7 +342,7 @@ def test_a_2xx_body_that_is_not_a_json_object_is_a_protocol_error(raw: bytes):
 # -- error / classify --------------------------------------------------------------------------------
 
 
-def err(cls, status: int, body: bytes, ct: str = "application/json") -> UpstreamError:
+def err(cls, status: int, body: bytes, ct: str = "application/json") -> EngineErrorAnswer:
     return make(cls).error(status, body, ct)
 
 

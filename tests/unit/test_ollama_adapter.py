@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 
 import llm_gateway.adapters.ollama as ollama_mod
 import llm_gateway.adapters.ollama_stream as ollama_stream
+import llm_gateway.adapters.relay_base as relay_base
 from llm_gateway.adapters.ollama import OllamaAdapter
 from llm_gateway.adapters.ollama_stream import OllamaRelay, finish_reason, tool_calls_to_openai
-from llm_gateway.errors import InvalidRequest, StreamInterrupted, UpstreamError, UpstreamProtocolError
+from llm_gateway.adapters.sse_relay import has_output
+from llm_gateway.errors import EngineErrorAnswer, InvalidRequest, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import BackendInfo, CallContext, Usage
 
 NOW = 1796000000
@@ -462,7 +464,7 @@ def test_embeddings_response_as_base64_little_endian_float32():
 
 
 def test_an_error_in_a_2xx_body_raises_an_upstream_error():
-    with pytest.raises(UpstreamError) as ei:
+    with pytest.raises(EngineErrorAnswer) as ei:
         adapter().response_body(b'{"error":"model runner crashed"}', ctx())
     assert (ei.value.status, ei.value.code) == (502, "upstream_stream_error")
     assert "model runner crashed" in ei.value.message
@@ -712,9 +714,54 @@ def test_blank_lines_between_ndjson_objects_are_ignored():
 
 
 def test_an_overlong_line_is_refused(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(ollama_stream, "MAX_LINE_BYTES", 32)
+    monkeypatch.setattr(relay_base, "MAX_EVENT_BYTES", 32)
     out = run(relay(), [b'{"message":{"content":"' + b"x" * 64])
     assert parsed(out)[0]["error"]["code"] == "upstream_bad_response"
+
+
+# -- output_started: the first generated output (the service's time to first token) --------------------
+
+ROLE_ONLY = b'{"message":{"role":"assistant","content":""},"done":false}\n'
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"message":{"role":"assistant","content":"4"},"done":false}\n',
+        b'{"message":{"role":"assistant","content":"","thinking":"let me see"},"done":false}\n',
+        b'{"message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"a","arguments":{}}}]},'
+        b'"done":false}\n',
+    ],
+)
+def test_the_first_content_reasoning_or_tool_call_delta_starts_the_output(line: bytes):
+    r = relay()
+    assert r.feed(ROLE_ONLY) and r.output_started is False  # the role chunk is no output
+    assert r.feed(line) and r.output_started is True
+    r.feed(ROLE_ONLY)
+    assert r.output_started is True
+
+
+def test_empty_lines_and_a_bare_done_line_do_not_start_the_output():
+    r = relay()
+    run(r, [ROLE_ONLY, b'{"message":{"content":"","tool_calls":[]},"done":false}\n', STREAM.split(b"\n")[2] + b"\n"])
+    assert (r.done, r.output_started) == (True, False)
+
+
+def test_generate_output_starts_with_the_first_non_empty_response():
+    r = relay("completions")
+    r.feed(b'{"response":"","done":false}\n')
+    assert r.output_started is False
+    r.feed(b'{"response":" llama","done":false}\n')
+    assert r.output_started is True
+
+
+def test_ollama_output_started_agrees_with_the_sse_scan_of_what_it_relayed():
+    lines = b'{"message":{"role":"assistant","content":"","thinking":"hm"},"done":false}\n' + STREAM
+    r, seen = relay(), b""
+    for i in range(len(lines)):
+        seen += r.feed(lines[i : i + 1])
+        assert r.output_started is has_output(seen)
+    assert r.output_started is True
 
 
 def test_splitting_the_ndjson_stream_at_every_byte_gives_the_same_sse():

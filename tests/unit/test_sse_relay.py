@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import llm_gateway.adapters.sse_relay as sse_relay
+import llm_gateway.adapters.relay_base as relay_base
 from llm_gateway.adapters.lmdeploy import LMDeployAdapter
 from llm_gateway.adapters.sglang import SGLangAdapter
-from llm_gateway.adapters.sse_relay import DONE, SSERelay, usage_from
+from llm_gateway.adapters.sse_relay import DONE, SSERelay, has_output, usage_from
 from llm_gateway.adapters.tabbyapi import TabbyAPIAdapter
 from llm_gateway.adapters.vllm import VLLMAdapter
-from llm_gateway.errors import StreamInterrupted, UpstreamError, UpstreamProtocolError
+from llm_gateway.errors import EngineErrorAnswer, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import BackendInfo, CallContext, Usage
 
 
@@ -25,7 +25,7 @@ def ctx(public: str = "tiny-llama", upstream: str = "tiny-llama", wants_usage: b
 
 
 def plain_relay(c: CallContext | None = None, **kw) -> SSERelay:
-    return SSERelay(c or ctx(), lambda obj: UpstreamError(f"frame: {obj['error']}", status=502, code="x"), **kw)
+    return SSERelay(c or ctx(), lambda obj: EngineErrorAnswer(f"frame: {obj['error']}", status=502, code="x"), **kw)
 
 
 def run(relay, chunks: Iterable[bytes]) -> bytes:
@@ -364,7 +364,7 @@ def test_an_event_that_is_json_but_not_an_object_is_a_protocol_error():
 
 
 def test_an_oversized_event_is_refused(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(sse_relay, "MAX_EVENT_BYTES", 64)
+    monkeypatch.setattr(relay_base, "MAX_EVENT_BYTES", 64)
     relay = plain_relay()
     out = relay.feed(b"data: " + b"x" * 100)
     assert out == UpstreamProtocolError("the engine sent an SSE event over 64 bytes").sse_event() + DONE
@@ -390,7 +390,7 @@ def test_in_band_error_frame_becomes_one_openai_error_event_and_done():
         b'"type":"upstream_error","param":null,"code":"upstream_stream_error"}}',
         b"data: [DONE]",
     ]
-    assert isinstance(relay.error, UpstreamError)
+    assert isinstance(relay.error, EngineErrorAnswer)
     assert relay.error.code == "upstream_stream_error"
 
 
@@ -471,6 +471,85 @@ def test_reasoning_field_is_renamed_to_the_configured_one():
     relay = vllm_relay()
     ev = b'data: {"choices":[{"index":0,"delta":{"reasoning":"hmm"},"finish_reason":null}]}\n\n'
     assert relay.feed(ev) == ev.replace(b'"reasoning":', b'"reasoning_content":')
+
+
+# -- output_started: the first generated output (the service's time to first token) --------------------
+
+SPACED_ROLE = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}\n\n'
+SPACED_HI = b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": null}]}\n\n'
+
+
+def delta_event(delta: bytes) -> bytes:
+    return b'data: {"choices":[{"index":0,"delta":' + delta + b',"finish_reason":null}]}\n\n'
+
+
+def test_role_only_and_empty_chunks_do_not_start_the_output():
+    relay = plain_relay()
+    for ev in (ROLE, chunk(""), chunk(None), SPACED_ROLE, delta_event(b'{"tool_calls":[]}'), b": ping\n\n"):
+        relay.feed(ev)
+        assert relay.output_started is False
+    assert relay.error is None
+    assert relay.feed(chunk("J")) == chunk("J")
+    assert relay.output_started is True
+
+
+@pytest.mark.parametrize(
+    "ev",
+    [
+        chunk("J"),
+        chunk("]"),  # a value that happens to start like an empty list is still text
+        chunk('"'),
+        SPACED_HI,
+        delta_event(b'{"reasoning_content":"hmm"}'),
+        delta_event(b'{"reasoning_content": "hmm"}'),
+        delta_event(b'{"reasoning":"hmm"}'),
+        delta_event(b'{"tool_calls":[{"index":0,"id":"c","function":{"name":"f","arguments":""}}]}'),
+        delta_event(b'{"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}'),
+        b'data: {"choices":[{"index":0,"text":"once","finish_reason":null}]}\n\n',
+        b'data: {"choices": [{"index": 0, "text": "once", "finish_reason": null}]}\n\n',
+    ],
+)
+def test_the_first_text_reasoning_or_tool_call_starts_the_output(ev: bytes):
+    relay = plain_relay()
+    relay.feed(ROLE)
+    assert relay.output_started is False
+    assert relay.feed(ev)
+    assert relay.output_started is True
+
+
+def test_output_started_in_both_json_spacing_styles_and_stays_set():
+    relay = make_relay(CASES["tabby_spaced"][1])
+    assert relay.feed(SPACED_ROLE.replace(b"\n", b"\r\n")) and relay.output_started is False
+    relay.feed(SPACED_HI.replace(b"\n", b"\r\n"))
+    assert relay.output_started is True
+    relay.feed(chunk(None, "stop"))
+    assert relay.output_started is True
+
+
+def test_renamed_reasoning_starts_the_output():
+    relay = vllm_relay()  # "reasoning" -> the configured "reasoning_content" on the way out
+    relay.feed(b'data: {"choices":[{"index":0,"delta":{"reasoning":"hmm"},"finish_reason":null}]}\n\n')
+    assert relay.output_started is True
+
+
+def test_output_on_the_slow_path_and_in_an_unterminated_last_event_counts():
+    relay = plain_relay(ctx(wants_usage=True))
+    relay.feed(ROLE + chunk("a", usage={"prompt_tokens": 1, "completion_tokens": 1}))  # parsed event by event
+    assert relay.output_started is True
+    last = plain_relay()
+    assert last.feed(ROLE + chunk("a")[:-2]) == ROLE
+    assert last.output_started is False
+    assert last.finish().startswith(chunk("a"))
+    assert last.output_started is True
+
+
+def test_a_stream_that_fails_before_any_output_never_starts_it():
+    relay = plain_relay()
+    run(relay, [ROLE, b'data: {"error":{"message":"\\"content\\":\\"x","code":500}}\n\n'])
+    assert relay.error is not None and relay.output_started is False
+    cut = plain_relay()
+    run(cut, [ROLE])
+    assert cut.error is not None and cut.output_started is False
 
 
 # -- split invariance --------------------------------------------------------------------------------
@@ -573,3 +652,19 @@ def test_whole_stream_outcomes_are_what_each_case_means():
     assert (tabby_u[0].count(b'"usage"'), tabby_u[0].count(b"data: "), tabby_u[3]) == (1, 4, None)
     cont = outcome(make_relay({}), [CONTINUOUS_USAGE])
     assert (b'"usage"' in cont[0], cont[1], cont[2]) == (False, Usage(14, 2), 3)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_output_started_is_set_by_the_feed_that_first_relays_output(name: str):
+    data, opts = CASES[name]
+    whole = make_relay(opts)
+    run(whole, [data])
+    relay, seen = make_relay(opts), b""
+    for i in range(len(data)):
+        out = relay.feed(data[i : i + 1])
+        if relay.output_started and not has_output(seen):
+            assert has_output(out)  # set on the very feed that passed the first output on
+        seen += out
+        assert relay.output_started is has_output(seen)
+    relay.finish()
+    assert relay.output_started is whole.output_started

@@ -1,0 +1,76 @@
+"""What every stream relay shares: its state, how it fails, the event-size cap, how it ends.
+
+A relay turns one engine response body into OpenAI SSE as the bytes arrive: `SSERelay` for the
+engines that speak OpenAI SSE themselves, `OllamaRelay` for Ollama's NDJSON. Both keep the state the
+service reads after each `feed()` (`usage`, `content_events`, `error`, `done`, `output_started`),
+hold an incomplete event over to the next chunk (refusing one past `MAX_EVENT_BYTES`: an engine must
+not make the gateway buffer without bound), fail at most once (one error event, then `[DONE]`, then
+nothing more), and end the same way: the leftover of the body is read as a last event, and a stream
+that has not finished cleanly by then ends with an error event. Subclasses supply `_last()` (the
+leftover) and `_end()` (what the end of the body means) and their own `feed()`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from llm_gateway.errors import DONE, GatewayError, UpstreamProtocolError
+from llm_gateway.types import CallContext, Usage
+
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+
+
+class RelayBase(ABC):
+    """One stream's state; see the module docstring. Implements the `StreamRelay` protocol."""
+
+    __slots__ = ("_buf", "_closed", "_ctx", "content_events", "done", "error", "output_started", "usage")
+
+    #: the start of the error message for an event past the cap ("... over N bytes")
+    oversized: ClassVar[str] = "the engine sent an event"
+
+    def __init__(self, ctx: CallContext) -> None:
+        self._ctx = ctx
+        self._buf = b""  # the incomplete event held over to the next chunk
+        self._closed = False  # ended or failed: nothing more is passed on
+        self.done = False  # the engine ended the stream cleanly
+        self.usage: Usage | None = None
+        self.error: GatewayError | None = None
+        self.content_events = 0
+        #: True once the relay has passed on generated output (non-empty text, reasoning, or a tool call)
+        self.output_started = False
+
+    @abstractmethod
+    def feed(self, data: bytes) -> bytes:
+        """Bytes for the client now (possibly empty); an in-band engine error becomes one error event."""
+
+    def _hold(self, buf: bytes) -> bytes:
+        """Keep an incomplete event for the next chunk; one past the cap fails the stream."""
+        if len(buf) > MAX_EVENT_BYTES:
+            return self._fail(UpstreamProtocolError(f"{self.oversized} over {MAX_EVENT_BYTES} bytes"))
+        self._buf = buf
+        return b""
+
+    def _fail(self, err: GatewayError) -> bytes:
+        self._closed = True
+        self.error = err
+        return err.sse_event() + DONE
+
+    def finish(self) -> bytes:
+        """At the engine's end of body: the last event, then `[DONE]`, or an error event if the stream
+        did not end cleanly. Nothing after the relay ended or failed."""
+        if self._closed:
+            return b""
+        rest, self._buf = self._buf, b""
+        out = self._last(rest) if rest.strip() else b""
+        if self._closed:
+            return out
+        return out + self._end()
+
+    @abstractmethod
+    def _last(self, rest: bytes) -> bytes:
+        """The leftover of the body (an event without its terminator), as bytes for the client."""
+
+    @abstractmethod
+    def _end(self) -> bytes:
+        """The end of the body on a relay that has not ended yet: `[DONE]`, or an error event."""
