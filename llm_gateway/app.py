@@ -16,6 +16,7 @@ from llm_gateway.http.asgi import GatewayApp
 from llm_gateway.prober import Prober
 from llm_gateway.reload import ConfigWatcher
 from llm_gateway.runtime import Gateway
+from llm_gateway.service import GenerationService
 from llm_gateway.settings import GatewayConfig
 from llm_gateway.upstream.base import UpstreamClient
 
@@ -72,7 +73,7 @@ def create_app(
             await metrics_runner.cleanup()
         await gw.aclose()
 
-    app = GatewayApp(gw, on_startup=startup, on_shutdown=shutdown)
+    app = GatewayApp(gw, GenerationService(gw), on_startup=startup, on_shutdown=shutdown)
     return app
 
 

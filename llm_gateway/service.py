@@ -1,11 +1,13 @@
 """The steps of one generation request (chat, completions, embeddings); each step lives elsewhere.
 
-inspect the body -> resolve the public model -> check the key may use it -> reserve rate limits ->
+read the body (request_info) -> resolve the public model -> check the key may use it -> reserve rate limits ->
 dispatch to a deployment (selection, admission, retries, failover) -> answer: the whole JSON body,
 or the stream relayed chunk by chunk -> settle the limits with the real usage. Usage for streams:
 the adapters always ask the engine for it and strip the extra chunk unless the client asked; if the
 engine never sent it (the stream was cut, or the client left), the completion is estimated from
 the chunks relayed so that an aborted stream still pays for what was generated.
+The service answers through the `ClientExchange` it owns (exchange.py), never through ASGI; the
+first generated output (for TTFT) is reported by the adapter's relay, which knows the engine's shapes.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Any
 from llm_gateway.adapters.base import StreamRelay
 from llm_gateway.auth import Principal
 from llm_gateway.dispatch import Trace, release
-from llm_gateway.errors import GatewayError, ModelNotFound, UpstreamProtocolError
-from llm_gateway.http.call import Call, Headers
+from llm_gateway.errors import DONE, GatewayError, ModelNotFound, UpstreamProtocolError
+from llm_gateway.exchange import ClientExchange, Headers
 from llm_gateway.limits.limiter import quota_headers
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.request_info import RequestInfo, read_request
@@ -31,14 +33,13 @@ from llm_gateway.upstream.base import UpstreamResponse
 ERROR_BODY_LIMIT = 256 * 1024
 RESPONSE_LIMIT = 256 * 1024 * 1024
 DISCONNECT_WATCH_DELAY_S = 0.25
-DONE = b"data: [DONE]\n\n"
 
 
 @dataclass(slots=True)
 class Job:
     """One generation request on its way through the steps."""
 
-    call: Call
+    call: ClientExchange
     rec: RequestRecord
     rt: Runtime
     endpoint: Endpoint
@@ -92,7 +93,13 @@ class GenerationService:
         self.gw = gw
 
     async def handle(
-        self, call: Call, rec: RequestRecord, rt: Runtime, endpoint: Endpoint, body: dict[str, Any], who: Principal
+        self,
+        call: ClientExchange,
+        rec: RequestRecord,
+        rt: Runtime,
+        endpoint: Endpoint,
+        body: dict[str, Any],
+        who: Principal,
     ) -> None:
         info = read_request(endpoint, body)
         fmt = call.header(rt.format_header)
@@ -185,7 +192,6 @@ class GenerationService:
         dep.breaker.success()
         if usage is not None:
             rec.prompt_tokens, rec.completion_tokens = usage.prompt_tokens, usage.completion_tokens
-        rec.status = 200
         await job.call.respond(200, out, job.answer_headers(dep))
         return usage
 
@@ -235,12 +241,11 @@ class GenerationService:
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
         ]
-        rec.status = 200
         await call.start(200, headers)
         itl = self.gw.metrics.child(self.gw.metrics.itl, dep.model, dep.backend.name)
         first = True
         last = time.perf_counter()
-        send = call.send
+        write = call.write
         feed = relay.feed
         err: GatewayError | None = None
         read = resp.read_chunk
@@ -250,14 +255,14 @@ class GenerationService:
                 if out:
                     now = time.perf_counter()
                     if first:
-                        if _has_token(out):  # not a role-only or empty chunk: the first generated text
+                        if relay.output_started:  # not a role-only or empty chunk: the first generated output
                             first = False
                             rec.ttft_s = now - rec.t0
                             self.gw.metrics.child(self.gw.metrics.ttft, dep.model, dep.backend.name).observe(rec.ttft_s)
                     else:
                         itl.observe(now - last)
                     last = now
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    await write(out)
                 if relay.error is not None:
                     break
             else:
@@ -288,21 +293,3 @@ def _usage_of(relay: StreamRelay, prompt_estimate: int) -> tuple[int, int, bool]
         return u.prompt_tokens, u.completion_tokens, False
     # the engine never reported usage (cut stream, or the client left): estimate what was generated
     return prompt_estimate, relay.content_events, True
-
-
-_TOKEN_MARKERS = (
-    b'"content":"', b'"content": "', b'"text":"', b'"text": "', b'"reasoning_content":"', b'"reasoning_content": "',
-    b'"reasoning":"', b'"reasoning": "', b'"tool_calls":[', b'"tool_calls": [',
-)  # fmt: skip
-
-
-def _has_token(out: bytes) -> bool:
-    """Does this relayed block carry generated text (a non-empty content/text/reasoning, or a tool call)?"""
-    for m in _TOKEN_MARKERS:
-        i = out.find(m)
-        while i >= 0:
-            j = i + len(m)
-            if m.endswith(b"[") or out[j : j + 1] not in (b'"', b""):
-                return True
-            i = out.find(m, j)
-    return False

@@ -3,7 +3,8 @@
 Routes are a dict lookup, not a framework router (measured in bench/: the whole HTTP surface is a
 handful of fixed paths). Every error becomes the OpenAI envelope with its status; an exception the
 gateway did not expect is logged and answered 500 with no internals in the body. Each request ends
-in exactly one `finish_record` (metrics + access log).
+in exactly one `finish_record` (metrics + access log), with the status its `Call` sent. The app is
+handed the service it serves (built by the composition root, app.py), never builds it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from llm_gateway.service import GenerationService
 log = logging.getLogger("gateway")
 _RID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
 
-Handler = Callable[["GatewayApp", Call, RequestRecord, Runtime], Awaitable[None]]
+Handler = Callable[[handlers.HandlerContext, Call, RequestRecord, Runtime], Awaitable[None]]
 Lifecycle = Callable[[], Awaitable[None]]
 
 
@@ -50,13 +51,19 @@ PATHS = {p for _, p in ROUTES}
 
 class GatewayApp:
     def __init__(
-        self, gw: Gateway, *, on_startup: Lifecycle | None = None, on_shutdown: Lifecycle | None = None
+        self,
+        gw: Gateway,
+        service: GenerationService,
+        *,
+        on_startup: Lifecycle | None = None,
+        on_shutdown: Lifecycle | None = None,
     ) -> None:
         self.gw = gw
-        self.service = GenerationService(gw)
+        self.service = service
         self._on_startup = on_startup
         self._on_shutdown = on_shutdown
         self.started_at = int(time.time())
+        self.context = handlers.HandlerContext(service, gw.server, gw.metrics, self.started_at)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -86,7 +93,7 @@ class GatewayApp:
                     raise MethodNotAllowed(f"{method} is not allowed on {path}")
                 else:
                     raise RouteNotFound(f"Unknown request URL: {method} {path[:200]}")
-            await handler(self, call, rec, rt)
+            await handler(self.context, call, rec, rt)
         except GatewayError as e:
             rec.status, rec.error = e.status, e.code
             rec.outcome = outcome_of(e.status, e.code)
@@ -108,7 +115,7 @@ class GatewayApp:
                 )
         finally:
             if rec.status == 0:
-                rec.status = 200
+                rec.status = call.status or 200
             finish_record(self.gw.metrics, self.gw.access, rec)
 
     async def send_error(self, call: Call, e: GatewayError) -> None:

@@ -1,5 +1,6 @@
 """One HTTP exchange with a client, over raw ASGI: reading the body with limits, answering, and
-noticing at once when the client goes away.
+noticing at once when the client goes away. `Call` implements the service's `ClientExchange`
+(llm_gateway/exchange.py) and records the status it sent.
 
 Raw ASGI instead of a framework's Request/Response objects: on the hot path this is measurably
 cheaper (see bench/), and streaming needs direct control of `send`. Disconnects: ASGI reports them
@@ -16,14 +17,12 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from llm_gateway.errors import PayloadTooLarge, RequestTimeout
+from llm_gateway.exchange import JSON, Headers
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-Headers = list[tuple[bytes, bytes]]
-
-JSON = b"application/json"
 
 
 class Call:
@@ -36,6 +35,7 @@ class Call:
         "scope",
         "send",
         "started",
+        "status",
         "task",
     )
 
@@ -45,6 +45,7 @@ class Call:
         self.send = send
         self.rid = rid
         self.started = False
+        self.status = 0
         self.disconnected = False
         self.task: asyncio.Task[Any] | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -127,6 +128,7 @@ class Call:
     # -- answering ---------------------------------------------------------------------------------------
     async def respond(self, status: int, body: bytes, headers: Headers, content_type: bytes = JSON) -> None:
         self.started = True
+        self.status = status
         headers.append((b"content-type", content_type))
         headers.append((b"content-length", str(len(body)).encode()))
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
@@ -134,6 +136,7 @@ class Call:
 
     async def start(self, status: int, headers: Headers) -> None:
         self.started = True
+        self.status = status
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def write(self, data: bytes) -> None:

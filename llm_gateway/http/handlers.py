@@ -1,5 +1,9 @@
 """Handlers of the HTTP surface. Each parses what it needs and hands over; no routing logic here.
 
+A handler gets `(HandlerContext, Call, RequestRecord, Runtime)`: the few shared objects it needs
+(the generation service, the server settings, the metrics, the start time), not the whole app.
+The status of each answer is recorded by the `Call` that sends it.
+
 OpenAI routes: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `GET /v1/models`,
 `GET /v1/models/{id}` (also without the `/v1` prefix). Operations: `GET /healthz` (the process is
 alive), `GET /readyz` (at least one backend is ready or busy), `GET /metrics`, `GET /openapi.json`.
@@ -8,7 +12,8 @@ alive), `GET /readyz` (at least one backend is ready or busy), `GET /metrics`, `
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -16,14 +21,24 @@ from llm_gateway.auth import Principal
 from llm_gateway.errors import InvalidJSON, InvalidRequest, ModelNotFound, RouteNotFound, UnsupportedMediaType
 from llm_gateway.http.call import Call
 from llm_gateway.http.openapi import openapi_document
+from llm_gateway.observability.metrics import Metrics
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.runtime import Runtime
+from llm_gateway.service import GenerationService
+from llm_gateway.settings import ServerConfig
 from llm_gateway.types import Endpoint
 
-if TYPE_CHECKING:
-    from llm_gateway.http.asgi import GatewayApp
-
 PROM = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerContext:
+    """What the handlers need of the process: fixed for its lifetime (the Runtime comes per request)."""
+
+    service: GenerationService
+    server: ServerConfig
+    metrics: Metrics
+    started_at: int
 
 
 def _auth(call: Call, rec: RequestRecord, rt: Runtime) -> Principal:
@@ -32,13 +47,13 @@ def _auth(call: Call, rec: RequestRecord, rt: Runtime) -> Principal:
     return who
 
 
-async def _generation(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime, endpoint: Endpoint) -> None:
+async def _generation(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime, endpoint: Endpoint) -> None:
     rec.endpoint = endpoint
     who = _auth(call, rec, rt)
     ct = call.header(b"content-type")
     if ct is not None and not ct.lower().startswith(b"application/json"):
         raise UnsupportedMediaType("The request body must be JSON: send it with 'Content-Type: application/json'.")
-    server = app.gw.server
+    server = ctx.server
     raw = await call.read_body(server.max_body_bytes, server.body_timeout_s)
     try:
         body = orjson.loads(raw)
@@ -48,19 +63,19 @@ async def _generation(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runti
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    await app.service.handle(call, rec, rt, endpoint, body, who)
+    await ctx.service.handle(call, rec, rt, endpoint, body, who)
 
 
-async def chat(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
-    await _generation(app, call, rec, rt, "chat")
+async def chat(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    await _generation(ctx, call, rec, rt, "chat")
 
 
-async def completions(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
-    await _generation(app, call, rec, rt, "completions")
+async def completions(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    await _generation(ctx, call, rec, rt, "completions")
 
 
-async def embeddings(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
-    await _generation(app, call, rec, rt, "embeddings")
+async def embeddings(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    await _generation(ctx, call, rec, rt, "embeddings")
 
 
 def _card(name: str, created: int, canonical: str) -> dict[str, Any]:
@@ -70,18 +85,17 @@ def _card(name: str, created: int, canonical: str) -> dict[str, Any]:
     return card
 
 
-async def list_models(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+async def list_models(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     who = _auth(call, rec, rt)
     data = [
-        _card(name, app.started_at, route.name)
+        _card(name, ctx.started_at, route.name)
         for name, route in rt.table.public_names()
         if who.may_use(route.name) or who.may_use(name)
     ]
-    rec.status = 200
     await call.respond(200, orjson.dumps({"object": "list", "data": data}), [(b"x-request-id", call.rid.encode())])
 
 
-async def get_model(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+async def get_model(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     who = _auth(call, rec, rt)
     name = call.scope["path"].split("/models/", 1)[1]
     route = rt.table.resolve(name)
@@ -89,36 +103,31 @@ async def get_model(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime
         raise ModelNotFound(
             "The requested model does not exist; GET /v1/models lists the models this key may use.", param="model"
         )
-    rec.status = 200
     await call.respond(
-        200, orjson.dumps(_card(name, app.started_at, route.name)), [(b"x-request-id", call.rid.encode())]
+        200, orjson.dumps(_card(name, ctx.started_at, route.name)), [(b"x-request-id", call.rid.encode())]
     )
 
 
-async def healthz(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
-    rec.status = 200
+async def healthz(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     await call.respond(200, b'{"status":"ok"}', [])
 
 
-async def readyz(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+async def readyz(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     now = time.monotonic()
     backends = {
         b.name: {"engine": b.kind, "state": b.health(now), "in_flight": b.in_flight} for b in rt.table.backends.values()
     }
     ready = any(v["state"] in ("ready", "busy") for v in backends.values())
     status = 200 if ready else 503
-    rec.status = status
     body = {"status": "ready" if ready else "not_ready", "backends": backends}
     await call.respond(status, orjson.dumps(body), [])
 
 
-async def metrics(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
-    if app.gw.server.metrics_port is not None and not app.gw.server.metrics_on_main_port:
+async def metrics(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    if ctx.server.metrics_port is not None and not ctx.server.metrics_on_main_port:
         raise RouteNotFound("Metrics are served on the metrics port.")
-    rec.status = 200
-    await call.respond(200, app.gw.metrics.render(), [], content_type=PROM)
+    await call.respond(200, ctx.metrics.render(), [], content_type=PROM)
 
 
-async def openapi(app: GatewayApp, call: Call, rec: RequestRecord, rt: Runtime) -> None:
-    rec.status = 200
+async def openapi(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     await call.respond(200, openapi_document(), [])

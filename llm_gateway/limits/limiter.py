@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from llm_gateway.auth import Principal
 from llm_gateway.errors import RateLimited, ServiceUnavailable
+from llm_gateway.exchange import Headers
 from llm_gateway.limits.store import (
     Decision,
     LimitStore,
@@ -21,8 +22,6 @@ from llm_gateway.limits.store import (
     StoreUnavailable,
     format_reset,
 )
-
-Headers = list[tuple[bytes, bytes]]
 
 
 class Limiter:

@@ -1,0 +1,50 @@
+"""The client exchange: what the service needs from the HTTP layer to answer one request.
+
+The service owns this interface and the HTTP layer implements it (`http/call.py`'s `Call`), so the
+service never imports the HTTP layer nor writes ASGI messages: it answers whole (`respond`), or
+starts a stream and writes to it (`start`, `write`, `end`), and asks to be cancelled when the client
+goes away (`watch_disconnect`, `stop_watching`). The exchange records the status it sent, so no
+caller keeps a second copy of it. Like httpx's transport seam, it sits below the code that uses it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+Headers = list[tuple[bytes, bytes]]
+JSON = b"application/json"
+
+
+class ClientExchange(Protocol):
+    """One client's request and its answer, as the service sees it."""
+
+    rid: str  # the request id (the client's x-request-id when it is sane, else a fresh one)
+    status: int  # the status sent so far; 0 until the answer has started
+
+    def header(self, name: bytes) -> bytes | None:
+        """The request header `name` (lower-case bytes), or None."""
+        ...
+
+    async def respond(self, status: int, body: bytes, headers: Headers, content_type: bytes = JSON) -> None:
+        """A whole answer: status, headers (content type and length are added) and body."""
+        ...
+
+    async def start(self, status: int, headers: Headers) -> None:
+        """The head of a streamed answer; the body follows with `write` and ends with `end`."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Part of a streamed body, sent at once."""
+        ...
+
+    async def end(self) -> None:
+        """The end of a streamed body."""
+        ...
+
+    def watch_disconnect(self, delay_s: float = 0.0) -> None:
+        """Cancel the calling task if the client goes away (after `delay_s`, so fast answers skip it)."""
+        ...
+
+    def stop_watching(self) -> None:
+        """Stop watching for the client's disconnect."""
+        ...
