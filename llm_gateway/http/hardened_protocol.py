@@ -4,6 +4,13 @@ Adds what uvicorn leaves out: a deadline for the request headers (a client that 
 cut off with 408, holding no worker), a cap on header size (431, checked while the headers are
 still arriving, before the parser buffers them), and a cap on open connections (503 and close).
 The body has its own read timeout and size cap in `Call.read_body`.
+
+Header counting restarts only when both the request was parsed to its end and its response is
+complete: an app that answers early (401, 413) leaves the rest of the body to arrive, and those
+bytes are body, not the next request's headers; once that body has ended, the header deadline
+covers the idle connection again (uvicorn's keep-alive timer was cancelled by the body bytes).
+This subclasses uvicorn's private HttpToolsProtocol, which is why uvicorn is pinned exactly
+(constraints.txt) and why tests/unit/test_http_protocol.py drives every override fast.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ class GatewayProtocol(HttpToolsProtocol):
         self._awaiting_headers = True
         self._header_bytes = 0
         self._parsed_header_bytes = 0
+        self._message_parsed = False  # the current request has been parsed to its end
+        self._response_done = False  # ... and answered
         self._header_timer: asyncio.TimerHandle | None = None
         self._draining = False
         self._drained = 0
@@ -119,6 +128,7 @@ class GatewayProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._awaiting_headers = True
         self._parsed_header_bytes = 0
+        self._message_parsed = self._response_done = False
         self._arm()
 
     def on_url(self, url: bytes) -> None:
@@ -142,10 +152,22 @@ class GatewayProtocol(HttpToolsProtocol):
             raise _Refused  # stops the parser; uvicorn's 400 for it is a no-op on a closing transport
         super().on_headers_complete()
 
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._message_parsed = True
+        if self._response_done:  # answered before its body ended: now the connection is idle
+            self._await_next_request()
+            self._arm()
+
     def on_response_complete(self) -> None:
+        self._response_done = True
+        if self._message_parsed:
+            self._await_next_request()
+        super().on_response_complete()
+
+    def _await_next_request(self) -> None:
         self._awaiting_headers = True
         self._header_bytes = 0
-        super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

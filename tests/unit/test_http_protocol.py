@@ -1,0 +1,516 @@
+"""GatewayProtocol (llm_gateway/http/hardened_protocol.py) driven in-process: bytes in, bytes out.
+
+The protocol subclasses uvicorn's private `HttpToolsProtocol` and overrides its parser and
+connection callbacks, so an uvicorn upgrade can break it silently (uvicorn is pinned exactly in
+constraints.txt for that reason). These tests are the fast guard: the protocol class is built the way
+`llm_gateway.http.server.uvicorn_config` builds it, given a fake transport that records what is
+written and a fake loop whose timers fire only when a test fires them, so header deadlines, the
+keep-alive timer and the lingering close run in milliseconds, with no sockets and no waiting.
+The slow process-level counterpart is tests/reliability/test_hostile_clients.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pytest
+from uvicorn.server import ServerState
+
+from llm_gateway.http import hardened_protocol
+from llm_gateway.http.hardened_protocol import GatewayProtocol
+from llm_gateway.http.server import uvicorn_config
+from llm_gateway.settings import ServerConfig
+
+# distinct delays, so a pending timer says by its delay whose it is
+HEADER_TIMEOUT_S = 7.0
+KEEPALIVE_S = 3
+LINGER_S = hardened_protocol.LINGER_S
+MAX_HEADER_BYTES = 1024
+assert len({HEADER_TIMEOUT_S, float(KEEPALIVE_S), LINGER_S}) == 3
+
+
+# -- harness -------------------------------------------------------------------------------------------
+class FakeTimer:
+    def __init__(self, delay: float, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.delay = delay
+        self.callback = callback
+        self.args = args
+        self._cancelled = False
+        self.fired = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+
+class FakeLoop:
+    """The loop handed to the protocol: `call_later` only records the timer (a test fires it by
+    hand); tasks (the ASGI app) run on the real running loop."""
+
+    def __init__(self) -> None:
+        self.timers: list[FakeTimer] = []
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any, context: Any = None) -> FakeTimer:
+        timer = FakeTimer(delay, callback, args)
+        self.timers.append(timer)
+        return timer
+
+    def create_task(
+        self, coro: Coroutine[Any, Any, Any], *, name: str | None = None, context: contextvars.Context | None = None
+    ) -> asyncio.Task[Any]:
+        return asyncio.get_running_loop().create_task(coro, name=name, context=context)
+
+    def pending(self) -> list[float]:
+        return sorted(t.delay for t in self.timers if not t.cancelled() and not t.fired)
+
+    def fire(self, delay: float) -> None:
+        """Fire the one pending timer set for `delay` seconds, as if that much time had passed."""
+        due = [t for t in self.timers if t.delay == delay and not t.cancelled() and not t.fired]
+        assert len(due) == 1, f"expected one pending {delay}s timer, pending: {self.pending()}"
+        due[0].fired = True
+        due[0].callback(*due[0].args)
+
+
+class FakeTransport:
+    """Records what the protocol writes. Like asyncio's transports, it refuses a write after
+    write_eof() and ignores writes after close()."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.eof = False
+        self.closed = False
+        self.read_paused = False
+        self.late_writes = 0
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            self.late_writes += 1
+            return
+        if self.eof:
+            raise RuntimeError("Cannot call write() after write_eof()")
+        self.out += data
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.read_paused = True
+
+    def resume_reading(self) -> None:
+        self.read_paused = False
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        raise AssertionError("no protocol switch expected")
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 50123)}.get(name, default)
+
+
+@dataclass
+class Response:
+    status: int
+    reason: str
+    headers: dict[str, str]
+    body: bytes
+
+    def envelope(self) -> dict[str, Any]:
+        assert self.headers["content-type"] == "application/json"
+        doc = orjson.loads(self.body)
+        assert set(doc) == {"error"}
+        assert set(doc["error"]) == {"message", "type", "param", "code"}
+        assert doc["error"]["type"] == "invalid_request_error"
+        return doc["error"]  # type: ignore[no-any-return]
+
+
+def responses(raw: bytes | bytearray) -> list[Response]:
+    """Every HTTP/1.1 response in `raw`, framed by content-length; anything left over fails."""
+    out = []
+    rest = bytes(raw)
+    while rest:
+        head, sep, rest = rest.partition(b"\r\n\r\n")
+        assert sep, f"unterminated response head: {head[:200]!r}"
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        version, status, reason = status_line.split(" ", 2)
+        assert version == "HTTP/1.1", status_line
+        headers: dict[str, str] = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            assert name.lower() not in headers, f"duplicate header {name}"
+            headers[name.lower()] = value.strip()
+        n = int(headers["content-length"])
+        body, rest = rest[:n], rest[n:]
+        assert len(body) == n, "truncated body"
+        out.append(Response(int(status), reason, headers, body))
+    return out
+
+
+async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Reads the whole body, answers 200 with what it saw. `/early` answers 401 without reading it."""
+    assert scope["type"] == "http"
+    if scope["path"] == "/early":
+        await send({"type": "http.response.start", "status": 401, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    body = b""
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            break
+    answer = orjson.dumps({"method": scope["method"], "path": scope["path"], "body": body.decode()})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})
+
+
+@dataclass
+class Conn:
+    """One connection: its protocol, its transport, and its own fake loop (so its timers are its own)."""
+
+    proto: GatewayProtocol
+    transport: FakeTransport
+    loop: FakeLoop
+
+    def send(self, data: bytes, step: int = 0) -> None:
+        """Deliver `data` in one read, or in reads of `step` bytes."""
+        for i in range(0, len(data), step or len(data) or 1):
+            self.proto.data_received(data[i : i + (step or len(data))])
+
+
+@dataclass
+class Server:
+    """One configured protocol class and the state its connections share, as uvicorn's server has."""
+
+    cls: type[GatewayProtocol]
+    config: Any
+    state: ServerState = field(default_factory=ServerState)
+
+    def connect(self) -> Conn:
+        loop = FakeLoop()
+        proto = self.cls(config=self.config, server_state=self.state, app_state={}, _loop=loop)
+        transport = FakeTransport()
+        proto.connection_made(transport)  # type: ignore[arg-type]
+        return Conn(proto, transport, loop)
+
+    async def settle(self) -> None:
+        """Let the ASGI tasks run until each has finished or waits on the client."""
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+
+def make_server(max_connections: int = 100) -> Server:
+    settings = ServerConfig(
+        max_connections=max_connections,
+        header_timeout_s=HEADER_TIMEOUT_S,
+        max_header_bytes=MAX_HEADER_BYTES,
+        keepalive_timeout_s=KEEPALIVE_S,
+    )
+    config = uvicorn_config(echo_app, settings, "127.0.0.1", 0)  # type: ignore[arg-type]
+    config.load()
+    cls = config.http_protocol_class
+    assert issubclass(cls, GatewayProtocol)
+    return Server(cls, config)
+
+
+@pytest.fixture
+def server() -> Server:
+    return make_server()
+
+
+def request(method: str = "GET", path: str = "/x", body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "host: gw"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    if body or method == "POST":
+        lines.append(f"content-length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def big_headers(total: int) -> dict[str, str]:
+    """Headers (16 of them) whose values add up to `total` bytes."""
+    return {f"x-pad-{i}": "a" * (total // 16) for i in range(16)}
+
+
+def only_response(conn: Conn) -> Response:
+    got = responses(conn.transport.out)
+    assert len(got) == 1, got
+    return got[0]
+
+
+def assert_refused(conn: Conn, status: int, code: str) -> dict[str, Any]:
+    """One JSON-envelope answer with connection: close, then a lingering close: the write side is shut,
+    the transport stays open for LINGER_S (no header deadline left), then closes."""
+    resp = only_response(conn)
+    assert resp.status == status, resp
+    assert resp.headers["connection"] == "close"
+    error = resp.envelope()
+    assert error["code"] == code
+    assert conn.transport.eof and not conn.transport.closed
+    assert conn.loop.pending() == [LINGER_S]
+    conn.loop.fire(LINGER_S)
+    assert conn.transport.closed
+    return error
+
+
+# -- a normal request ------------------------------------------------------------------------------------
+async def test_a_normal_request_reaches_the_app_and_gets_its_answer(server: Server) -> None:
+    conn = server.connect()
+    assert conn.loop.pending() == [HEADER_TIMEOUT_S]
+    conn.send(request("POST", "/v1/chat", b'{"hi": 1}'))
+    assert conn.loop.pending() == []  # headers done: no header deadline over the body and the app
+    await server.settle()
+    resp = only_response(conn)
+    assert (resp.status, resp.reason) == (200, "OK")
+    assert orjson.loads(resp.body) == {"method": "POST", "path": "/v1/chat", "body": '{"hi": 1}'}
+    assert "connection" not in resp.headers  # kept alive
+    assert not conn.transport.eof and not conn.transport.closed
+    assert server.state.total_requests == 1
+
+
+async def test_headers_and_a_large_body_in_one_read_are_not_taken_for_oversized_headers(server: Server) -> None:
+    conn = server.connect()
+    body = b"b" * (MAX_HEADER_BYTES * 8)
+    conn.send(request("POST", "/big", body))
+    await server.settle()
+    resp = only_response(conn)
+    assert resp.status == 200
+    assert len(orjson.loads(resp.body)["body"]) == len(body)
+
+
+async def test_headers_and_body_over_many_small_reads_are_served(server: Server) -> None:
+    conn = server.connect()
+    conn.send(request("POST", "/slowish", b"c" * 3000, headers={"x-a": "1" * 500}), step=7)
+    await server.settle()
+    assert only_response(conn).status == 200
+
+
+# -- header deadline: 408 ----------------------------------------------------------------------------------
+async def test_headers_trickled_in_and_never_finished_get_408_when_the_deadline_fires(server: Server) -> None:
+    conn = server.connect()
+    conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n")
+    for _ in range(5):
+        conn.send(b"x-slow: 1\r\n")
+    assert conn.transport.out == b""
+    conn.loop.fire(HEADER_TIMEOUT_S)
+    error = assert_refused(conn, 408, "request_timeout")
+    assert "did not arrive in time" in error["message"]
+
+
+async def test_an_idle_connection_that_sends_nothing_is_closed_without_an_answer(server: Server) -> None:
+    conn = server.connect()
+    conn.loop.fire(HEADER_TIMEOUT_S)
+    assert conn.transport.closed
+    assert conn.transport.out == b""
+
+
+async def test_losing_the_connection_cancels_the_header_deadline(server: Server) -> None:
+    conn = server.connect()
+    conn.send(b"GET / HTTP/1.1\r\n")
+    assert conn.loop.pending() == [HEADER_TIMEOUT_S]
+    conn.proto.connection_lost(None)
+    assert conn.loop.pending() == []
+    assert conn.proto not in server.state.connections
+
+
+# -- header size cap: 431 ------------------------------------------------------------------------------------
+async def test_oversized_headers_in_one_read_get_431(server: Server) -> None:
+    conn = server.connect()
+    conn.send(request("GET", "/v1/models", headers=big_headers(MAX_HEADER_BYTES * 2)))
+    await server.settle()
+    # exactly one answer: the parser error the refusal raises must not add uvicorn's 400 after it
+    error = assert_refused(conn, 431, "request_header_fields_too_large")
+    assert str(MAX_HEADER_BYTES) in error["message"]
+    assert server.state.tasks == set()  # the app never saw it
+
+
+async def test_oversized_unfinished_headers_in_one_read_get_431(server: Server) -> None:
+    conn = server.connect()
+    conn.send(request("GET", "/v1/models", headers=big_headers(MAX_HEADER_BYTES * 2))[:-4])  # no blank line yet
+    assert_refused(conn, 431, "request_header_fields_too_large")
+
+
+async def test_oversized_headers_over_many_small_reads_get_431_as_the_cap_is_crossed(server: Server) -> None:
+    conn = server.connect()
+    raw = request("GET", "/v1/models", headers=big_headers(MAX_HEADER_BYTES * 3))
+    step = 50
+    sent = 0
+    while sent <= MAX_HEADER_BYTES:
+        assert conn.transport.out == b"", f"answered after only {sent} bytes"
+        conn.send(raw[sent : sent + step])
+        sent += step
+    assert conn.transport.out != b""  # refused at the read that crossed the cap, not later
+    conn.send(raw[sent:], step=step)  # the rest is drained, not answered again
+    assert_refused(conn, 431, "request_header_fields_too_large")
+
+
+async def test_the_header_budget_is_per_request_on_a_kept_alive_connection(server: Server) -> None:
+    conn = server.connect()
+    near_cap = big_headers(MAX_HEADER_BYTES - 16 * 12 - 100)  # with names and CRLFs, just under the cap
+    for i in range(3):
+        raw = request("GET", f"/r{i}", headers=near_cap)
+        assert MAX_HEADER_BYTES - 100 < len(raw) <= MAX_HEADER_BYTES
+        conn.send(raw, step=100)
+        await server.settle()
+    assert [r.status for r in responses(conn.transport.out)] == [200, 200, 200]
+
+
+async def test_oversized_headers_of_the_next_request_on_a_kept_alive_connection_get_431(server: Server) -> None:
+    conn = server.connect()
+    conn.send(request(path="/first"))
+    await server.settle()
+    # the whole first read of the next request counts, before the parser has even begun it
+    conn.send(request("GET", "/second", headers=big_headers(MAX_HEADER_BYTES * 2))[:-4])
+    first, second = responses(conn.transport.out)
+    assert first.status == 200
+    assert second.status == 431 and second.envelope()["code"] == "request_header_fields_too_large"
+
+
+# -- bad framing: 400 in the OpenAI envelope ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b"\x00\x01 garbage \xff\r\n\r\n", id="garbage-request-line"),
+        pytest.param(b"GET / HTTP/1.1\r\nhost: gw\r\ncontent-length: abc\r\n\r\n", id="bogus-content-length"),
+        pytest.param(
+            b"POST /v1/chat HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n",
+            id="invalid-chunked-encoding",
+        ),
+    ],
+)
+async def test_bad_framing_gets_400_in_the_json_envelope(server: Server, raw: bytes) -> None:
+    conn = server.connect()
+    conn.send(raw)
+    await server.settle()
+    error = assert_refused(conn, 400, "invalid_http")
+    assert error["message"].startswith("The HTTP request could not be parsed")
+    conn.proto.connection_lost(None)  # what the closed transport reports next; an app waiting on a body ends
+    await server.settle()
+    assert server.state.tasks == set()
+    assert conn.transport.late_writes == 0
+
+
+# -- connection cap: 503 at connection_made ---------------------------------------------------------------------
+async def test_a_connection_over_the_cap_is_refused_with_503_at_once() -> None:
+    server = make_server(max_connections=2)
+    first, second = server.connect(), server.connect()
+    over = server.connect()
+    assert first.transport.out == second.transport.out == b""
+    assert first.loop.pending() == second.loop.pending() == [HEADER_TIMEOUT_S]
+    assert over.transport.out != b""  # before it sent a byte
+    error = assert_refused(over, 503, "too_many_connections")
+    assert "too many open connections" in error["message"]
+    over.proto.connection_lost(None)
+    first.proto.connection_lost(None)
+    again = server.connect()  # a slot is free again
+    assert again.transport.out == b"" and not again.transport.eof
+
+
+# -- lingering close -----------------------------------------------------------------------------------------------
+async def test_after_a_refusal_input_is_drained_for_a_while_then_the_connection_closes() -> None:
+    server = make_server(max_connections=1)
+    server.connect()
+    conn = server.connect()
+    answer = bytes(conn.transport.out)
+    for _ in range(100):
+        conn.send(request("POST", "/v1/chat", b"x" * 4096))  # read and thrown away
+    assert conn.transport.out == answer and not conn.transport.closed
+    await server.settle()
+    assert server.state.tasks == set()
+    assert conn.loop.pending() == [LINGER_S]
+    conn.loop.fire(LINGER_S)
+    assert conn.transport.closed
+
+
+async def test_the_drain_stops_early_when_the_client_sends_too_much(server: Server) -> None:
+    conn = server.connect()
+    conn.send(b"\x00bad\r\n\r\n")  # refused
+    conn.send(b"z" * hardened_protocol.LINGER_MAX_BYTES, step=65536)
+    assert not conn.transport.closed  # drained exactly the limit
+    conn.send(b"z")
+    assert conn.transport.closed
+    assert len(responses(conn.transport.out)) == 1
+
+
+# -- keep-alive ------------------------------------------------------------------------------------------------------
+async def test_after_a_response_the_keepalive_timer_guards_the_idle_gap(server: Server) -> None:
+    conn = server.connect()
+    conn.send(request())
+    await server.settle()
+    assert only_response(conn).status == 200
+    # between requests: uvicorn's keep-alive timer; the header deadline waits for the next request
+    assert conn.loop.pending() == [KEEPALIVE_S]
+    conn.loop.fire(KEEPALIVE_S)
+    assert conn.transport.closed
+    assert len(responses(conn.transport.out)) == 1
+
+
+async def test_the_next_request_on_a_kept_alive_connection_gets_a_fresh_header_deadline(server: Server) -> None:
+    conn = server.connect()
+    conn.send(request(path="/first"))
+    await server.settle()
+    conn.send(b"GET /second HTTP/1.1\r\nhost: gw\r\n")  # and then nothing more
+    assert conn.loop.pending() == [HEADER_TIMEOUT_S]  # keep-alive timer cancelled, deadline re-armed
+    conn.loop.fire(HEADER_TIMEOUT_S)
+    first, second = responses(conn.transport.out)
+    assert first.status == 200 and orjson.loads(first.body)["path"] == "/first"
+    assert second.status == 408 and second.envelope()["code"] == "request_timeout"
+    assert conn.transport.eof
+
+
+async def test_kept_alive_requests_are_each_served(server: Server) -> None:
+    conn = server.connect()
+    for i in range(3):
+        conn.send(request("POST", f"/n{i}", f"body{i}".encode()))
+        await server.settle()
+        assert conn.loop.pending() == [KEEPALIVE_S]
+    got = responses(conn.transport.out)
+    assert [orjson.loads(r.body)["path"] for r in got] == ["/n0", "/n1", "/n2"]
+    assert server.state.total_requests == 3
+
+
+async def test_the_rest_of_a_body_the_app_did_not_read_is_not_counted_as_headers(server: Server) -> None:
+    conn = server.connect()
+    body = b"u" * (MAX_HEADER_BYTES * 4)
+    raw = request("POST", "/early", body)
+    split = len(raw) - len(body) + 10
+    conn.send(raw[:split])  # headers and the start of the body
+    await server.settle()  # the app answers 401 without reading the body
+    assert only_response(conn).status == 401
+    conn.send(raw[split:], step=512)  # the client keeps uploading what it announced
+    conn.send(request(path="/after"))
+    await server.settle()
+    assert [r.status for r in responses(conn.transport.out)] == [401, 200]
+
+
+async def test_a_connection_idle_after_the_unread_rest_of_a_body_is_closed_by_the_header_deadline(
+    server: Server,
+) -> None:
+    conn = server.connect()
+    body = b"u" * 4096
+    raw = request("POST", "/early", body)
+    split = len(raw) - len(body) + 10
+    conn.send(raw[:split])
+    await server.settle()  # answered 401 before the body ended
+    assert only_response(conn).status == 401
+    conn.send(raw[split:])  # the rest of the body: it cancels uvicorn's keep-alive timer
+    assert HEADER_TIMEOUT_S in conn.loop.pending()  # ... so the header deadline guards the idle connection
+    conn.loop.fire(HEADER_TIMEOUT_S)
+    assert conn.transport.closed
+    assert len(responses(conn.transport.out)) == 1  # closed without a second answer
