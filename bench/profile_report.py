@@ -34,7 +34,8 @@ THIRD_PARTY = {
     "redis": "redis",
     "yaml": "yaml",
 }
-ENTRY = ("gateway/__main__.py", "gateway/cli.py", "gateway/http/server.py")  # below the event loop: not "own work"
+# below the event loop: not "own work"
+ENTRY = ("llm_gateway/__main__.py", "llm_gateway/cli.py", "llm_gateway/http/server.py")
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]*)(?::\d+)?\)$")
 
 
@@ -61,9 +62,9 @@ def component(path: str, func: str = "") -> str:
     p = path
     if p and not p.endswith(".py") and not p.startswith("<") and "/" not in p.removesuffix(".py"):
         return native_component(p, func)
-    for own in ("gateway/", "adapters/"):
-        if p.startswith(own) or (f"/{own}" in p and "site-packages" not in p):
-            return "gateway + adapters (own code)"
+    own = "llm_gateway/"
+    if p.startswith(own) or (f"/{own}" in p and "site-packages" not in p):
+        return "gateway + adapters (own code)"
     if "site-packages/" in p:
         p = p.split("site-packages/", 1)[1]
     top = p.split("/", 1)[0].removesuffix(".py")
@@ -149,9 +150,9 @@ def from_pstats(path: Path, title: str = "") -> str:
 def _short(file: str) -> str:
     if "site-packages/" in file:
         return file.split("site-packages/", 1)[1]
-    for own in ("/gateway/", "/adapters/"):
-        if own in file:
-            return own[1:] + file.split(own, 1)[1]
+    own = "/llm_gateway/"
+    if own in file:
+        return own[1:] + file.split(own, 1)[1]
     if "/lib/python3" in file:
         return file.split("/lib/python3", 1)[1].split("/", 1)[-1]
     return file
@@ -164,7 +165,7 @@ def _render(title: str, total: int, self_c: Counter, incl: Counter, comp: Counte
     out = [f"# {title}: {total:,} {unit}", "", "## time by component (self time)"]
     for name, n in comp.most_common():
         out.append(f"{pct(n)}  {name}")
-    out.append(f"(inclusive: samples inside gateway/ or adapters/ code or what it calls: {pct(own_incl)})")
+    out.append(f"(inclusive: samples inside llm_gateway/ code or what it calls: {pct(own_incl)})")
     out += ["", "## top 30 by self time"]
     out += [f"{pct(n)}  {name}" for name, n in self_c.most_common(30)]
     out += ["", "## top 30 by inclusive time"]
@@ -175,7 +176,7 @@ def _render(title: str, total: int, self_c: Counter, incl: Counter, comp: Counte
         return component(path) == "gateway + adapters (own code)" and path not in ENTRY
 
     own = Counter({k: v for k, v in self_c.items() if is_own(k)})
-    out += ["", "## own code (gateway/, adapters/), top 20 by self time"]
+    out += ["", "## own code (llm_gateway/), top 20 by self time"]
     out += [f"{pct(n)}  {name}" for name, n in own.most_common(20)]
     own_incl = Counter({k: v for k, v in incl.items() if is_own(k)})
     out += ["", "## own code, top 25 by inclusive time (the function and everything it calls)"]

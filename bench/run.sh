@@ -17,7 +17,7 @@ if ! command -v wrk >/dev/null 2>&1; then
   sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
   $sudo_ apt-get update -qq && $sudo_ apt-get install -y -qq wrk >/dev/null
 fi
-if ! "$py" -c "import gateway, aiohttp, uvloop, yaml" 2>/dev/null; then
+if ! "$py" -c "import llm_gateway, aiohttp, uvloop, yaml" 2>/dev/null; then
   echo "bench: $py cannot import the project (gateway, aiohttp, uvloop, yaml): install it first," >&2
   echo "       e.g. python3 -m venv .venv && .venv/bin/pip install -e '.[dev]'  (or set BENCH_PY)" >&2
   exit 1

@@ -27,7 +27,7 @@ LITELLM_VENV = Path(
     )
 )
 PROJECT_PY = os.environ.get("BENCH_PY", sys.executable)
-DEFAULT_GATEWAY_CMD = "{py} -m gateway serve --config {config} --host 127.0.0.1 --port {port}"
+DEFAULT_GATEWAY_CMD = "{py} -m llm_gateway serve --config {config} --host 127.0.0.1 --port {port}"
 
 
 def gateway_config(engine_urls: list[str], api_key: str = API_KEY) -> dict:

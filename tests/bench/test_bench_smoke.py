@@ -135,7 +135,7 @@ def test_report_marks_targets_met_and_not_met() -> None:
 def test_profile_report_splits_own_code_from_libraries() -> None:
     text = profile_report.from_collapsed(
         "run (uvloop/__init__.py:1);Runner.run (asyncio/runners.py:118) 5\n"
-        "run (uvloop/__init__.py:1);handle (gateway/service.py:10) 3\n"
+        "run (uvloop/__init__.py:1);handle (llm_gateway/service.py:10) 3\n"
         "run (uvloop/__init__.py:1);send (aiohttp/client.py:5) 2\n"
     )
     assert " 30.0%  gateway + adapters (own code)" in text
