@@ -1,4 +1,5 @@
-"""Shared test helpers: configs from YAML text, an in-process gateway over ASGI, keys."""
+"""Shared test helpers: configs from YAML text, an in-process gateway over ASGI (engines played at the
+upstream seam by a FakeUpstream), keys."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import os
 import textwrap
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import httpx
 import pytest
@@ -16,7 +16,8 @@ from llm_gateway.auth import digest_of
 from llm_gateway.config_loader import parse_config
 from llm_gateway.http.asgi import GatewayApp
 from llm_gateway.settings import GatewayConfig
-from llm_gateway.upstream.httpx_client import HttpxUpstream
+from llm_gateway.upstream.base import UpstreamClient
+from tests.support.fake_upstream import FakeUpstream
 from tests.support.real_engines import EngineNotInstalled, LlamaServer, OllamaServer, RealEngine, VllmServer
 
 TEST_KEY = "sk-test-alice-0123456789"
@@ -50,10 +51,14 @@ models:
 
 @asynccontextmanager
 async def gateway_client(
-    config: GatewayConfig, *, upstream: Any = None, key: str | None = TEST_KEY
+    config: GatewayConfig, *, upstream: UpstreamClient | None = None, key: str | None = TEST_KEY
 ) -> AsyncIterator[tuple[httpx.AsyncClient, GatewayApp]]:
-    """The gateway in-process (no probes, backends start 'unknown' = routable), driven over ASGI."""
-    app = create_app(config, upstream=upstream or HttpxUpstream(), probes=False)
+    """The gateway in-process (no probes, backends start 'unknown' = routable), driven over ASGI.
+
+    Engines are played at the upstream seam by `upstream` (a `FakeUpstream`, by default one with no
+    routes); when the block ends normally, no upstream response may have been left open."""
+    up = upstream if upstream is not None else FakeUpstream()
+    app = create_app(config, upstream=up, probes=False)
     headers = {"authorization": f"Bearer {key}"} if key else {}
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test", headers=headers) as client:
@@ -61,6 +66,8 @@ async def gateway_client(
             yield client, app
         finally:
             await app.gw.aclose()
+    if isinstance(up, FakeUpstream):
+        up.assert_all_closed()
 
 
 @pytest.fixture

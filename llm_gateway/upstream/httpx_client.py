@@ -1,8 +1,9 @@
 """The alternative upstream client on httpx (`server.upstream_client: httpx`).
 
 Slower than the aiohttp client under load (see bench/), but it honours httpx's transports: HTTP
-proxies from the environment, custom TLS, and respx, which the unit tests use to play engines.
-Same contract as `AiohttpUpstream`: exceptions are translated here, redirects are not followed.
+proxies from the environment and custom TLS. Same contract as `AiohttpUpstream` (both are held to
+it by tests/unit/test_aiohttp_upstream.py against real local servers): exceptions are translated
+here, redirects are not followed.
 """
 
 from __future__ import annotations

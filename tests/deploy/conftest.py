@@ -1,20 +1,21 @@
 """Fixtures of the deployment tests: a gateway's /metrics after real traffic (in-process, engines
-played by respx), shared by the promtool, dashboard and alert-rule checks."""
+played by a FakeUpstream at the gateway's upstream seam), shared by the promtool, dashboard and
+alert-rule checks."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-import httpx
 import orjson
 import pytest
-import respx
+from multidict import CIMultiDict
 
 from llm_gateway.auth import digest_of
 from llm_gateway.prober import probe_once
 from llm_gateway.reload import ConfigWatcher
 from tests.conftest import OTHER_KEY, TEST_KEY, gateway_client, make_config
+from tests.support.fake_upstream import FakeAnswer, FakeUpstream, refused
 
 # Engines: a (vLLM) answers, b (SGLang) is overloaded (503, retried elsewhere), c (llama-server)
 # fails with 500 (not retryable), d (LMDeploy) refuses connections.
@@ -65,23 +66,22 @@ def _chunk(content: str | None = None, finish: str | None = None) -> dict:
     }
 
 
-def _engine_a(request: httpx.Request) -> httpx.Response:
-    body = orjson.loads(request.content)
+def _engine_a(method: str, url: str, headers: CIMultiDict[str], content: bytes | None) -> FakeAnswer:
+    body = orjson.loads(content or b"{}")
     usage = {"prompt_tokens": 5, "completion_tokens": len(STREAM_TOKENS), "total_tokens": 5 + len(STREAM_TOKENS)}
     if body.get("stream"):
         events = [_chunk(t) for t in STREAM_TOKENS] + [_chunk(finish="stop")]
         events.append({**_chunk(), "choices": [], "usage": usage})
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_sse(*events, "[DONE]"))
-    return httpx.Response(
-        200,
-        json={
+        return FakeAnswer.sse(_sse(*events, "[DONE]"))
+    return FakeAnswer.json(
+        {
             "id": "x",
             "object": "chat.completion",
             "created": 1,
             "model": "up-a",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
-        },
+        }
     )
 
 
@@ -98,65 +98,66 @@ VLLM_METRICS = (
 async def _traffic(workdir: Path) -> str:
     cfg_text = TRAFFIC_CONFIG
     cfg = make_config(cfg_text)
-    with respx.mock(assert_all_called=False) as mock:
-        mock.post("http://engine-a.test/v1/chat/completions").mock(side_effect=_engine_a)
-        mock.get("http://engine-a.test/health").mock(return_value=httpx.Response(200))
-        mock.get("http://engine-a.test/v1/models").mock(
-            return_value=httpx.Response(200, json={"data": [{"id": "up-a"}]})
-        )
-        mock.get("http://engine-a.test/metrics").mock(return_value=httpx.Response(200, content=VLLM_METRICS))
-        mock.post("http://engine-b.test/v1/chat/completions").mock(
-            return_value=httpx.Response(503, json={"object": "error", "message": "busy", "type": "x", "code": 503})
-        )
-        mock.post("http://engine-c.test/v1/chat/completions").mock(
-            return_value=httpx.Response(500, json={"error": {"message": "boom", "type": "server_error", "code": 500}})
-        )
-        mock.post("http://engine-d.test/v1/chat/completions").mock(side_effect=httpx.ConnectError("refused"))
-        async with gateway_client(cfg) as (client, app):
-            # config reloads: one accepted, one rejected (the running config stays)
-            path = workdir / "gateway.yaml"
-            path.write_text(cfg_text)
-            watcher = ConfigWatcher(app.gw, str(path), 0)
-            assert await watcher.reload("test") is True
-            path.write_text(cfg_text.replace("mode: keys", "mode: maybe"))
-            assert await watcher.reload("test") is False
-            # a probe of engine-a: state, models and load signals from its /metrics
-            await probe_once(app.gw.upstream, app.gw.runtime.table.backends["engine-a"], app.gw.metrics)
+    up = FakeUpstream(
+        {
+            ("POST", "http://engine-a.test/v1/chat/completions"): _engine_a,
+            ("GET", "http://engine-a.test/health"): FakeAnswer(200),
+            ("GET", "http://engine-a.test/v1/models"): FakeAnswer.json({"data": [{"id": "up-a"}]}),
+            ("GET", "http://engine-a.test/metrics"): FakeAnswer(200, {}, [VLLM_METRICS]),
+            ("POST", "http://engine-b.test/v1/chat/completions"): FakeAnswer.json(
+                {"object": "error", "message": "busy", "type": "x", "code": 503}, 503
+            ),
+            ("POST", "http://engine-c.test/v1/chat/completions"): FakeAnswer.json(
+                {"error": {"message": "boom", "type": "server_error", "code": 500}}, 500
+            ),
+            ("POST", "http://engine-d.test/v1/chat/completions"): refused(),
+        }
+    )
+    async with gateway_client(cfg, upstream=up) as (client, app):
+        # config reloads: one accepted, one rejected (the running config stays)
+        path = workdir / "gateway.yaml"
+        path.write_text(cfg_text)
+        watcher = ConfigWatcher(app.gw, str(path), 0)
+        assert await watcher.reload("test") is True
+        path.write_text(cfg_text.replace("mode: keys", "mode: maybe"))
+        assert await watcher.reload("test") is False
+        # a probe of engine-a: state, models and load signals from its /metrics
+        await probe_once(app.gw.upstream, app.gw.runtime.table.backends["engine-a"], app.gw.metrics)
 
-            async def chat(model: str, *, key: str = TEST_KEY, **extra: object) -> int:
-                r = await client.post(
-                    "/v1/chat/completions",
-                    json={**CHAT, "model": model, **extra},
-                    headers={"authorization": f"Bearer {key}"},
-                )
-                await r.aread()
-                return r.status_code
+        async def chat(model: str, *, key: str = TEST_KEY, **extra: object) -> int:
+            r = await client.post(
+                "/v1/chat/completions",
+                json={**CHAT, "model": model, **extra},
+                headers={"authorization": f"Bearer {key}"},
+            )
+            await r.aread()
+            return r.status_code
 
-            statuses = {
-                "unary": await chat("chat-model"),  # engine-b 503 -> retried -> engine-a (failover)
-                "stream": await chat("chat-model", stream=True),
-                "stream2": await chat("chat-model", stream=True, stream_options={"include_usage": True}),
-                "broken": await chat("broken-model"),  # 5xx to the client
-                "fallback": await chat("primary-model"),  # refused -> fallback model chat-model
-                "unknown": await chat("no-such-model"),  # 404
-                "limited1": await chat("chat-model", key=OTHER_KEY),
-                "limited2": await chat("chat-model", key=OTHER_KEY),  # rpm 1: 429
-            }
-            expected = {
-                "unary": 200,
-                "stream": 200,
-                "stream2": 200,
-                "broken": 500,
-                "fallback": 200,
-                "unknown": 404,
-                "limited1": 200,
-                "limited2": 429,
-            }
-            assert statuses == expected
-            metrics = await client.get("/metrics")
-            assert metrics.status_code == 200
-            assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
-            return metrics.text
+        statuses = {
+            "unary": await chat("chat-model"),  # engine-b 503 -> retried -> engine-a (failover)
+            "stream": await chat("chat-model", stream=True),
+            "stream2": await chat("chat-model", stream=True, stream_options={"include_usage": True}),
+            "broken": await chat("broken-model"),  # 5xx to the client
+            "fallback": await chat("primary-model"),  # refused -> fallback model chat-model
+            "unknown": await chat("no-such-model"),  # 404
+            "limited1": await chat("chat-model", key=OTHER_KEY),
+            "limited2": await chat("chat-model", key=OTHER_KEY),  # rpm 1: 429
+        }
+        expected = {
+            "unary": 200,
+            "stream": 200,
+            "stream2": 200,
+            "broken": 500,
+            "fallback": 200,
+            "unknown": 404,
+            "limited1": 200,
+            "limited2": 429,
+        }
+        assert statuses == expected
+        metrics = await client.get("/metrics")
+        assert metrics.status_code == 200
+        assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+        return metrics.text
 
 
 @pytest.fixture(scope="session")

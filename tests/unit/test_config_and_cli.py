@@ -7,14 +7,13 @@ import logging
 import re
 from pathlib import Path
 
-import httpx
 import orjson
 import pytest
-import respx
 
 from llm_gateway.cli import main
 from llm_gateway.config_loader import ConfigError, load_config, parse_config
 from tests.conftest import ONE_BACKEND, gateway_client, make_config
+from tests.support.fake_upstream import FakeAnswer, FakeUpstream
 
 GOOD = """
 backends:
@@ -120,23 +119,20 @@ def test_keys_new_prints_a_key_once_with_the_config_entry_of_its_digest(capsys: 
     assert cfg.auth.keys[0].name == "team-a" and cfg.auth.keys[0].limits.rpm == 60
 
 
-@respx.mock
 async def test_one_json_access_log_line_per_request_without_prompt_or_key(caplog: pytest.LogCaptureFixture) -> None:
     cfg = make_config(ONE_BACKEND.replace("access_log: false", "access_log: true"))
-    respx.post("http://engine-a.test/v1/chat/completions").mock(
-        return_value=httpx.Response(
-            200,
-            json={
-                "id": "x",
-                "object": "chat.completion",
-                "model": "upstream-model",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-            },
-        )
+    answer = FakeAnswer.json(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "model": "upstream-model",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        }
     )
+    up = FakeUpstream({("POST", "http://engine-a.test/v1/chat/completions"): answer})
     caplog.set_level(logging.INFO, logger="gateway.access")
-    async with gateway_client(cfg) as (client, _):
+    async with gateway_client(cfg, upstream=up) as (client, _):
         await client.post(
             "/v1/chat/completions",
             headers={"x-request-id": "req-1"},

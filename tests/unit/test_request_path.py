@@ -1,17 +1,17 @@
-"""The request path end to end in-process: client -> gateway (ASGI) -> engine played by respx."""
+"""The request path end to end in-process: client -> gateway (ASGI) -> engine played by a FakeUpstream
+at the gateway's own upstream seam (the UpstreamClient protocol both real clients implement)."""
 
 from __future__ import annotations
-
-from collections.abc import AsyncIterator
 
 import httpx
 import orjson
 import pytest
-import respx
 
 from tests.conftest import ONE_BACKEND, OTHER_KEY, TEST_KEY, gateway_client, make_config
+from tests.support.fake_upstream import FakeAnswer, FakeUpstream, Reply, Stall, cut, refused, timed_out
 
 ENGINE = "http://engine-a.test"
+ENGINE_CHAT = f"{ENGINE}/v1/chat/completions"
 CHAT = {"model": "public-model", "messages": [{"role": "user", "content": "hello"}]}
 
 
@@ -77,26 +77,31 @@ def cfg():
     return make_config(ONE_BACKEND)
 
 
+def engine(url: str = ENGINE_CHAT, answer: Reply | None = None) -> FakeUpstream:
+    """An engine answering POSTs to `url` (by default: a chat completion)."""
+    return FakeUpstream({("POST", url): answer if answer is not None else FakeAnswer.json(engine_chat_json())})
+
+
 # -- the happy path ---------------------------------------------------------------------------------
 
 
-@respx.mock
 async def test_chat_is_forwarded_with_model_rewritten_unknown_fields_kept_and_engine_key_not_client_key(cfg):
-    route = respx.post(f"{ENGINE}/v1/chat/completions").mock(return_value=httpx.Response(200, json=engine_chat_json()))
-    async with gateway_client(cfg) as (client, _):
+    up = engine()
+    async with gateway_client(cfg, upstream=up) as (client, _):
         r = await client.post(
             "/v1/chat/completions",
             json={**CHAT, "top_k": 7, "my_extension": {"a": 1}},
             headers={"x-api-key": "should-not-leak"},
         )
     assert r.status_code == 200, r.text
-    sent = route.calls.last.request
-    body = orjson.loads(sent.content)
+    sent = up.calls_to(ENGINE_CHAT)[-1]
+    assert sent.body is not None
+    body = sent.json()
     assert body["model"] == "upstream-model"
     assert body["top_k"] == 7 and body["my_extension"] == {"a": 1}
     assert sent.headers["authorization"] == "Bearer engine-secret-a"
     assert "x-api-key" not in sent.headers
-    assert TEST_KEY not in sent.content.decode() and TEST_KEY not in str(sent.headers)
+    assert TEST_KEY not in sent.body.decode() and TEST_KEY not in str(sent.headers)
     out = r.json()
     assert out["model"] == "public-model"
     assert out["choices"][0]["message"]["content"] == "hi there"
@@ -105,70 +110,66 @@ async def test_chat_is_forwarded_with_model_rewritten_unknown_fields_kept_and_en
     assert float(r.headers["x-gateway-overhead-ms"]) >= 0
 
 
-@respx.mock
 async def test_alias_resolves_to_the_public_model(cfg):
-    respx.post(f"{ENGINE}/v1/chat/completions").mock(return_value=httpx.Response(200, json=engine_chat_json()))
-    async with gateway_client(cfg) as (client, _):
+    async with gateway_client(cfg, upstream=engine()) as (client, _):
         r = await client.post("/v1/chat/completions", json={**CHAT, "model": "pm"})
     assert r.status_code == 200
     assert r.json()["model"] == "public-model"
     assert r.headers["x-gateway-model"] == "public-model"
 
 
-@respx.mock
 async def test_request_id_is_echoed_from_the_client_or_minted(cfg):
-    respx.post(f"{ENGINE}/v1/chat/completions").mock(return_value=httpx.Response(200, json=engine_chat_json()))
-    async with gateway_client(cfg) as (client, _):
+    up = engine()
+    async with gateway_client(cfg, upstream=up) as (client, _):
         given = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "trace-42"})
         minted = await client.post("/v1/chat/completions", json=CHAT)
         bad = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "bad id\twith spaces"})
     assert given.headers["x-request-id"] == "trace-42"
     assert len(minted.headers["x-request-id"]) == 24
     assert bad.headers["x-request-id"] != "bad id\twith spaces"
-    assert respx.calls[0].request.headers["x-request-id"] == "trace-42"
+    assert up.calls[0].headers["x-request-id"] == "trace-42"
 
 
-@respx.mock
 async def test_completions_and_embeddings_are_proxied(cfg):
-    respx.post(f"{ENGINE}/v1/completions").mock(
-        return_value=httpx.Response(
-            200,
-            json={
+    up = FakeUpstream()
+    up.route(
+        "POST",
+        f"{ENGINE}/v1/completions",
+        FakeAnswer.json(
+            {
                 "id": "cmpl-1",
                 "object": "text_completion",
                 "model": "upstream-model",
                 "choices": [{"index": 0, "text": "abc", "finish_reason": "length"}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
-            },
-        )
+            }
+        ),
     )
-    respx.post(f"{ENGINE}/v1/embeddings").mock(
-        return_value=httpx.Response(
-            200,
-            json={
+    up.route(
+        "POST",
+        f"{ENGINE}/v1/embeddings",
+        FakeAnswer.json(
+            {
                 "object": "list",
                 "model": "upstream-model",
                 "data": [{"object": "embedding", "index": 0, "embedding": [0.1]}],
                 "usage": {"prompt_tokens": 1, "total_tokens": 1},
-            },
-        )
+            }
+        ),
     )
-    async with gateway_client(cfg) as (client, _):
+    async with gateway_client(cfg, upstream=up) as (client, _):
         c = await client.post("/v1/completions", json={"model": "public-model", "prompt": "x", "max_tokens": 3})
         e = await client.post("/v1/embeddings", json={"model": "public-model", "input": "x"})
     assert c.status_code == 200 and c.json()["choices"][0]["text"] == "abc" and c.json()["model"] == "public-model"
     assert e.status_code == 200 and e.json()["data"][0]["embedding"] == [0.1]
 
 
-@respx.mock
 async def test_stream_asks_engine_for_usage_and_strips_it_when_the_client_did_not(cfg):
     body = sse(chunk("Hel"), chunk("lo"), chunk(finish="stop"), USAGE_CHUNK, "[DONE]")
-    route = respx.post(f"{ENGINE}/v1/chat/completions").mock(
-        return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-    )
-    async with gateway_client(cfg) as (client, app):
+    up = engine(answer=FakeAnswer.sse(body))
+    async with gateway_client(cfg, upstream=up) as (client, app):
         r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
-    sent = orjson.loads(route.calls.last.request.content)
+    sent = up.calls_to(ENGINE_CHAT)[-1].json()
     assert sent["stream_options"] == {"include_usage": True}
     ev = events_of(r.content)
     assert ev[-1] == "[DONE]"
@@ -179,13 +180,9 @@ async def test_stream_asks_engine_for_usage_and_strips_it_when_the_client_did_no
     assert 'gateway_completion_tokens_total{backend="engine-a",model="public-model"} 2.0' in metrics
 
 
-@respx.mock
 async def test_stream_keeps_the_usage_chunk_when_the_client_asked(cfg):
     body = sse(chunk("Hi"), chunk(finish="stop"), USAGE_CHUNK, "[DONE]")
-    respx.post(f"{ENGINE}/v1/chat/completions").mock(
-        return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-    )
-    async with gateway_client(cfg) as (client, _):
+    async with gateway_client(cfg, upstream=engine(answer=FakeAnswer.sse(body))) as (client, _):
         r = await client.post(
             "/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": True}}
         )
@@ -250,15 +247,12 @@ async def test_body_over_the_limit_is_413():
     assert_envelope(r, 413, "request_too_large")
 
 
-@respx.mock
 async def test_unreachable_engine_is_502_and_timeout_is_504(cfg):
-    respx.post(f"{ENGINE}/v1/chat/completions").mock(side_effect=httpx.ConnectError("refused"))
-    async with gateway_client(cfg) as (client, _):
+    async with gateway_client(cfg, upstream=engine(answer=refused())) as (client, _):
         r = await client.post("/v1/chat/completions", json=CHAT)
     err = assert_envelope(r, 502, "upstream_unreachable")
     assert "refused" in err["message"] or "connect" in err["message"]
-    respx.post(f"{ENGINE}/v1/chat/completions").mock(side_effect=httpx.ReadTimeout("slow"))
-    async with gateway_client(cfg) as (client, _):
+    async with gateway_client(cfg, upstream=engine(answer=timed_out())) as (client, _):
         r = await client.post("/v1/chat/completions", json=CHAT)
     assert_envelope(r, 504, "upstream_timeout")
 
@@ -271,25 +265,22 @@ async def test_no_healthy_backend_is_503_with_retry_after(cfg):
     assert r.headers["retry-after"]
 
 
-@respx.mock
 async def test_engine_errors_are_normalised_and_name_the_backend(cfg):
-    respx.post(f"{ENGINE}/v1/chat/completions").mock(
-        side_effect=[
-            httpx.Response(401, json={"error": "Unauthorized"}),
-            httpx.Response(
-                400,
-                json={
-                    "object": "error",
-                    "message": "max_tokens too big",
-                    "type": "BadRequestError",
-                    "param": "max_tokens",
-                    "code": 400,
-                },
-            ),
-            httpx.Response(500, text="<html>boom</html>", headers={"content-type": "text/html"}),
-        ]
-    )
-    async with gateway_client(cfg) as (client, _):
+    answers = [
+        FakeAnswer.json({"error": "Unauthorized"}, 401),
+        FakeAnswer.json(
+            {
+                "object": "error",
+                "message": "max_tokens too big",
+                "type": "BadRequestError",
+                "param": "max_tokens",
+                "code": 400,
+            },
+            400,
+        ),
+        FakeAnswer.text("<html>boom</html>", 500, "text/html"),
+    ]
+    async with gateway_client(cfg, upstream=engine(answer=answers)) as (client, _):
         auth = await client.post("/v1/chat/completions", json=CHAT)
         bad = await client.post("/v1/chat/completions", json=CHAT)
         boom = await client.post("/v1/chat/completions", json=CHAT)
@@ -301,16 +292,9 @@ async def test_engine_errors_are_normalised_and_name_the_backend(cfg):
     assert "HTML" in err["message"] and boom.headers["x-gateway-backend"] == "engine-a"
 
 
-@respx.mock
 async def test_error_after_the_first_byte_is_one_sse_error_event_then_the_stream_ends(cfg):
-    async def cut() -> AsyncIterator[bytes]:
-        yield sse(chunk("Hel"))
-        raise httpx.ReadError("connection reset")
-
-    respx.post(f"{ENGINE}/v1/chat/completions").mock(
-        return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, content=cut())
-    )
-    async with gateway_client(cfg) as (client, _):
+    up = engine(answer=FakeAnswer.sse(sse(chunk("Hel")), cut()))  # the engine drops the connection
+    async with gateway_client(cfg, upstream=up) as (client, _):
         r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     ev = events_of(r.content)
     assert orjson.loads(ev[0])["choices"][0]["delta"]["content"] == "Hel"
@@ -319,13 +303,22 @@ async def test_error_after_the_first_byte_is_one_sse_error_event_then_the_stream
     assert ev[-1] == "[DONE]"
 
 
-@respx.mock
+async def test_an_engine_silent_mid_stream_past_idle_s_ends_the_stream_with_one_timeout_event():
+    cfg = make_config(ONE_BACKEND.replace("idle_s: 2,", "idle_s: 0.2,"))
+    up = engine(answer=FakeAnswer.sse(sse(chunk("Hel")), Stall(5), sse(chunk("lo"))))
+    async with gateway_client(cfg, upstream=up) as (client, _):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    ev = events_of(r.content)
+    assert orjson.loads(ev[0])["choices"][0]["delta"]["content"] == "Hel"
+    errors = [orjson.loads(e) for e in ev if e.startswith('{"error"')]
+    assert len(errors) == 1 and errors[0]["error"]["code"] == "upstream_timeout"
+    assert "lo" not in r.text and ev[-1] == "[DONE]"
+    assert up.responses[0].dropped  # the engine's connection was dropped, not left open
+
+
 async def test_in_band_engine_error_frame_becomes_an_openai_error_event(cfg):
     body = sse(chunk("a"), {"error": {"message": "engine exploded", "type": "InternalServerError", "code": 500}})
-    respx.post(f"{ENGINE}/v1/chat/completions").mock(
-        return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-    )
-    async with gateway_client(cfg) as (client, _):
+    async with gateway_client(cfg, upstream=engine(answer=FakeAnswer.sse(body))) as (client, _):
         r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     ev = events_of(r.content)
     err = orjson.loads(ev[1])["error"]
@@ -360,19 +353,20 @@ async def test_models_lists_public_names_and_aliases(cfg):
     assert_envelope(none, 404, "model_not_found")
 
 
-@respx.mock
 async def test_connection_refused_fails_over_to_the_other_deployment():
     cfg = make_config(TWO_BACKENDS)
-    a = respx.post(f"{ENGINE}/v1/chat/completions").mock(side_effect=httpx.ConnectError("refused"))
-    b = respx.post("http://engine-b.test/v1/chat/completions").mock(
-        return_value=httpx.Response(200, json=engine_chat_json())
+    up = FakeUpstream(
+        {
+            ("POST", ENGINE_CHAT): refused(),
+            ("POST", "http://engine-b.test/v1/chat/completions"): FakeAnswer.json(engine_chat_json()),
+        }
     )
-    async with gateway_client(cfg) as (client, app):
+    async with gateway_client(cfg, upstream=up) as (client, app):
         results = [await client.post("/v1/chat/completions", json={**CHAT, "model": "twin"}) for _ in range(4)]
         assert app.gw.runtime.table.backends["engine-a"].state == "down"
     assert all(r.status_code == 200 and r.headers["x-gateway-backend"] == "engine-b" for r in results)
-    assert a.call_count == 1  # refused once, then taken out until a probe sees it again
-    assert b.call_count == 4
+    assert len(up.calls_to(ENGINE_CHAT)) == 1  # refused once, then taken out until a probe sees it again
+    assert len(up.calls_to("http://engine-b.test/v1/chat/completions")) == 4
 
 
 async def test_healthz_and_readyz(cfg):
@@ -385,7 +379,6 @@ async def test_healthz_and_readyz(cfg):
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
 
 
-@respx.mock
 async def test_when_every_deployment_is_unavailable_the_configured_fallback_model_serves():
     cfg = make_config(
         TWO_BACKENDS.replace(
@@ -397,11 +390,13 @@ async def test_when_every_deployment_is_unavailable_the_configured_fallback_mode
             "      - {backend: engine-b",
         )
     )
-    respx.post(f"{ENGINE}/v1/chat/completions").mock(side_effect=httpx.ConnectError("refused"))
-    respx.post("http://engine-b.test/v1/chat/completions").mock(
-        return_value=httpx.Response(200, json=engine_chat_json())
+    up = FakeUpstream(
+        {
+            ("POST", ENGINE_CHAT): refused(),
+            ("POST", "http://engine-b.test/v1/chat/completions"): FakeAnswer.json(engine_chat_json()),
+        }
     )
-    async with gateway_client(cfg) as (client, app):
+    async with gateway_client(cfg, upstream=up) as (client, app):
         r = await client.post("/v1/chat/completions", json={**CHAT, "model": "primary"})
         metrics = app.gw.metrics.render().decode()
     assert r.status_code == 200, r.text
@@ -410,16 +405,14 @@ async def test_when_every_deployment_is_unavailable_the_configured_fallback_mode
     assert 'gateway_model_fallbacks_total{fallback="twin",model="primary"} 1.0' in metrics
 
 
-@respx.mock
 async def test_a_request_that_fails_before_any_output_gives_its_reserved_tokens_back():
     cfg = make_config(
         ONE_BACKEND.replace(
             '{name: alice, sha256: "${ALICE_SHA}"}', '{name: alice, sha256: "${ALICE_SHA}", limits: {tpm: 1000}}'
         )
     )
-    route = respx.post(f"{ENGINE}/v1/chat/completions")
-    route.side_effect = [httpx.ConnectError("refused"), httpx.Response(200, json=engine_chat_json())]
-    async with gateway_client(cfg) as (client, app):
+    up = engine(answer=[refused(), FakeAnswer.json(engine_chat_json())])
+    async with gateway_client(cfg, upstream=up) as (client, app):
         failed = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 100})
         app.gw.runtime.table.backends["engine-a"].state = "ready"  # as the next probe would see it
         app.gw.runtime.table.models[0].deployments[0].breaker.success()
@@ -430,11 +423,10 @@ async def test_a_request_that_fails_before_any_output_gives_its_reserved_tokens_
     assert int(ok.headers["x-ratelimit-remaining-tokens"]) == 1000 - 106
 
 
-@respx.mock
 async def test_an_engine_lacking_one_endpoint_does_not_open_the_breaker_for_the_others(cfg):
-    respx.post(f"{ENGINE}/v1/embeddings").mock(return_value=httpx.Response(404, json={"detail": "Not Found"}))
-    respx.post(f"{ENGINE}/v1/chat/completions").mock(return_value=httpx.Response(200, json=engine_chat_json()))
-    async with gateway_client(cfg) as (client, app):
+    up = engine()
+    up.route("POST", f"{ENGINE}/v1/embeddings", FakeAnswer.json({"detail": "Not Found"}, 404))
+    async with gateway_client(cfg, upstream=up) as (client, app):
         for _ in range(8):  # more than breaker_failures (5)
             r = await client.post("/v1/embeddings", json={"model": "public-model", "input": "x"})
             assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_model_not_found"

@@ -1,0 +1,403 @@
+"""The real upstream clients against real tiny servers on 127.0.0.1: how each failure of an engine's
+connection becomes the gateway's error, and how connections are kept, reused and dropped.
+
+Everything above `llm_gateway/upstream/` (and every in-process test, through FakeUpstream) relies on
+this mapping: `ConnectFailed` marks a backend down at once, `UpstreamTimeout` is a 504,
+`StreamInterrupted` ends a stream with one error event, a body past its limit is
+`UpstreamProtocolError`, and `close()` mid-body must drop the connection so that the engine stops
+generating. The servers here script their answers byte by byte (asyncio streams, port 0), so a
+stall, a truncated chunked body or a reset happens exactly where the test puts it. The production
+client (aiohttp) is the point; the httpx alternative runs the same tests where it maps the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from llm_gateway.errors import (
+    ConnectFailed,
+    StreamInterrupted,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from llm_gateway.upstream.aiohttp_client import AiohttpUpstream
+from llm_gateway.upstream.base import UpstreamClient, UpstreamTimeouts
+from llm_gateway.upstream.httpx_client import HttpxUpstream
+
+pytestmark = pytest.mark.timeout(30)
+
+T = UpstreamTimeouts(connect_s=1.0, first_byte_s=1.0, idle_s=1.0, total_s=10.0)
+SHORT = UpstreamTimeouts(connect_s=0.3, first_byte_s=0.3, idle_s=0.3, total_s=10.0)
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+Script = Callable[[Request, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@dataclass
+class TinyEngine:
+    """An HTTP/1.1 server on 127.0.0.1 that answers every request with `script` (keep-alive: the next
+    request on a connection is read after the script returns, unless it closed the connection)."""
+
+    script: Script
+    connections: int = 0
+    requests: list[Request] = field(default_factory=list)
+    client_left: asyncio.Event = field(default_factory=asyncio.Event)
+    url: str = ""
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def __aenter__(self) -> TinyEngine:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self.connections += 1
+        try:
+            while not writer.is_closing():
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                method, path, _ = head[0].split(" ", 2)
+                headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in head[1:] if ln)}
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                req = Request(method, path, headers, body)
+                self.requests.append(req)
+                await self.script(req, reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed its end
+        except asyncio.CancelledError:
+            pass  # the test is over (returning, not raising, keeps asyncio from logging it)
+        finally:
+            writer.close()
+            self._tasks.discard(task)
+
+    async def wait_for_client_to_leave(self, reader: asyncio.StreamReader) -> None:
+        """Inside a script: block until the client closes the connection, then say so."""
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(1024):
+                pass
+        self.client_left.set()
+
+
+def head(status: str = "200 OK", **headers: str) -> bytes:
+    lines = [f"HTTP/1.1 {status}"] + [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def chunked(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    """Close with a TCP RST (SO_LINGER 0) instead of a FIN."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+def stream_then(end: Callable[[asyncio.StreamWriter], Awaitable[None] | None]) -> Script:
+    """A script: headers of a chunked SSE answer, one event, then `end`."""
+
+    async def script(req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(head(content_type="text/event-stream", transfer_encoding="chunked"))
+        writer.write(chunked(b"data: one\n\n"))
+        await writer.drain()
+        got = end(writer)
+        if got is not None:
+            await got
+
+    return script
+
+
+@pytest.fixture(params=["aiohttp", "httpx"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[UpstreamClient]:
+    c: UpstreamClient = AiohttpUpstream() if request.param == "aiohttp" else HttpxUpstream()
+    yield c
+    await c.aclose()
+
+
+# -- what passes through ----------------------------------------------------------------------------
+
+
+async def test_status_headers_and_body_pass_through_and_the_request_arrives_as_sent(client):
+    async def script(req, reader, writer):
+        writer.write(head("201 Created", content_type="application/json", x_engine="e1", content_length="11"))
+        writer.write(b'{"ok":true}')
+        await writer.drain()
+
+    async with TinyEngine(script) as eng:
+        resp = await client.send(
+            "POST", eng.url + "/v1/chat/completions", {"authorization": "Bearer k", "x-a": "1"}, b'{"m": 1}', T
+        )
+        assert resp.status == 201
+        assert resp.headers["X-Engine"] == "e1" and resp.headers["content-type"] == "application/json"
+        assert await resp.read(1000) == b'{"ok":true}'
+        resp.close()
+    (req,) = eng.requests
+    assert (req.method, req.path, req.body) == ("POST", "/v1/chat/completions", b'{"m": 1}')
+    assert req.headers["authorization"] == "Bearer k" and req.headers["x-a"] == "1"
+
+
+@pytest.mark.parametrize("via", ["read_chunk", "iter_chunks"])
+async def test_a_chunked_stream_arrives_chunk_by_chunk_and_ends_with_empty_bytes(client, via):
+    async def script(req, reader, writer):
+        writer.write(head(content_type="text/event-stream", transfer_encoding="chunked"))
+        for part in (b"data: a\n\n", b"data: b\n\n"):
+            writer.write(chunked(part))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(b"0\r\n\r\n")
+
+    async with TinyEngine(script) as eng:
+        resp = await client.send("GET", eng.url + "/s", {}, None, T)
+        if via == "iter_chunks":
+            got = [c async for c in resp.iter_chunks()]
+        else:
+            got = []
+            while c := await resp.read_chunk():
+                got.append(c)
+            assert await resp.read_chunk() == b""  # and again at the end
+        assert b"".join(got) == b"data: a\n\ndata: b\n\n"
+        resp.close()
+
+
+async def test_two_sequential_requests_reuse_one_pooled_connection(client):
+    async def script(req, reader, writer):
+        writer.write(head(content_length="2") + b"ok")
+        await writer.drain()
+
+    async with TinyEngine(script) as eng:
+        for _ in range(2):
+            resp = await client.send("GET", eng.url + "/health", {}, None, T)
+            assert await resp.read(100) == b"ok"
+            resp.close()
+            await asyncio.sleep(0)  # httpx hands its connection back in a task
+    assert len(eng.requests) == 2 and eng.connections == 1
+
+
+async def test_redirects_are_not_followed(client):
+    async def script(req, reader, writer):
+        writer.write(head("307 Temporary Redirect", location="http://elsewhere.test/", content_length="0"))
+        await writer.drain()
+
+    async with TinyEngine(script) as eng:
+        resp = await client.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", T)
+        assert resp.status == 307 and resp.headers["location"] == "http://elsewhere.test/"
+        resp.close()
+    assert len(eng.requests) == 1
+
+
+# -- failures before the headers --------------------------------------------------------------------
+
+
+async def test_a_refused_connection_is_connect_failed(client):
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectFailed, match="cannot connect to the engine"):
+        await client.send("GET", f"http://127.0.0.1:{port}/health", {}, None, T)
+
+
+async def test_a_connection_that_cannot_be_made_in_time_is_a_timeout_not_connect_failed(client):
+    # a listener that never accepts, with its backlog (0: one connection) filled: Linux drops the
+    # next SYNs, so the client's connect hangs until its connect timeout
+    with socket.socket() as listener, socket.socket() as filler:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        filler.connect(("127.0.0.1", port))
+        with socket.socket() as probe:
+            probe.settimeout(0.2)
+            try:
+                probe.connect(("127.0.0.1", port))
+            except TimeoutError:
+                pass
+            else:
+                pytest.skip("this kernel accepts connections beyond a full backlog")
+        with pytest.raises(UpstreamTimeout):
+            await client.send("GET", f"http://127.0.0.1:{port}/health", {}, None, SHORT)
+
+
+async def test_headers_that_do_not_arrive_within_first_byte_s_are_a_timeout(client):
+    async def script(req, reader, writer):
+        await asyncio.sleep(5)
+
+    async with TinyEngine(script) as eng:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(UpstreamTimeout, match="before its first byte"):
+            await client.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", SHORT)
+        assert loop.time() - t0 < 2
+
+
+async def test_a_connection_closed_without_an_answer_is_unreachable_but_not_connect_failed(client):
+    async def script(req, reader, writer):
+        writer.close()
+
+    async with TinyEngine(script) as eng:
+        with pytest.raises(UpstreamUnreachable) as ei:
+            await client.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", T)
+    assert not isinstance(ei.value, ConnectFailed)  # it accepted the connection: not marked down
+
+
+async def test_an_answer_that_is_not_http_is_a_backend_failure(client):
+    async def script(req, reader, writer):
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    # aiohttp's parser rejects the status line; httpx (h11) reports a RemoteProtocolError, which its
+    # client maps, before the headers, as a connection closed without an answer
+    expected = UpstreamProtocolError if isinstance(client, AiohttpUpstream) else UpstreamUnreachable
+    async with TinyEngine(script) as eng:
+        with pytest.raises(expected) as ei:
+            await client.send("GET", eng.url + "/health", {}, None, T)
+    assert not isinstance(ei.value, ConnectFailed)
+
+
+# -- failures in the body ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["read_chunk", "read"])
+async def test_an_engine_silent_mid_body_past_idle_s_is_a_timeout(client, whole):
+    async with TinyEngine(stream_then(lambda w: asyncio.sleep(5))) as eng:
+        resp = await client.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", SHORT)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(UpstreamTimeout):
+            if whole:
+                await resp.read(10_000)
+            else:
+                assert await resp.read_chunk() == b"data: one\n\n"
+                await resp.read_chunk()
+        assert loop.time() - t0 < 2
+        resp.close()
+
+
+async def test_a_stream_past_total_s_is_a_timeout_even_while_the_engine_keeps_talking(client):
+    async def script(req, reader, writer):
+        writer.write(head(content_type="text/event-stream", transfer_encoding="chunked"))
+        for _ in range(100):
+            writer.write(chunked(b"data: x\n\n"))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async with TinyEngine(script) as eng:
+        t = UpstreamTimeouts(connect_s=1, first_byte_s=1, idle_s=1, total_s=0.5)
+        resp = await client.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", t)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        # (aiohttp's message says "between chunks": its _translate words every timeout after the headers so)
+        with pytest.raises(UpstreamTimeout):
+            while await resp.read_chunk():
+                pass
+        assert loop.time() - t0 < 1.5  # total_s 0.5 (+ aiohttp's watchdog period 0.25 s), not the 5 s stream
+        resp.close()
+
+
+def _fin(w: asyncio.StreamWriter) -> None:
+    w.close()
+
+
+ENDINGS = {
+    "chunked body cut by FIN": _fin,
+    "connection reset": reset,
+}
+
+
+@pytest.mark.parametrize("end", ENDINGS.values(), ids=ENDINGS.keys())
+@pytest.mark.parametrize("whole", [False, True], ids=["read_chunk", "read"])
+async def test_a_body_cut_mid_stream_is_stream_interrupted(client, end, whole):
+    async with TinyEngine(stream_then(end)) as eng:
+        resp = await client.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", T)
+        with pytest.raises(StreamInterrupted):
+            if whole:
+                await resp.read(10_000)
+            else:
+                assert await resp.read_chunk() == b"data: one\n\n"
+                while await resp.read_chunk():
+                    pass
+        resp.close()
+
+
+async def test_a_body_shorter_than_its_content_length_is_stream_interrupted(client):
+    async def script(req, reader, writer):
+        writer.write(head(content_type="application/json", content_length="100") + b'{"partial":')
+        await writer.drain()
+        writer.close()
+
+    async with TinyEngine(script) as eng:
+        resp = await client.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", T)
+        with pytest.raises(StreamInterrupted):
+            await resp.read(10_000)
+        resp.close()
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_body_over_the_read_limit_is_a_protocol_error(client, framing):
+    body = b"x" * 5000
+
+    async def script(req, reader, writer):
+        if framing == "chunked":
+            writer.write(head(transfer_encoding="chunked") + chunked(body) + b"0\r\n\r\n")
+        else:
+            writer.write(head(content_length=str(len(body))) + body)
+        await writer.drain()
+
+    async with TinyEngine(script) as eng:
+        resp = await client.send("GET", eng.url + "/v1/models", {}, None, T)
+        with pytest.raises(UpstreamProtocolError, match="larger than 1000 bytes"):
+            await resp.read(1000)
+        resp.close()
+        within = await client.send("GET", eng.url + "/v1/models", {}, None, T)
+        assert await within.read(10_000) == body  # the same body under a limit it fits
+        within.close()
+
+
+# -- closing -----------------------------------------------------------------------------------------
+
+
+async def test_close_mid_body_drops_the_connection_and_the_engine_sees_the_client_leave(client):
+    eng: TinyEngine
+
+    async def script(req, reader, writer):
+        writer.write(head(content_type="text/event-stream", transfer_encoding="chunked"))
+        writer.write(chunked(b"data: one\n\n"))
+        await writer.drain()
+        await eng.wait_for_client_to_leave(reader)
+
+    async with TinyEngine(script) as eng:
+        resp = await client.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", T)
+        assert await resp.read_chunk() == b"data: one\n\n"
+        resp.close()
+        await asyncio.wait_for(eng.client_left.wait(), 2)
+        # the next request needs (and gets) a new connection
+        again = await client.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", T)
+        assert again.status == 200
+        again.close()
+        await asyncio.sleep(0.05)
+    assert eng.connections == 2
