@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """A fake OpenAI-compatible engine (vLLM-shaped) that is never the bottleneck of the bench.
 
+Kept beside llm_gateway_emulators because the emulator's vLLM costs ~80 µs CPU per non-streamed chat
+against ~14 here (~490 against ~34 per 64-token stream at tpot 0, ~920 against ~520 at tpot 1 ms),
+which would make the engine, not the proxy, the bottleneck (server `taskset -c 1`, `taskset -c 0 wrk
+-t1 -c64 -d4s -s bench/post.lua URL -- bench/request.json`, user+sys from /proc/PID/stat, 2-core box).
+
 Raw `asyncio.Protocol` on uvloop, hand-rolled HTTP/1.1 with keep-alive, every response body
 pre-serialised (cached per token count). Serves on 127.0.0.1 only, on one or more ports:
 

@@ -341,7 +341,8 @@ def bench_target(ctx: Ctx, name: str, scenarios: list[str]) -> dict:
     cmd = tg.target_command(name, a.gateway_cmd)
     if a.profile == "cprofile" and name == "gateway":
         pstats = ctx.dir / f"profile-{scenarios[-1]}.pstats"
-        cmd = f"{{py}} -m cProfile -o {pstats} -m llm_gateway serve --config {{config}} --host 127.0.0.1 --port {{port}}"
+        serve = "-m llm_gateway serve --config {config} --host 127.0.0.1 --port {port}"
+        cmd = f"{{py}} -m cProfile -o {pstats} " + serve
         res["pstats"] = str(pstats)
     res["command"] = cmd
     proc = sampler = None

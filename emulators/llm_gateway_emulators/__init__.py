@@ -1,8 +1,12 @@
 """Faithful fake LLM engine servers for tests, fault injection and load tests.
 
-Six engines (llama.cpp ``llama-server``, vLLM, SGLang, Ollama, TabbyAPI, LMDeploy), each
-reproducing the routes, heads, bodies, stream framing, errors, auth, loading states and
-load metrics of the real server (see ``shared/engines/reference.md`` and the captures).
+Development only: the distribution ``llm-gateway-emulators`` (``pip install -e emulators/``),
+not part of the product wheel. Six engines (llama.cpp ``llama-server``, vLLM, SGLang, Ollama,
+TabbyAPI, LMDeploy), each reproducing the routes, heads, bodies, stream framing, errors, auth,
+loading states and load metrics of the real server: byte for byte against the raw captures in
+``tests/emulators/captures/`` (llama-server, vLLM 0.32.0, Ollama 0.5.4), and otherwise as the
+engine's source at the commit each ``engines/*`` module names (for example SGLang's
+``python/sglang/srt/entrypoints/openai/protocol.py`` @9b116df).
 
 In-process::
 

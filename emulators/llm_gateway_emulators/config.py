@@ -88,7 +88,8 @@ class EmulatorConfig:
     #: n != 1 rejected, max_completion_tokens ignored). Default: the captured newer build.
     llama_legacy: bool = False
     #: Ollama: behave like the captured 0.5.4 build (role on every /v1 chunk, no separate
-    #: empty-delta finish chunk, 404 -> api_error). Default: HEAD fb30760 per the reference.
+    #: empty-delta finish chunk, 404 -> api_error). Default: HEAD fb30760, as ollama/ollama's
+    #: openai/openai.go and server/routes.go are at that commit.
     ollama_legacy: bool = False
     #: SGLang: seconds /health and /health_generate take when healthy (real: >= 1 s).
     sglang_health_delay_s: float = 0.0

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from llm_gateway_emulators import wire
 from llm_gateway_emulators.faults import take_fault
 from llm_gateway_emulators.httpserver import Request
-from llm_gateway_emulators.jobs import Job, Reply, Result, Runtime, StreamFormat
+from llm_gateway_emulators.jobs import EngineHost, InferenceJob, Reply, Result, StreamFormat
 from llm_gateway_emulators.scheduler import QueueFull, SlotInfo
 from llm_gateway_emulators.textgen import Generation, expected_text, run_all, token_text
 
@@ -40,7 +40,7 @@ class Engine:
     listen_after_load = False
     default_keepalive_s: float | None = 5.0
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: EngineHost) -> None:
         self.rt = rt
         self.cfg = rt.config
         self.stats = rt.stats
@@ -117,7 +117,7 @@ class Engine:
         raise NotImplementedError
 
     # ---- the generation driver --------------------------------------------------------
-    async def generate(self, req: Request, job: Job) -> None:
+    async def generate(self, req: Request, job: InferenceJob) -> None:
         loop = asyncio.get_running_loop()
         stats = self.stats
         res = Result(prompt_tokens=job.prompt_tokens, t_arrive=loop.time())
@@ -175,7 +175,7 @@ class Engine:
             elif not req.finished and req.closed and not req.conn.server_killed:
                 stats.cancelled += 1
 
-    async def _start_stream(self, req: Request, job: Job) -> None:
+    async def _start_stream(self, req: Request, job: InferenceJob) -> None:
         assert job.fmt is not None
         await req.start(200, job.fmt.headers())
         if job.ping_interval is not None and job.fmt.ping() is not None:
@@ -192,7 +192,7 @@ class Engine:
         reason = res.finish or "abort"
         self.stats.finished_reasons[reason] = self.stats.finished_reasons.get(reason, 0) + 1
 
-    def reasoning_count(self, job: Job) -> int:
+    def reasoning_count(self, job: InferenceJob) -> int:
         """How many of the first generated tokens are reasoning (config.reasoning_tokens)."""
         if not job.reasoning:
             return 0
@@ -200,7 +200,7 @@ class Engine:
         return r if job.finish_at_limit == "length" or job.limit > 0 else 0
 
     async def _stream(
-        self, req: Request, job: Job, res: Result, info: SlotInfo, fault: str | None, skip_ttft: bool
+        self, req: Request, job: InferenceJob, res: Result, info: SlotInfo, fault: str | None, skip_ttft: bool
     ) -> bool:
         fmt = job.fmt
         assert fmt is not None
@@ -302,7 +302,7 @@ class Engine:
         return False  # slow_first_byte and the like: nothing more to do
 
     async def _plain(
-        self, req: Request, job: Job, res: Result, info: SlotInfo, fault: str | None, skip_ttft: bool
+        self, req: Request, job: InferenceJob, res: Result, info: SlotInfo, fault: str | None, skip_ttft: bool
     ) -> bool:
         cfg = self.cfg
         loop = asyncio.get_running_loop()

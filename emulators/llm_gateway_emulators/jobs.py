@@ -1,9 +1,11 @@
 """The data passed between an engine and the shared driver.
 
-``Runtime`` (what an engine needs from its host), ``Result`` (one finished generation:
-text, finish, token counts, timestamps), ``StreamFormat`` (the bytes of one streamed
-response, overridden per engine) and ``Job`` (one inference request as the engine read
-it: limits, stop strings, formatter or body builder, queue bound and hooks).
+``EngineHost`` (what an engine needs from the emulator that hosts it), ``Result`` (one
+finished generation: text, finish, token counts, timestamps), ``StreamFormat`` (the bytes
+of one streamed response, overridden per engine) and ``InferenceJob`` (one inference request
+as the engine read it: limits, stop strings, formatter or body builder, queue bound and
+hooks). Named apart from the product's ``llm_gateway.runtime.Runtime`` and
+``llm_gateway.service.Job``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 Reply = tuple[int, wire.Headers, bytes]
 
 
-class Runtime(Protocol):
+class EngineHost(Protocol):
     """What an engine needs from the emulator that hosts it."""
 
     config: EmulatorConfig
@@ -94,7 +96,7 @@ class StreamFormat:
 
 
 @dataclass(eq=False)
-class Job:
+class InferenceJob:
     """One inference request as the engine read it."""
 
     stream: bool
@@ -114,7 +116,9 @@ class Job:
     effective: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def embedding(cls, prompt_tokens: int, body: Callable[[Result], Reply], error_reply: Callable[[], Reply]) -> Job:
+    def embedding(
+        cls, prompt_tokens: int, body: Callable[[Result], Reply], error_reply: Callable[[], Reply]
+    ) -> InferenceJob:
         """An embeddings request: takes a slot and the prompt's prefill time, generates nothing."""
         return cls(
             stream=False,

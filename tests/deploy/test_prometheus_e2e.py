@@ -1,7 +1,7 @@
 """End to end with a real Prometheus server (the Debian binary): it scrapes a gateway process in front
-of a streaming engine, evaluates deploy/prometheus/alerts.yml, and answers the dashboard's queries.
-The TTFT quantile and the completion-token counter read back through /api/v1/query must match the
-traffic that was sent."""
+of a streaming engine (llm_gateway_emulators' vLLM, in a thread), evaluates deploy/prometheus/alerts.yml,
+and answers the dashboard's queries. The TTFT quantile and the completion-token counter read back
+through /api/v1/query must match the traffic that was sent."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ import orjson
 import pytest
 import yaml
 
-from tests.deploy._fake_engine import FakeVllm
+from llm_gateway_emulators import EmulatorConfig, EmulatorThread
+from llm_gateway_emulators.textgen import chat_prompt_tokens
 from tests.deploy._tools import (
     DASHBOARD,
     PROM_DIR,
@@ -37,6 +38,8 @@ from tests.support.real_engines import free_port
 TOKENS = 5
 PHASE2_STREAMS = 5
 PHASE2_UNARY = 1
+STREAM_MESSAGES = [{"role": "user", "content": "count"}]
+UNARY_MESSAGES = [{"role": "user", "content": "x"}]
 
 
 class PrometheusServer:
@@ -119,7 +122,7 @@ class PrometheusServer:
 def stream_chat(gw: GatewayProcess) -> tuple[int, list[str]]:
     """One streamed chat through the gateway; returns the status and the content pieces received."""
     pieces: list[str] = []
-    body = {"model": "e2e-model", "stream": True, "messages": [{"role": "user", "content": "count"}]}
+    body = {"model": "e2e-model", "stream": True, "messages": STREAM_MESSAGES}
     with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as r:
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -129,61 +132,67 @@ def stream_chat(gw: GatewayProcess) -> tuple[int, list[str]]:
         return r.status_code, pieces
 
 
+def vllm_emulator() -> EmulatorThread:
+    """The vLLM emulator: first token after 50 ms, then one every 10 ms, TOKENS tokens per answer
+    (no max_tokens in the requests: the emulated EOS comes after natural_stop_tokens)."""
+    config = EmulatorConfig(engine="vllm", model="fake-model", ttft_ms=50, tpot_ms=10, natural_stop_tokens=TOKENS)
+    return EmulatorThread(config)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     binary = prometheus_bin()
     workdir = tmp_path_factory.mktemp("prom-e2e")
-    engine = FakeVllm(tokens=TOKENS, first_token_s=0.05, between_s=0.01).start()
-    metrics_port = free_port()
-    config = f"""
-    server: {{access_log: false, metrics_port: {metrics_port}}}
-    auth: {{mode: none}}
-    backends:
-      - {{name: fake-vllm, engine: vllm, url: "{engine.url}", probe: {{interval_s: 0.5}}}}
-    models:
-      - name: e2e-model
-        deployments:
-          - {{backend: fake-vllm, model: fake-model, format: safetensors}}
-    """
-    gw = GatewayProcess(config, workdir, env={"PYTHONWARNINGS": "ignore"})
-    prom = PrometheusServer(binary, workdir, [f"127.0.0.1:{gw.port}"], [str(PROM_DIR / "alerts.yml")])
-    try:
-        gw.start()
-        prom.start()
-        # phase 1 creates the series and lets Prometheus scrape them once, so that rate() sees phase 2
-        status, pieces = stream_chat(gw)
-        assert status == 200 and len(pieces) == TOKENS
-        assert prom.wait_for("sum(gateway_completion_tokens_total)", TOKENS) == TOKENS, prom.log_path.read_text()
-        received = [len(pieces)]
-        for _ in range(PHASE2_STREAMS):
+    with vllm_emulator() as engine:
+        metrics_port = free_port()
+        config = f"""
+        server: {{access_log: false, metrics_port: {metrics_port}}}
+        auth: {{mode: none}}
+        backends:
+          - {{name: fake-vllm, engine: vllm, url: "{engine.url}", probe: {{interval_s: 0.5}}}}
+        models:
+          - name: e2e-model
+            deployments:
+              - {{backend: fake-vllm, model: fake-model, format: safetensors}}
+        """
+        gw = GatewayProcess(config, workdir, env={"PYTHONWARNINGS": "ignore"})
+        prom = PrometheusServer(binary, workdir, [f"127.0.0.1:{gw.port}"], [str(PROM_DIR / "alerts.yml")])
+        try:
+            gw.start()
+            prom.start()
+            # phase 1 creates the series and lets Prometheus scrape them once, so that rate() sees phase 2
             status, pieces = stream_chat(gw)
-            assert status == 200
-            received.append(len(pieces))
-        for _ in range(PHASE2_UNARY):
-            r = httpx.post(
-                gw.url + "/v1/chat/completions",
-                json={"model": "e2e-model", "messages": [{"role": "user", "content": "x"}]},
-                timeout=30,
-            )
-            assert r.status_code == 200
-            received.append(r.json()["usage"]["completion_tokens"])
-        yield {
-            "prom": prom,
-            "gw": gw,
-            "engine": engine,
-            "metrics_port": metrics_port,
-            "received": received,
-            "workdir": workdir,
-        }
-    finally:
-        prom.stop()
-        gw.stop()
-        engine.close()
+            assert status == 200 and len(pieces) == TOKENS
+            assert prom.wait_for("sum(gateway_completion_tokens_total)", TOKENS) == TOKENS, prom.log_path.read_text()
+            received = [len(pieces)]
+            for _ in range(PHASE2_STREAMS):
+                status, pieces = stream_chat(gw)
+                assert status == 200
+                received.append(len(pieces))
+            for _ in range(PHASE2_UNARY):
+                r = httpx.post(
+                    gw.url + "/v1/chat/completions",
+                    json={"model": "e2e-model", "messages": UNARY_MESSAGES},
+                    timeout=30,
+                )
+                assert r.status_code == 200
+                received.append(r.json()["usage"]["completion_tokens"])
+            yield {
+                "prom": prom,
+                "gw": gw,
+                "engine": engine,
+                "metrics_port": metrics_port,
+                "received": received,
+                "workdir": workdir,
+            }
+        finally:
+            prom.stop()
+            gw.stop()
 
 
 def test_prometheus_reads_back_the_completion_tokens_streamed(stack):
     prom, engine = stack["prom"], stack["engine"]
-    sent = engine.streamed_tokens
+    sent = engine.stats.tokens_generated_total  # completion tokens the engine produced
     assert sent == TOKENS * (1 + PHASE2_STREAMS + PHASE2_UNARY)
     assert sum(stack["received"]) == sent  # what the clients got is what the engine produced
     got = prom.wait_for("sum(gateway_completion_tokens_total)", sent)
@@ -192,7 +201,11 @@ def test_prometheus_reads_back_the_completion_tokens_streamed(stack):
     assert [(r["metric"], float(r["value"][1])) for r in by_model] == [
         ({"model": "e2e-model", "backend": "fake-vllm"}, sent)
     ]
-    assert prom.scalar("sum(gateway_prompt_tokens_total)") == 7 * (1 + PHASE2_STREAMS + PHASE2_UNARY)
+    prompt = (
+        chat_prompt_tokens(STREAM_MESSAGES) * (1 + PHASE2_STREAMS) + chat_prompt_tokens(UNARY_MESSAGES) * PHASE2_UNARY
+    )
+    assert engine.stats.prompt_tokens_total == prompt  # the prompt tokens the engine reported in its usage
+    assert prom.scalar("sum(gateway_prompt_tokens_total)") == prompt
 
 
 def test_prometheus_computes_a_plausible_ttft_quantile(stack):

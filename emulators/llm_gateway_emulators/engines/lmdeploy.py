@@ -22,7 +22,7 @@ from llm_gateway_emulators import textgen, wire
 from llm_gateway_emulators.engines import pymetrics
 from llm_gateway_emulators.engines.fastapi_base import FastApiEngine, Problem
 from llm_gateway_emulators.httpserver import Request
-from llm_gateway_emulators.jobs import Job, Reply, Result, StreamFormat
+from llm_gateway_emulators.jobs import InferenceJob, Reply, Result, StreamFormat
 from llm_gateway_emulators.prom_text import PROM_CONTENT_TYPE
 
 SKIP = ("/health", "/docs", "/redoc", "/nodes")
@@ -215,7 +215,7 @@ class LmDeploy(FastApiEngine):
         pt = textgen.chat_prompt_tokens(body["messages"]) if chat else textgen.prompt_tokens(body["prompt"])
         n = body.get("n", 1)
         n = n if isinstance(n, int) and n > 1 else 1
-        job = Job(
+        job = InferenceJob(
             stream=stream,
             limit=limit,
             finish_at_limit=finish,

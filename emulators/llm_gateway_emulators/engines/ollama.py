@@ -22,7 +22,7 @@ from llm_gateway_emulators.engine import Engine
 from llm_gateway_emulators.engines.ollama_stream import NativeStream, allowed_host, go_json
 from llm_gateway_emulators.engines.ollama_v1 import BUSY, OllamaV1, go_json_error
 from llm_gateway_emulators.httpserver import Request
-from llm_gateway_emulators.jobs import Job, Reply, Result, StreamFormat
+from llm_gateway_emulators.jobs import InferenceJob, Reply, Result, StreamFormat
 
 DIGEST = "df23d3d75cc3d6cc62dc5b936ff8e1862e93a0b3471d8ebc1bcd5fbc55b0d914"
 DETAILS = {
@@ -162,14 +162,14 @@ class Ollama(Engine):
         busy: Reply,
         effective: dict[str, Any],
         reasoning: bool = False,
-    ) -> Job:
+    ) -> InferenceJob:
         lim, finish = self.limit_for(limit if isinstance(limit, int) and limit >= 0 else None)
         lim = min(lim, max(0, self.cfg.ctx_len - prompt_tokens)) if lim > 0 else lim
 
         async def queue_full(r: Request) -> None:
             await self.reply(r, busy)
 
-        return Job(
+        return InferenceJob(
             stream=stream,
             limit=lim,
             finish_at_limit=finish,

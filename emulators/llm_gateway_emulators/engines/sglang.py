@@ -23,7 +23,7 @@ from llm_gateway_emulators.engines import pymetrics
 from llm_gateway_emulators.engines.fastapi_base import FastApiEngine, Problem
 from llm_gateway_emulators.engines.sglang_stream import FULL, SglangStream, flat
 from llm_gateway_emulators.httpserver import Request, reason
-from llm_gateway_emulators.jobs import Job, Reply, Result
+from llm_gateway_emulators.jobs import InferenceJob, Reply, Result
 from llm_gateway_emulators.prom_text import PROM_CONTENT_TYPE
 
 VERSION = "0.5.23"
@@ -217,7 +217,7 @@ class Sglang(FastApiEngine):
             else:
                 await self.reply(r, self.err(503, FULL))
 
-        job = Job(
+        job = InferenceJob(
             stream=stream,
             limit=limit,
             finish_at_limit=finish,
@@ -322,4 +322,4 @@ class Sglang(FastApiEngine):
             }
             return self.uv_json(200, obj)
 
-        await self.generate(req, Job.embedding(tokens, build, lambda: self.err(500, "Embedding failed")))
+        await self.generate(req, InferenceJob.embedding(tokens, build, lambda: self.err(500, "Embedding failed")))

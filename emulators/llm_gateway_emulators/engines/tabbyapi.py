@@ -22,7 +22,7 @@ from llm_gateway_emulators import textgen
 from llm_gateway_emulators.engines.fastapi_base import FastApiEngine, Problem, json_problem
 from llm_gateway_emulators.engines.tabby_stream import TabbyStream, eos_reason, usage_of
 from llm_gateway_emulators.httpserver import Request
-from llm_gateway_emulators.jobs import Job, Reply, Result
+from llm_gateway_emulators.jobs import InferenceJob, Reply, Result
 
 NOT_LOADED = "No models are currently loaded."
 OPEN = ("/health", "/.well-known/serviceinfo")
@@ -208,7 +208,7 @@ class TabbyApi(FastApiEngine):
         fmt = TabbyStream(self, chat, include_usage) if stream else None
         rid = uuid.uuid4().hex
         what = "Chat completion" if chat else "Completion"
-        job = Job(
+        job = InferenceJob(
             stream=stream,
             limit=limit,
             finish_at_limit=finish,
@@ -308,4 +308,6 @@ class TabbyApi(FastApiEngine):
             }
             return self.uv_json(200, obj)
 
-        await self.generate(req, Job.embedding(tokens, build, lambda: self.detail(503, "Embeddings request failed")))
+        await self.generate(
+            req, InferenceJob.embedding(tokens, build, lambda: self.detail(503, "Embeddings request failed"))
+        )

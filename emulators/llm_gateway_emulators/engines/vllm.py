@@ -17,7 +17,7 @@ from llm_gateway_emulators.engines import pymetrics
 from llm_gateway_emulators.engines.fastapi_base import FastApiEngine, Problem
 from llm_gateway_emulators.engines.vllm_stream import DEAD, VllmStream
 from llm_gateway_emulators.httpserver import Request, reason
-from llm_gateway_emulators.jobs import Job, Reply, Result
+from llm_gateway_emulators.jobs import InferenceJob, Reply, Result
 from llm_gateway_emulators.prom_text import PROM_CONTENT_TYPE
 
 VERSION = "0.32.0"
@@ -142,7 +142,7 @@ class Vllm(FastApiEngine):
         await req.send(200, wire.uvicorn(self.dates.now(), pairs), body)
 
     # ---- inference -------------------------------------------------------------------
-    def _common(self, req: Request, body: dict[str, Any], chat: bool, prompt_tokens: int) -> Job | Reply:
+    def _common(self, req: Request, body: dict[str, Any], chat: bool, prompt_tokens: int) -> InferenceJob | Reply:
         model = body.get("model")
         if model is not None and model != self.cfg.model:
             return self.err(404, f"The model `{model}` does not exist. Valid aliases: {self.cfg.model}.", param="model")
@@ -184,7 +184,7 @@ class Vllm(FastApiEngine):
         include_usage = isinstance(so, dict) and so.get("include_usage", True) is not False
         continuous = isinstance(so, dict) and bool(so.get("continuous_usage_stats"))
         n_choices = n if isinstance(n, int) and n > 1 else 1
-        return Job(
+        return InferenceJob(
             stream=stream,
             limit=limit,
             finish_at_limit=finish,
@@ -335,4 +335,4 @@ class Vllm(FastApiEngine):
             }
             return self.uv_json(200, obj)
 
-        await self.generate(req, Job.embedding(tokens, build, lambda: self.err(500, DEAD)))
+        await self.generate(req, InferenceJob.embedding(tokens, build, lambda: self.err(500, DEAD)))
