@@ -221,9 +221,12 @@ class Dispatcher:
                     last = e
                     if trace.attempts > cfg.retries or time.monotonic() >= deadline:
                         raise
-                    self.metrics.retries.labels(route.name, dep.backend.name, type(e).__name__).inc()
+                    if not _more_to_try(groups, gi, static, tried, info):
+                        raise  # nothing left to retry on: answer now, without a pause or a retry counted
                     pause = self.rng.uniform(0, cfg.backoff_base_ms * (2 ** (trace.attempts - 1))) / 1000
-                    pause = min(pause, max(0.0, deadline - time.monotonic()))
+                    if time.monotonic() + pause >= deadline:
+                        raise  # the pause would spend the budget, and no attempt may start once it is spent
+                    self.metrics.retries.labels(route.name, dep.backend.name, type(e).__name__).inc()
                     if pause > 0:
                         trace.waited_s += pause
                         await asyncio.sleep(pause)
@@ -243,6 +246,17 @@ class Dispatcher:
             f"no healthy backend for model '{route.name}': " + _why_unavailable(groups[0], time.monotonic()),
             headers={"retry-after": "2"},
         )
+
+
+def _more_to_try(
+    groups: list[ModelRoute], gi: int, static: list[Deployment], tried: set[int], info: RequestInfo
+) -> bool:
+    """Is any deployment left that a retry could go to (in this model, or a later fallback)?"""
+    now = time.monotonic()
+    for d in static:
+        if id(d) not in tried and d.backend.routable() and d.breaker.available(now) and d.model_present():
+            return True
+    return any(id(d) not in tried for g in groups[gi + 1 :] for d in eligible(g, info))
 
 
 def _why_unavailable(route: ModelRoute, now: float) -> str:
