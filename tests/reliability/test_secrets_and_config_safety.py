@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from llm_gateway.config_loader import ConfigError, parse_config
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
 from tests.support.real_engines import REPO_ROOT
+from tests.support.waiting import metric, wait_until
 
 CLIENT_KEYS = ["sk-gw-client-alpha-7f3a9c0d1e2b", "sk-gw-client-beta-4c8e2a6f0b1d"]
 WRONG_KEY = "sk-gw-attacker-guess-99e1c2d3"
@@ -46,6 +46,10 @@ models:
   - {{name: m, deployments: [{{backend: good, model: tiny, format: safetensors}}]}}
   - {{name: m-bad, deployments: [{{backend: misconfigured, model: tiny, format: safetensors}}]}}
 """
+
+
+def _reloads(gw: GatewayProcess, result: str) -> float:
+    return metric(gw.url, "gateway_config_reloads_total", result=result) or 0.0
 
 
 SECRETS = [
@@ -84,10 +88,21 @@ def test_no_key_or_digest_appears_in_logs_metrics_errors_or_check_config(tmp_pat
             for path in ("/v1/models", "/readyz", "/metrics", "/openapi.json"):
                 r = c.get(path, headers={"authorization": f"Bearer {CLIENT_KEYS[0]}"})
                 seen.append(str(r.headers) + r.text)
-            # a reload with a plaintext key pasted where its digest belongs: rejected, and not echoed
+            # a reload with a plaintext key pasted where its digest belongs: rejected, and not echoed. Wait
+            # until the gateway has really tried it and said no (the counter moves before the log line is
+            # written, in the same step), so the scan below reads the rejection, not a log from before it
+            assert _reloads(gw, "failure") == 0
             gw.write_config(_config(emu.url).replace(digest_of(CLIENT_KEYS[1]), CLIENT_KEYS[1]))
             gw.signal(signal.SIGHUP)
-            time.sleep(1.0)
+            wait_until(lambda: _reloads(gw, "failure") >= 1, what="the reload with a pasted key to be rejected")
+            assert _reloads(gw, "success") == 0
+            rejections = [ln for ln in gw.log_text().splitlines() if "config reload" in ln and "rejected" in ln]
+            assert rejections and all("sha256" in ln for ln in rejections), rejections
+            # the running config stayed: alpha is still served, beta still refused the model
+            for key, want in ((CLIENT_KEYS[0], 200), (CLIENT_KEYS[1], 403)):
+                r = c.post("/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
+                assert r.status_code == want, r.text
+                seen.append(str(r.headers) + r.text)
         logs = gw.log_text()
     check = subprocess.run(
         [sys.executable, "-m", "llm_gateway", "check-config", str(gw.config_path)],
