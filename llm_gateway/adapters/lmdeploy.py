@@ -2,8 +2,14 @@
 
 - Errors are flat `{"message", "type", "code": <int status>, "param", "object": "error"}`; status
   codes: 400 invalid/context, 401, 404 model, 409 conflict, 499 cancelled, 503 engine unavailable.
-- `/health` returns `{"status": "initializing"|"healthy"|"sleeping"|"unhealthy"}`: 200 only for
-  healthy and sleeping, and a sleeping engine refuses inference (503), so only "healthy" is ready.
+- `/health` returns `{"status": "initializing"|"healthy"|"sleeping"|"unhealthy"}` (v0.14.0 on): 200 only
+  for healthy and sleeping, and a sleeping engine refuses inference (503), so only "healthy" is ready.
+  Releases before v0.14.0 answer a bare 200 with an empty body (their port opens once the model is
+  loaded): that is ready too.
+- A wrong engine key: 401 with the flat error (v0.16.0 on), `{"error": "Unauthorized"}` (v0.12.2 to
+  v0.15.x), or, before v0.12.2, FastAPI's `HTTPException` body `{"detail": {"error": {"message":
+  "Please request with valid api key!", ..., "code": "invalid_api_key"}}}`, which is unwrapped here so
+  every release gives the same gateway error (502 `upstream_auth_failed`).
 - Load (metrics on by default; `/metrics` needs the key): `lmdeploy:num_requests_running`,
   `lmdeploy:num_requests_waiting` plus `lmdeploy:num_api_requests_waiting` (the API layer's queue),
   `lmdeploy:gpu_cache_usage_perc`.
@@ -21,6 +27,7 @@ import orjson
 
 from llm_gateway.adapters.base import ProbeClient
 from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, OpenAICompatAdapter
+from llm_gateway.errors import EngineErrorAnswer
 from llm_gateway.types import ProbeState
 
 
@@ -39,11 +46,14 @@ class LMDeployAdapter(OpenAICompatAdapter):
     unsupported_capabilities: ClassVar[frozenset[str]] = frozenset({"embeddings"})
     renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
 
+    def error(self, status: int, body: bytes, content_type: str) -> EngineErrorAnswer:
+        return super().error(status, unwrap_http_exception(body), content_type)
+
     async def probe_ready(self, client: ProbeClient) -> tuple[ProbeState, str]:
         status, body = await client.get("/health")
         try:
             value = orjson.loads(body).get("status")
-        except (orjson.JSONDecodeError, AttributeError):
+        except (orjson.JSONDecodeError, AttributeError):  # before v0.14.0: a bare 200, empty body
             value = None
         if status == 200 and value in (None, "healthy"):
             return "ready", ""
@@ -52,3 +62,18 @@ class LMDeployAdapter(OpenAICompatAdapter):
         if status == 503 and value is None:
             return "loading", "/health answered 503"
         return "down", f"/health says {value or status}"
+
+
+def unwrap_http_exception(body: bytes) -> bytes:
+    """`{"detail": {"error": {...}}}` (an `HTTPException` whose detail is an OpenAI error, as LMDeploy's
+    `check_api_key` raised before v0.12.2) -> `{"error": {...}}`; any other body as it is."""
+    if b'"detail"' not in body[:64]:
+        return body
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    detail = data.get("detail") if isinstance(data, dict) else None
+    if isinstance(detail, dict) and isinstance(detail.get("error"), dict) and len(data) == 1:
+        return orjson.dumps({"error": detail["error"]})
+    return body

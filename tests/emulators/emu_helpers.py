@@ -1,8 +1,13 @@
-"""Test helpers for the emulator suite: a raw HTTP/1.1 client, capture loading, JSON shapes.
+"""Test helpers for the emulator suite: a raw HTTP/1.1 client, capture loading, JSON shapes and values.
 
 The raw client returns the status line, the headers in wire order and case, the body
 (de-chunked) and whether the server reset or closed the connection, so tests can compare
 bytes with the raw engine captures vendored in ``tests/emulators/captures``.
+
+A capture that is missing fails the test (it is part of the repository, never optional), and every
+capture read is recorded in ``READ`` so ``conftest.py`` can tell, after a full run of this suite, which
+capture files no test read. ``shape`` compares layouts; ``pick`` the values an adapter depends on
+(error types, status codes, finish reasons, usage numbers).
 """
 
 from __future__ import annotations
@@ -67,11 +72,30 @@ class Response:
         return [json.loads(line) for line in self.body.split(b"\n") if line.strip()]
 
 
-def capture(rel: str) -> Response:
+#: Capture files read so far in this session, relative to ``CAPTURES`` (posix).
+READ: set[str] = set()
+
+
+def capture_bytes(rel: str) -> bytes:
+    """The raw bytes of a capture file; a missing one fails the test."""
     path = CAPTURES / rel
-    if not path.exists():
-        pytest.skip(f"capture {rel} not available")
-    raw = path.read_bytes()
+    if not path.is_file():
+        pytest.fail(f"capture {rel} is missing from {CAPTURES} (captures are part of the repository)")
+    READ.add(rel)
+    return path.read_bytes()
+
+
+def capture_text(rel: str) -> str:
+    """A capture that is notes or a log rather than one HTTP exchange."""
+    return capture_bytes(rel).decode()
+
+
+def capture(rel: str) -> Response:
+    """One raw HTTP exchange from a capture file (an optional ``$ curl ...`` line first)."""
+    return parse_capture(capture_bytes(rel))
+
+
+def parse_capture(raw: bytes) -> Response:
     if raw.startswith(b"$ "):
         raw = raw.split(b"\n", 1)[1]
     sep = raw.find(b"\r\n\r\n")
@@ -105,6 +129,34 @@ def shape(obj: Any) -> Any:
 
 def keys(obj: dict[str, Any]) -> list[str]:
     return list(obj.keys())
+
+
+_MISSING = "<missing>"
+
+
+def pick(obj: Any, *paths: str) -> dict[str, Any]:
+    """The values at dotted paths (``"choices.0.finish_reason"``, ``"usage.completion_tokens"``; list
+    indexes may be negative), ``"<missing>"`` where there is none: for comparing the values that matter
+    with a capture's, where ``shape`` compares only the layout."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        cur = obj
+        for part in path.split("."):
+            if isinstance(cur, dict) and part in cur:
+                cur = cur[part]
+            elif isinstance(cur, list) and part.lstrip("-").isdigit() and -len(cur) <= int(part) < len(cur):
+                cur = cur[int(part)]
+            else:
+                cur = _MISSING
+                break
+        out[path] = cur
+    return out
+
+
+def usage_adds_up(usage: dict[str, Any]) -> bool:
+    """total_tokens == prompt_tokens + completion_tokens (prompt counts differ: the emulators do not
+    run the engines' tokenizers, so only the relation is compared with a capture)."""
+    return bool(usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"])
 
 
 async def request(

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
@@ -107,7 +108,6 @@ def test_emulator_thread_for_sync_tests() -> None:
 
 
 def test_openai_sdk_talks_to_every_engine() -> None:
-    openai = pytest.importorskip("openai")
     for engine in ("llama-server", "vllm", "sglang", "ollama", "tabbyapi", "lmdeploy"):
         with EmulatorThread(EmulatorConfig(engine=engine, model="tiny")) as emu:
             client = openai.OpenAI(base_url=emu.url + "/v1", api_key="unused", max_retries=0)

@@ -1,4 +1,10 @@
-"""LMDeploy (``lmdeploy serve api_server``, HEAD 1263d5c): flat errors with an int ``code``.
+"""LMDeploy (``lmdeploy serve api_server``): flat errors with an int ``code``.
+
+Follows InternLM/lmdeploy at 1263d5cd889b7ad500e85b8eb20401327a4516ab (HEAD, after v0.16.0; the
+default): ``lmdeploy/serve/openai/api_server.py``, ``endpoints/management.py`` (/health),
+``lmdeploy/serve/openai/errors.py`` and ``lmdeploy/serve/core/exceptions.py`` (error types and
+messages), ``lmdeploy/serve/utils/server_utils.py`` (``AuthenticationMiddleware``); with the
+``version`` knob, the older releases as their tags have them (below).
 
 /health: ``{"status","message"}``, 200 for healthy/sleeping, 503 for initializing (during
 ``load_delay_s``) and unhealthy. Auth: Bearer on everything except the /health, /docs,
@@ -10,10 +16,25 @@ role, finish on the last token's chunk, ``"usage": null`` on each chunk when usa
 asked for, then a compact usage chunk and ``[DONE]``; a stream error is
 ``data: {"error": {flat}}`` followed by ``[DONE]``. While sleeping, inference routes
 answer 503 engine_unavailable.
+
+Older releases (``version="0.12.1"`` and the like; None = HEAD), where the answers a gateway probes
+differ:
+
+- before 0.14.0 (v0.13.0 @e6948c110e56 and earlier) /health is ``Response(status_code=200)``: a bare
+  200 with an empty body, whatever the engine's state, and the port opens only once the model is
+  loaded (``uvicorn.run`` comes after the engine is built).
+- before 0.12.2 (v0.12.1 @e5df4e8336cd) the key is checked by the ``check_api_key`` dependency of
+  the inference and model routes only (not /metrics, /health or /v1/embeddings); a wrong or missing
+  key raises FastAPI's ``HTTPException``, so the 401 body is ``{"detail": {"error": {"message":
+  "Please request with valid api key!", "type": "invalid_request_error", "param": null, "code":
+  "invalid_api_key"}}}``.
+- from 0.12.2 to 0.15.x (v0.12.2 @9a50f1f4eaf1 to v0.15.0 @f4b8140ba19c) ``AuthenticationMiddleware``
+  already guards every path but the skipped prefixes, answering 401 ``{"error": "Unauthorized"}``.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -37,6 +58,29 @@ MESSAGES = {
 }
 SLEEPING = "Engine is sleeping; call POST /wakeup before inference (e.g. tags=weights&tags=kv_cache)."
 INFERENCE = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/generate")
+
+#: Releases where behaviour changed (the first release with the new behaviour).
+AUTH_MIDDLEWARE = (0, 12, 2)  # AuthenticationMiddleware replaces the check_api_key dependency
+FLAT_401 = (0, 16, 0)  # the middleware answers with the protocol's flat error
+HEALTH_STATE = (0, 14, 0)  # /health reports the health monitor's state
+#: Before AUTH_MIDDLEWARE: the routes with ``dependencies=[Depends(check_api_key)]`` that this emulator serves.
+KEYED_ROUTES = frozenset({"/v1/models", "/v1/chat/completions", "/v1/completions", "/is_sleeping", "/generate"})
+LEGACY_401 = {
+    "detail": {
+        "error": {
+            "message": "Please request with valid api key!",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+}
+
+
+def release(version: str | None) -> tuple[int, int, int] | None:
+    """``"0.12.1"`` -> (0, 12, 1); None (or a string that names no release) -> None, i.e. HEAD."""
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version or "")
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else None
 
 
 def flat(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -122,12 +166,33 @@ class LmDeploy(FastApiEngine):
             u["completion_tokens_details"] = None
         return u
 
+    def before(self, first: tuple[int, int, int]) -> bool:
+        """Whether the emulated release predates ``first``."""
+        rel = release(self.cfg.version)
+        return rel is not None and rel < first
+
+    def on_start(self) -> None:
+        # before /health had states, the port opened only once the model was loaded
+        self.listen_after_load = self.before(HEALTH_STATE)
+
+    def needs_key(self, req: Request) -> bool:
+        if not self.cfg.api_key:
+            return False
+        if self.before(AUTH_MIDDLEWARE):
+            return req.path in KEYED_ROUTES
+        return req.method != "OPTIONS" and not req.path.startswith(SKIP)
+
+    def unauthorized(self) -> Reply:
+        if self.before(AUTH_MIDDLEWARE):
+            return self.uv_json(401, LEGACY_401)  # FastAPI's HTTPException handler: {"detail": ...}
+        if self.before(FLAT_401):
+            return self.uv_json(401, {"error": "Unauthorized"})
+        return self.err(401)
+
     async def handle(self, req: Request) -> None:
-        if self.cfg.api_key and req.method != "OPTIONS" and not req.path.startswith(SKIP):
-            token = self.bearer(req)
-            if token != self.cfg.api_key:
-                await self.reply(req, self.err(401))
-                return
+        if self.needs_key(req) and self.bearer(req) != self.cfg.api_key:
+            await self.reply(req, self.unauthorized())
+            return
         if self.cfg.health == "sleeping" and req.method == "POST" and req.path in INFERENCE:
             await self.reply(req, self.err(503, SLEEPING))
             return
@@ -142,6 +207,9 @@ class LmDeploy(FastApiEngine):
 
     # ---- info routes ------------------------------------------------------------------
     async def health(self, req: Request) -> None:
+        if self.before(HEALTH_STATE):
+            await self.reply(req, self.uv_empty(200))  # Response(status_code=200)
+            return
         if self.rt.loading():
             data = {"status": "initializing", "message": "Engine health monitor is starting."}
         elif self.cfg.health == "unhealthy":

@@ -1,4 +1,15 @@
-"""SGLang (``python -m sglang.launch_server``; shapes of protocol.py @9b116df).
+"""SGLang (``python -m sglang.launch_server``).
+
+Follows sgl-project/sglang: ``python/sglang/srt/entrypoints/http_server.py``
+@0025436eab0556737d615b36a4dd3e1e26e82f3d (/health and /health_generate: 503 while the server is
+``Starting`` or shutting down; ``RequestValidationError`` -> 400 ``ErrorResponse`` with type "Bad
+Request"; ``HTTPException`` -> flat ``ErrorResponse``), ``add_api_key_middleware`` in
+``python/sglang/srt/utils.py`` @0094528c435a44bbcb5c8d755626d15a702b1423 (OPTIONS, /health* and
+/metrics pass; otherwise ``Authorization`` must equal ``"Bearer " + key``; 401
+``{"error": "Unauthorized"}``), and the shapes of ``python/sglang/srt/entrypoints/openai/protocol.py``
+@9b116df. Newer releases moved the key check to ``python/sglang/srt/utils/auth.py``
+(@0ce3659c2b55b6fb88c7b8ddf7401c61f8762c90: case-insensitive scheme, ``x-api-key`` accepted, /ready
+exempt, admin-key levels, 403 "Forbidden"); the emulator does not play that version.
 
 /health and /health_generate answer 503 (empty) while starting (``load_delay_s``) and 200
 (empty) after; /ping is always 200. Auth: ``Authorization`` must equal ``Bearer <key>``

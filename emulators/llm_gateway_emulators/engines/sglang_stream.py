@@ -1,4 +1,5 @@
-"""SGLang stream shapes (pydantic ``model_dump_json`` of protocol.py @9b116df): role chunk,
+"""SGLang stream shapes (pydantic ``model_dump_json`` of sgl-project/sglang
+``python/sglang/srt/entrypoints/openai/protocol.py`` @9b116df, written by ``serving_chat.py``): role chunk,
 content chunks with null fields, a separate finish chunk carrying ``matched_stop``, the
 optional usage chunk, ``[DONE]``; in-band errors are ``{"error": {flat}}`` then ``[DONE]``.
 """

@@ -1,4 +1,12 @@
-"""TabbyAPI (HEAD e632af4, ExLlamaV3): FastAPI ``{"detail": ...}`` errors, sse-starlette streams.
+"""TabbyAPI (ExLlamaV3): FastAPI ``{"detail": ...}`` errors, sse-starlette streams.
+
+Follows theroyallab/tabbyAPI at e632af41eba68abeadc3437c62674360f2f8cbf1 (HEAD): ``common/auth.py``
+(``check_api_key``: ``x-api-key``, else ``Authorization: Bearer``; 401 "Invalid API key" / "Please
+provide an API key"), ``endpoints/core/router.py`` (/health from ``HealthManager``,
+/.well-known/serviceinfo), ``common/model.py`` (``check_model_container``: 503 "No models are
+currently loaded."), ``common/networking.py`` (``{"error": {"message", "trace"}}``, the SSE ping
+interval), ``endpoints/OAI/router.py`` and ``endpoints/OAI/utils/chat_completion.py`` /
+``completion.py`` (streams, ``eos_reason``, the usage chunk).
 
 /health is open and stays 200 ``{"status":"healthy","issues":[]}`` while the model loads;
 /v1/model, /props and inference answer 503 "No models are currently loaded." until
