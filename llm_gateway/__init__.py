@@ -5,6 +5,7 @@ The plan of the house, bottom first; every import points down (tests/unit/test_i
   the service needs from the HTTP layer): the shared vocabulary, importing nothing of the project;
 - `adapters/` (one module per engine; all engine knowledge), `upstream/` (the upstream client seam,
   aiohttp in production), `request_info` (reading an OpenAI body for what routing needs);
+- `ingress/` (other APIs to and from OpenAI chat, pure translation: Anthropic Messages);
 - `settings` (the config schema), `config_loader`, `auth` (keys), `routing/` (table, selection,
   admission, breaker), `limits/` (stores and limiter), `observability/` (metrics, access log);
 - `dispatch` (retries and failover), `prober` (health and load), `runtime` (shared objects and the

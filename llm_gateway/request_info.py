@@ -55,6 +55,10 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
         if so is not None and not isinstance(so, dict):
             raise InvalidRequest("'stream_options' must be an object", param="stream_options")
         wants_usage = bool(so and so.get("include_usage") is True)
+    for key in ("max_tokens", "max_completion_tokens"):
+        v = body.get(key)
+        if isinstance(v, float) and v.is_integer() and 0 <= v < 2**63:
+            body[key] = int(v)  # 287.0 is the integer 287 in JSON (and its Schema): engines get the int form
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
         raise InvalidRequest("'max_tokens' must be a non-negative integer", param="max_tokens")

@@ -5,7 +5,10 @@ dispatch to a deployment (selection, admission, retries, failover) -> answer: th
 or the stream relayed chunk by chunk -> settle the limits with the real usage. Usage for streams:
 the adapters always ask the engine for it and strip the extra chunk unless the client asked; if the
 engine never sent it (the stream was cut, or the client left), the completion is estimated from
-the chunks relayed so that an aborted stream still pays for what was generated.
+what was relayed (events and text bytes: `RelayBase.completion_estimate`) so that an aborted stream
+still pays for what was generated.
+Another API's dialect (Anthropic's /v1/messages) is a translating `ClientExchange` around the same
+steps; `count_prompt_tokens` counts a chat prompt with an engine's own tokenizer where it has one.
 The service answers through the `ClientExchange` it owns (exchange.py), never through ASGI; the
 first generated output (for TTFT) is reported by the adapter's relay, which knows the engine's shapes.
 """
@@ -14,21 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from llm_gateway.adapters.base import StreamRelay
 from llm_gateway.auth import Principal
-from llm_gateway.dispatch import Trace, release
+from llm_gateway.dispatch import Trace, eligible, release
 from llm_gateway.errors import DONE, GatewayError, ModelNotFound, UpstreamProtocolError
 from llm_gateway.exchange import ClientExchange, Headers
 from llm_gateway.limits.limiter import quota_headers
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.request_info import RequestInfo, read_request
-from llm_gateway.routing.table import Deployment, ModelRoute
+from llm_gateway.routing.table import Backend, Deployment, ModelRoute
 from llm_gateway.runtime import Gateway, Runtime
 from llm_gateway.types import CallContext, Endpoint, Usage
-from llm_gateway.upstream.base import UpstreamResponse
+from llm_gateway.upstream.base import UpstreamResponse, UpstreamTimeouts
 
 ERROR_BODY_LIMIT = 256 * 1024
 RESPONSE_LIMIT = 256 * 1024 * 1024
@@ -101,19 +105,7 @@ class GenerationService:
         body: dict[str, Any],
         who: Principal,
     ) -> None:
-        info = read_request(endpoint, body)
-        fmt = call.header(rt.format_header)
-        if fmt:
-            info.format = fmt.decode("latin-1").strip().lower()[:32]
-        rec.stream = info.stream
-        route = rt.table.resolve(info.model)
-        if route is None:  # the name is not echoed: a client that pastes a key there must not see it mirrored
-            raise ModelNotFound(
-                "The requested model does not exist; GET /v1/models lists the models this key may use.", param="model"
-            )
-        rec.model = route.name
-        if not (who.may_use(route.name) or who.may_use(info.model)):
-            rt.auth.check_model(who, route.name)
+        info, route = self._route(call, rec, rt, endpoint, body, who)
         limits = rt.config.limits
         budget = info.prompt_tokens + (
             0 if endpoint == "embeddings" else (info.max_tokens or limits.default_max_tokens)
@@ -136,6 +128,60 @@ class GenerationService:
             # estimate when the engine's count is unknown (a client that left mid-generation pays for it)
             actual = usage.total_tokens if usage else (0 if failed else None)
             await asyncio.shield(rt.limiter.finish(reservation, actual))
+
+    def _route(
+        self,
+        call: ClientExchange,
+        rec: RequestRecord,
+        rt: Runtime,
+        endpoint: Endpoint,
+        body: dict[str, Any],
+        who: Principal,
+    ) -> tuple[RequestInfo, ModelRoute]:
+        """Read the body, resolve the public model and check that the key may use it."""
+        info = read_request(endpoint, body)
+        fmt = call.header(rt.format_header)
+        if fmt:
+            info.format = fmt.decode("latin-1").strip().lower()[:32]
+        rec.stream = info.stream
+        route = rt.table.resolve(info.model)
+        if route is None:  # the name is not echoed: a client that pastes a key there must not see it mirrored
+            raise ModelNotFound(
+                "The requested model does not exist; GET /v1/models lists the models this key may use.", param="model"
+            )
+        rec.model = route.name
+        if not (who.may_use(route.name) or who.may_use(info.model)):
+            rt.auth.check_model(who, route.name)
+        return info, route
+
+    async def count_prompt_tokens(
+        self, call: ClientExchange, rec: RequestRecord, rt: Runtime, body: dict[str, Any], who: Principal
+    ) -> tuple[int, str]:
+        """The prompt tokens of a chat body: (count, "engine") from the first routable deployment whose
+        engine counts with its own tokenizer, else (the gateway's estimate, "estimate"). Not charged to
+        the key's limits: nothing is generated. At most `COUNT_ATTEMPTS` engines are asked."""
+        info, route = self._route(call, rec, rt, "chat", body, who)
+        now = time.monotonic()
+        t = time.perf_counter()
+        failures = 0
+        try:
+            for dep in eligible(route, info):
+                b = dep.backend
+                if failures >= COUNT_ATTEMPTS:
+                    break
+                if not (b.routable() and dep.breaker.available(now) and dep.model_present()):
+                    continue
+                try:
+                    n = await b.adapter.count_prompt_tokens(_Poster(self.gw, b), body, dep.upstream_model)
+                except GatewayError:
+                    failures += 1  # the count is a courtesy: a failing engine falls back to the estimate
+                    continue
+                if n is not None:
+                    rec.backend, rec.engine, rec.upstream_model = b.name, b.kind, dep.upstream_model
+                    return n, "engine"
+        finally:
+            rec.upstream_s += time.perf_counter() - t
+        return info.prompt_tokens, "estimate"
 
     async def _send_upstream(self, job: Job, dep: Deployment, ctx: CallContext) -> UpstreamResponse:
         adapter, rec = dep.backend.adapter, job.rec
@@ -287,9 +333,38 @@ class GenerationService:
         return relay.usage
 
 
+COUNT_TIMEOUTS = UpstreamTimeouts(connect_s=2.0, first_byte_s=5.0, idle_s=5.0, total_s=10.0)
+COUNT_ATTEMPTS = 2  # engines that failed to count before the estimate is answered
+
+
+class _Poster:
+    """The `TokenizeClient` an adapter counts tokens through: POSTs to one backend, with short timeouts."""
+
+    __slots__ = ("_backend", "_gw")
+
+    def __init__(self, gw: Gateway, backend: Backend) -> None:
+        self._gw = gw
+        self._backend = backend
+
+    async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
+        b = self._backend
+        t = b.timeouts
+        timeouts = UpstreamTimeouts(
+            min(t.connect_s, COUNT_TIMEOUTS.connect_s),
+            min(t.first_byte_s, COUNT_TIMEOUTS.first_byte_s),
+            min(t.idle_s, COUNT_TIMEOUTS.idle_s),
+            min(t.total_s, COUNT_TIMEOUTS.total_s),
+        )
+        resp = await self._gw.upstream.send("POST", b.cfg.url + path, headers, body, timeouts)
+        try:
+            return resp.status, await resp.read(ERROR_BODY_LIMIT)
+        finally:
+            resp.close()
+
+
 def _usage_of(relay: StreamRelay, prompt_estimate: int) -> tuple[int, int, bool]:
     u = relay.usage
     if u is not None:
         return u.prompt_tokens, u.completion_tokens, False
     # the engine never reported usage (cut stream, or the client left): estimate what was generated
-    return prompt_estimate, relay.content_events, True
+    return prompt_estimate, relay.completion_estimate(), True

@@ -20,6 +20,9 @@ from llm_gateway.upstream.base import UpstreamClient
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.real_engines import EngineNotInstalled, LlamaServer, OllamaServer, RealEngine, VllmServer
 
+# no silent skips where the suite must be complete, and the `real_engine` marker (see the module)
+pytest_plugins = ["tests.support.skip_guard"]
+
 TEST_KEY = "sk-test-alice-0123456789"
 OTHER_KEY = "sk-test-bob-9876543210"
 
@@ -101,7 +104,7 @@ def _start(engine: RealEngine) -> RealEngine:
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
     eng = _start(
         LlamaServer(
-            parallel=1, ctx_size=4096, metrics=True, api_key=LLAMA_KEY, workdir=tmp_path_factory.mktemp("llama")
+            parallel=1, ctx_size=16384, metrics=True, api_key=LLAMA_KEY, workdir=tmp_path_factory.mktemp("llama")
         )
     )
     yield eng
@@ -110,13 +113,17 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngin
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
-    eng = _start(VllmServer(max_num_seqs=2, api_key=VLLM_KEY, workdir=tmp_path_factory.mktemp("vllm")))
+    # 32,768 tokens of context (beyond the tiny model's 2,048 positions): a generation of a minute
+    eng = _start(
+        VllmServer(max_num_seqs=2, max_model_len=32768, api_key=VLLM_KEY, workdir=tmp_path_factory.mktemp("vllm"))
+    )
     yield eng
     eng.stop()
 
 
 @pytest.fixture(scope="session")
 def ollama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
-    eng = _start(OllamaServer(num_parallel=1, num_ctx=4096, workdir=tmp_path_factory.mktemp("ollama")))
+    # two slots: a probe or a second request never queues behind a generation someone abandoned
+    eng = _start(OllamaServer(num_parallel=2, num_ctx=4096, workdir=tmp_path_factory.mktemp("ollama")))
     yield eng
     eng.stop()

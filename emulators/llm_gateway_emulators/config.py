@@ -97,6 +97,9 @@ class EmulatorConfig:
     admin_key: str | None = None
     #: Emulated engine version strings (None = engine default).
     version: str | None = None
+    #: Tokens per stream event (vLLM/SGLang ``--stream-interval``): the deltas of this many tokens go
+    #: out together in one SSE event or NDJSON line (the last event holds what is left).
+    tokens_per_event: int = 1
 
     def __post_init__(self) -> None:
         self.validate()
@@ -114,6 +117,8 @@ class EmulatorConfig:
             raise ValueError(f"health must be one of {sorted(HEALTH_STATES)}")
         if self.fault_after_chunks < 0:
             raise ValueError("fault_after_chunks must be >= 0")
+        if self.tokens_per_event < 1:
+            raise ValueError("tokens_per_event must be >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -222,40 +222,62 @@ class Engine:
         gen = Generation(limit, job.finish_at_limit, job.stops)
         step, write_now, conn = gen.step, req.write_now, req.conn
         tpot = cfg.tpot_s
+        group = max(1, cfg.tokens_per_event)
+        held: list[str] = []  # deltas of the event being filled (tokens_per_event > 1)
+        held_emit = fmt.token
         sent = 0
         delta: str
         finish: str | None
-        while True:
-            if sent < r:
-                delta, finish, emit = token_text(sent), None, fmt.reasoning
-            elif limit <= 0:
-                delta, finish, emit = "", "length", fmt.token
-            else:
-                delta, finish = step()
-                emit = fmt.token
-            info.n_decoded = r + gen.count if sent >= r else sent + 1
-            if fault is not None and sent >= k:
-                ended = await self._stream_fault(req, fmt, fault, delta, pending)
-                pending = b""
-                if ended:
-                    res.completion_tokens = min(sent, r) + gen.count
-                    self.stats.tokens_generated_total += res.completion_tokens
-                    return False
-                fault = None
-            if finish is not None:
-                break
-            if delta:
-                sent += 1
-                if write_now(pending + emit(delta) if pending else emit(delta)):
-                    await conn.drain()
-                pending = b""
-            if tpot > 0:
-                deadline += tpot
-                delay = deadline - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+        try:
+            while True:
+                if sent < r:
+                    delta, finish, emit = token_text(sent), None, fmt.reasoning
+                elif limit <= 0:
+                    delta, finish, emit = "", "length", fmt.token
                 else:
-                    deadline = loop.time()
+                    delta, finish = step()
+                    emit = fmt.token
+                info.n_decoded = r + gen.count if sent >= r else sent + 1
+                if held and finish is not None and held_emit == emit:
+                    delta = "".join(held) + delta  # the last event holds what is left
+                    held.clear()
+                elif held and (held_emit != emit or finish is not None or (fault is not None and sent >= k)):
+                    pending += held_emit("".join(held))  # the event is cut short: reasoning ends, or a fault
+                    held.clear()
+                if fault is not None and sent >= k:
+                    ended = await self._stream_fault(req, fmt, fault, delta, pending)
+                    pending = b""
+                    if ended:
+                        res.completion_tokens = min(sent, r) + gen.count
+                        self.stats.tokens_generated_total += res.completion_tokens
+                        return False
+                    fault = None
+                if finish is not None:
+                    break
+                if delta:
+                    sent += 1
+                    if group > 1:
+                        held.append(delta)
+                        held_emit = emit
+                        if len(held) < group:
+                            delta = ""
+                        else:
+                            delta = "".join(held)
+                            held.clear()
+                    if delta:
+                        if write_now(pending + emit(delta) if pending else emit(delta)):
+                            await conn.drain()
+                        pending = b""
+                if tpot > 0:
+                    deadline += tpot
+                    delay = deadline - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    else:
+                        deadline = loop.time()
+        except asyncio.CancelledError:  # the client left: what was generated so far still counts, as engines do
+            self.stats.tokens_generated_total += min(sent, r) + gen.count
+            raise
         res.finish, res.matched, res.completion_tokens = finish, gen.matched, r + gen.count
         res.t_end = loop.time()
         self.stats.tokens_generated_total += res.completion_tokens

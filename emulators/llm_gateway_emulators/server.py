@@ -160,6 +160,16 @@ class Emulator:
     async def wait_listening(self) -> None:
         await self._listening.wait()
 
+    async def finish_loading(self) -> None:
+        """End the loading phase now (and Ollama's lazy load: ``load_delay_s`` becomes 0), so a test can
+        hold an engine in its loading phase as long as it needs and then release it."""
+        self.config.load_delay_s = 0.0
+        self._load_until = 0.0
+        if self._listen_task is not None and not self._listening.is_set():
+            self._listen_task.cancel()
+            self._listen_task = None
+            await self._listen()
+
     async def stop_listening(self, drop_connections: bool = True) -> None:
         """Stop accepting (connection refused) and, by default, reset open connections
         and forget queued and running work, as a dead engine would."""
@@ -367,6 +377,9 @@ class EmulatorThread:
 
     def start_listening(self) -> None:
         self._call(self.emulator.start_listening())
+
+    def finish_loading(self) -> None:
+        self._call(self.emulator.finish_loading())
 
     def wait_listening(self, timeout: float = 30) -> None:
         assert self._loop is not None

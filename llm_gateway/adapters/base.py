@@ -3,7 +3,8 @@
 An adapter, for its engine: builds the upstream request (path, the engine's own auth header, model
 rewrite, parameter translation); turns a non-streamed answer into OpenAI JSON; returns a
 `StreamRelay` that turns the engine's response stream into clean OpenAI SSE; turns the engine's
-error bodies into the OpenAI envelope; and probes readiness, served models and load.
+error bodies into the OpenAI envelope; probes readiness, served models and load; and, where the
+engine can, counts a chat prompt's tokens with its own tokenizer.
 Nothing outside `adapters/` branches on the engine kind.
 """
 
@@ -34,6 +35,13 @@ class ProbeClient(Protocol):
     def now(self) -> float: ...
 
 
+class TokenizeClient(Protocol):
+    """What token counting may do: POST a JSON body to the backend. Returns (status, body); raises
+    BackendFailure as the upstream client does."""
+
+    async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]: ...
+
+
 class StreamRelay(Protocol):
     """Turns the engine's response body into OpenAI SSE bytes, chunk by chunk (`relay_base.RelayBase`
     holds what the relays share). What the engine's output looks like is known only here: the service
@@ -41,6 +49,8 @@ class StreamRelay(Protocol):
 
     usage: Usage | None
     content_events: int
+    #: bytes of generated text passed on (content, text, reasoning, tool-call arguments)
+    text_bytes: int
     error: GatewayError | None
     #: True once the relay has passed on generated output (non-empty text, reasoning, or a tool call):
     #: role-only and empty chunks do not count (the service's time-to-first-token)
@@ -52,6 +62,10 @@ class StreamRelay(Protocol):
 
     def finish(self) -> bytes:
         """At the engine's end of body: `[DONE]`, or an error event if the stream did not end cleanly."""
+        ...
+
+    def completion_estimate(self) -> int:
+        """Completion tokens passed on so far, for a stream whose engine never reported its usage."""
         ...
 
 
@@ -91,6 +105,13 @@ class Adapter(ABC):
     @abstractmethod
     async def probe(self, client: ProbeClient) -> ProbeResult:
         """Readiness, served models and load, from cheap endpoints only."""
+
+    async def count_prompt_tokens(
+        self, client: TokenizeClient, body: dict[str, Any], upstream_model: str
+    ) -> int | None:
+        """The prompt tokens of an OpenAI chat `body` by the engine's own tokenizer and chat template, or
+        None where the engine has no way to count them (the caller then estimates)."""
+        return None
 
     def stream_content_types(self) -> tuple[str, ...]:
         """Content types a streamed 2xx answer may have; anything else is a protocol error."""

@@ -9,6 +9,8 @@
 - Chat-body parse errors (bad `response_format`, `n` != 1 on older builds, tools without `--jinja`)
   come back as 500 `server_error`: a 500 whose message is about the request is a client error (400).
 - `exceed_context_size_error` becomes OpenAI's `context_length_exceeded`.
+- Token counting: `POST /apply-template` renders the chat messages (and tools) into the prompt text,
+  `POST /tokenize` (with special tokens, as a generation adds them) counts it.
 - A mid-stream error is `data: {"error": ...}` and the stream closes without `[DONE]`.
 - `/v1/completions` refuses `echo`, `best_of` and `suffix`: harmless values are dropped, real ones
   are refused before reaching the engine. `repetition_penalty` is llama.cpp's `repeat_penalty`.
@@ -22,9 +24,9 @@ from typing import Any, ClassVar
 
 import orjson
 
-from llm_gateway.adapters.base import ProbeClient
+from llm_gateway.adapters.base import ProbeClient, TokenizeClient
 from llm_gateway.adapters.error_bodies import EngineError, upstream_error
-from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
+from llm_gateway.adapters.openai_compat import OpenAICompatAdapter, json_field, prompt_fields
 from llm_gateway.errors import EngineErrorAnswer, InvalidRequest
 from llm_gateway.types import Endpoint, LoadSnapshot
 
@@ -82,6 +84,18 @@ class LlamaServerAdapter(OpenAICompatAdapter):
             e.code = "upstream_not_supported"
             return e
         return super().classify(status, err)
+
+    async def count_prompt_tokens(
+        self, client: TokenizeClient, body: dict[str, Any], upstream_model: str
+    ) -> int | None:
+        status, data = await client.post("/apply-template", orjson.dumps(prompt_fields(body)), self.headers)
+        prompt = json_field(data, "prompt") if status == 200 else None
+        if not isinstance(prompt, str):
+            return None
+        req = {"content": prompt, "add_special": True, "parse_special": True}
+        status, data = await client.post("/tokenize", orjson.dumps(req), self.headers)
+        tokens = json_field(data, "tokens") if status == 200 else None
+        return len(tokens) if isinstance(tokens, list) else None
 
     async def probe_load(self, client: ProbeClient) -> LoadSnapshot | None:
         snap = await super().probe_load(client)  # None when --metrics is off (501)

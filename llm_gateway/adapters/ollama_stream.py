@@ -34,6 +34,11 @@ def openai_usage(u: Usage) -> dict[str, int]:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
 
 
+def _nbytes(text: Any) -> int:
+    """UTF-8 bytes of generated text (anything but a string counts nothing)."""
+    return len(text.encode()) if isinstance(text, str) else 0
+
+
 def tool_calls_to_openai(calls: Any, request_id: str, start: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if not isinstance(calls, list):
@@ -116,14 +121,17 @@ class OllamaRelay(RelayBase):
         self._sent_role = True
         if thinking and self._chat:
             self.output_started = True
+            self.text_bytes += _nbytes(thinking)
             parts.append(self._delta({self._ctx.reasoning_field: thinking}))
         if content:
             self.output_started = True
             self.content_events += 1
+            self.text_bytes += _nbytes(content)
             parts.append(self._delta({"content": content}))
         if calls:
             oa = tool_calls_to_openai(calls, self._ctx.request_id, self._tools)
             self._tools += len(oa)
+            self.text_bytes += sum(_nbytes(tc["function"]["arguments"]) for tc in oa)
             self.output_started = self.output_started or bool(oa)
             parts.append(self._delta({"tool_calls": oa}))
         if obj.get("done"):

@@ -32,6 +32,24 @@ PATHS: dict[str, str] = {
 TO_REPETITION_PENALTY: Mapping[str, str] = MappingProxyType({"repeat_penalty": "repetition_penalty"})
 
 
+#: the chat fields that shape a prompt's tokens (the chat template renders them), for token counting
+PROMPT_FIELDS = ("messages", "tools", "chat_template_kwargs")
+
+
+def prompt_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The fields of an OpenAI chat body that the engine's chat template renders into the prompt."""
+    return {k: body[k] for k in PROMPT_FIELDS if body.get(k) is not None}
+
+
+def json_field(data: bytes, key: str) -> Any:
+    """`key` of a JSON object body, or None when the body is not one."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return obj.get(key) if isinstance(obj, dict) else None
+
+
 def include_usage(body: dict[str, Any]) -> None:
     """Ask the engine for usage (`stream_options.include_usage`), keeping the client's other stream options."""
     so = body.get("stream_options")

@@ -2,12 +2,21 @@
 
 A relay turns one engine response body into OpenAI SSE as the bytes arrive: `SSERelay` for the
 engines that speak OpenAI SSE themselves, `OllamaRelay` for Ollama's NDJSON. Both keep the state the
-service reads after each `feed()` (`usage`, `content_events`, `error`, `done`, `output_started`),
-hold an incomplete event over to the next chunk (refusing one past `MAX_EVENT_BYTES`: an engine must
-not make the gateway buffer without bound), fail at most once (one error event, then `[DONE]`, then
-nothing more), and end the same way: the leftover of the body is read as a last event, and a stream
-that has not finished cleanly by then ends with an error event. Subclasses supply `_last()` (the
-leftover) and `_end()` (what the end of the body means) and their own `feed()`.
+service reads after each `feed()` (`usage`, `content_events`, `text_bytes`, `error`, `done`,
+`output_started`), hold an incomplete event over to the next chunk (refusing one past
+`MAX_EVENT_BYTES`: an engine must not make the gateway buffer without bound), fail at most once (one
+error event, then `[DONE]`, then nothing more), and end the same way: the leftover of the body is
+read as a last event, and a stream that has not finished cleanly by then ends with an error event.
+Subclasses supply `_last()` (the leftover) and `_end()` (what the end of the body means) and their
+own `feed()`.
+
+When the engine never reports usage (the stream was cut, or the client left), the completion is
+estimated from what was passed on: `completion_estimate()`. Most engines send one token per event,
+and then the events are the count (exact, whatever the tokens' length). Events that carry more text
+than `BATCHED_BYTES_PER_EVENT` on average hold several tokens each (vLLM and SGLang with
+`--stream-interval`, or vLLM's frontend merging tokens when it falls behind): then the generated
+text's bytes at `BYTES_PER_TOKEN` (the prompt estimate's ratio) are the count, never fewer than the
+events, so such streams are not billed a fraction of what was generated.
 """
 
 from __future__ import annotations
@@ -19,12 +28,17 @@ from llm_gateway.errors import DONE, GatewayError, UpstreamProtocolError
 from llm_gateway.types import CallContext, Usage
 
 MAX_EVENT_BYTES = 16 * 1024 * 1024
+#: bytes of generated text per token, for the estimate of an unfinished stream (as for prompts)
+BYTES_PER_TOKEN = 4
+#: past this much text per event on average, events carry several tokens (1.5 tokens' worth: one
+#: token of English is about 4 bytes, few are longer than 6)
+BATCHED_BYTES_PER_EVENT = 6
 
 
 class RelayBase(ABC):
     """One stream's state; see the module docstring. Implements the `StreamRelay` protocol."""
 
-    __slots__ = ("_buf", "_closed", "_ctx", "content_events", "done", "error", "output_started", "usage")
+    __slots__ = ("_buf", "_closed", "_ctx", "content_events", "done", "error", "output_started", "text_bytes", "usage")
 
     #: the start of the error message for an event past the cap ("... over N bytes")
     oversized: ClassVar[str] = "the engine sent an event"
@@ -37,8 +51,17 @@ class RelayBase(ABC):
         self.usage: Usage | None = None
         self.error: GatewayError | None = None
         self.content_events = 0
+        #: bytes of generated text (content, text, reasoning, tool-call arguments) passed on, as sent
+        self.text_bytes = 0
         #: True once the relay has passed on generated output (non-empty text, reasoning, or a tool call)
         self.output_started = False
+
+    def completion_estimate(self) -> int:
+        """Completion tokens passed on so far, for a stream whose engine never reported its usage."""
+        events, text = self.content_events, self.text_bytes
+        if text <= BATCHED_BYTES_PER_EVENT * events:
+            return events  # one token per event
+        return max(events, -(-text // BYTES_PER_TOKEN))
 
     @abstractmethod
     def feed(self, data: bytes) -> bytes:

@@ -9,10 +9,16 @@ finish reasons that are not OpenAI's. A stream that ends without `[DONE]` and wi
 reason ends for the client with an error event: the client must never take a cut stream for a
 complete answer. The first event that carries generated output (non-empty content, text or
 reasoning, or a tool call) sets `output_started`, found by a byte scan that stops once it is set.
+The generated text passed on is counted as well (`text_bytes`, for the estimate of a stream that
+never reports usage) without parsing: the events of one stream share their shape, so once one
+event has been measured, a block that starts and ends like it (with its text's key in each event,
+when it has several) is its envelopes around the text (arithmetic on its length); any other block
+is scanned for the strings that carry text.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -22,7 +28,7 @@ from llm_gateway.adapters.relay_base import RelayBase
 from llm_gateway.errors import DONE, EngineErrorAnswer, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import CallContext, Usage
 
-__all__ = ["DONE", "ErrorFrameHandler", "SSERelay", "has_output", "usage_from"]
+__all__ = ["DONE", "ErrorFrameHandler", "SSERelay", "has_output", "text_bytes", "usage_from"]
 
 ErrorFrameHandler = Callable[[dict[str, Any]], EngineErrorAnswer]
 
@@ -39,7 +45,7 @@ def usage_from(obj: dict[str, Any]) -> Usage | None:
 class SSERelay(RelayBase):
     """One stream's state. Adapters configure it; they rarely need to subclass it."""
 
-    __slots__ = ("_finish_errors", "_finish_renames", "_on_error", "_replacements", "_saw_finish")
+    __slots__ = ("_cal", "_finish_errors", "_finish_renames", "_on_error", "_replacements", "_saw_finish")
 
     oversized: ClassVar[str] = "the engine sent an SSE event"
 
@@ -66,6 +72,9 @@ class SSERelay(RelayBase):
             (a.replace(b'":"', b'": "'), b.replace(b'":"', b'": "')) for a, b in finish_renames
         )
         self._saw_finish = False
+        #: the shape of this stream's events, once one was measured (`_scan`): where the tail of the
+        #: text's prefix sits and its bytes, the bytes after the text, the envelope's length
+        self._cal: tuple[int, bytes, bytes, int] | None = None
 
     # -- the hot path ------------------------------------------------------------------------------
     def feed(self, data: bytes) -> bytes:
@@ -94,6 +103,16 @@ class SSERelay(RelayBase):
             and not (self._finish_errors and self._saw_finish)
         ):
             self.content_events += n
+            cal = self._cal
+            if (
+                cal is not None
+                and block.endswith(cal[2])
+                and block.startswith(cal[1], cal[0])
+                and (n == 1 or block.count(cal[1]) == n)  # several events: each has the text where it was
+            ):
+                self.text_bytes += len(block) - n * cal[3]  # n envelopes of the measured shape around the text
+            else:
+                self._scan(block)
             for old, new in self._replacements:
                 block = block.replace(old, new)
             for old, new in self._finish_renames:
@@ -102,6 +121,18 @@ class SSERelay(RelayBase):
                 self.output_started = has_output(block)
             return block
         return self._slow(block)
+
+    def _scan(self, block: bytes) -> None:
+        """Count the text of a block the cheap way cannot; learn the shape of its last event from it."""
+        i = block.rfind(b"\n\n", 0, len(block) - 2)
+        last = i + 2 if i >= 0 else 0  # where the last event starts
+        spans = [m.span(1) for m in _TEXT.finditer(block)]
+        self.text_bytes += sum(b - a for a, b in spans)
+        mine = [sp for sp in spans if sp[0] >= last]
+        if len(mine) == 1:  # one text string in the event: its envelope is everything else
+            a, b = mine[0]
+            k = max(last, a - 24)  # the tail of the prefix, the key of the string included
+            self._cal = (k - last, block[k:a], block[b:], len(block) - last - (b - a))
 
     # -- everything special ------------------------------------------------------------------------
     def _slow(self, block: bytes) -> bytes:
@@ -134,6 +165,7 @@ class SSERelay(RelayBase):
             and not any(f in payload for f in self._finish_errors)
         ):  # an ordinary chunk in a block with something special elsewhere: no need to parse it
             self.content_events += 1
+            self.text_bytes += text_bytes(payload)
             return self._rewrite(payload)
         try:
             obj = orjson.loads(payload)
@@ -150,6 +182,7 @@ class SSERelay(RelayBase):
         usage = usage_from(obj)
         if usage is None:
             self.content_events += 1
+            self.text_bytes += text_bytes(payload)
             return self._rewrite(payload)
         self.usage = usage
         if not obj.get("choices"):
@@ -158,6 +191,7 @@ class SSERelay(RelayBase):
         # usage riding on a chunk that also has a choice (TabbyAPI puts the finish there): OpenAI's shape
         # is the choice first, then a usage chunk with no choices
         self.content_events += 1
+        self.text_bytes += text_bytes(payload)
         u = obj.pop("usage")
         if "model" in obj:
             obj["model"] = self._ctx.public_model
@@ -217,6 +251,16 @@ def has_output(out: bytes) -> bool:
                 return True
             i = out.find(m, j)
     return False
+
+
+# a JSON string that carries generated text, and the text inside it (escapes included, as sent)
+_TEXT = re.compile(rb'"(?:content|text|reasoning_content|reasoning|arguments)": ?"((?:[^"\\]|\\.)*)"')
+
+
+def text_bytes(data: bytes) -> int:
+    """Bytes of generated text in relayed events: the content, text, reasoning and tool-call argument
+    strings, as sent (JSON escapes included)."""
+    return sum(m.end(1) - m.start(1) for m in _TEXT.finditer(data))
 
 
 def _has_usage(data: bytes) -> bool:

@@ -6,6 +6,8 @@
 - Load: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (older
   builds: `vllm:gpu_cache_usage_perc`), summed over the `engine` label (data-parallel ranks).
 - Reasoning text is `reasoning` (renamed from `reasoning_content` in late 2025).
+- Token counting: `POST /tokenize` with the chat messages (and tools) renders the chat template and
+  answers `{"count": N, ...}`.
 - The legacy `guided_json|regex|choice|grammar` fields are silently ignored since v0.12: rewritten to
   `structured_outputs` so that constraints still apply. `repeat_penalty` (llama.cpp's name) is
   renamed to `repetition_penalty`.
@@ -16,7 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, OpenAICompatAdapter
+import orjson
+
+from llm_gateway.adapters.base import TokenizeClient
+from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, OpenAICompatAdapter, json_field, prompt_fields
 from llm_gateway.types import Endpoint
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -41,3 +46,11 @@ class VLLMAdapter(OpenAICompatAdapter):
             for k in guided:
                 so.setdefault(_GUIDED[k], body.pop(k))
             body["structured_outputs"] = so
+
+    async def count_prompt_tokens(
+        self, client: TokenizeClient, body: dict[str, Any], upstream_model: str
+    ) -> int | None:
+        req = {"model": upstream_model, **prompt_fields(body), "add_generation_prompt": True}
+        status, data = await client.post("/tokenize", orjson.dumps(req), self.headers)
+        count = json_field(data, "count") if status == 200 else None
+        return count if isinstance(count, int) and not isinstance(count, bool) else None

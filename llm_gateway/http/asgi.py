@@ -1,7 +1,8 @@
 """The ASGI entry point: request ids, dispatch by (method, path), error rendering, the lifespan.
 
 Routes are a dict lookup, not a framework router (measured in bench/: the whole HTTP surface is a
-handful of fixed paths). Every error becomes the OpenAI envelope with its status; an exception the
+handful of fixed paths). Every error becomes the OpenAI envelope with its status, or on the
+routes of another API (`DIALECTS`: Anthropic's /v1/messages) that API's envelope; an exception the
 gateway did not expect is logged and answered 500 with no internals in the body. Each request ends
 in exactly one `finish_record` (metrics + access log), with the status its `Call` sent. The app is
 handed the service it serves (built by the composition root, app.py), never builds it.
@@ -18,8 +19,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 from llm_gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound
-from llm_gateway.http import handlers
+from llm_gateway.http import anthropic, handlers
 from llm_gateway.http.call import Call, Receive, Scope, Send
+from llm_gateway.ingress.anthropic_response import error_answer
 from llm_gateway.observability.record import RequestRecord, finish_record, outcome_of
 from llm_gateway.runtime import Gateway, Runtime
 from llm_gateway.service import GenerationService
@@ -29,6 +31,7 @@ _RID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
 
 Handler = Callable[[handlers.HandlerContext, Call, RequestRecord, Runtime], Awaitable[None]]
 Lifecycle = Callable[[], Awaitable[None]]
+ErrorRenderer = Callable[[GatewayError, str], tuple[int, bytes]]  # (error, request id) -> (status, body)
 
 
 def _routes() -> dict[tuple[str, str], Handler]:
@@ -42,11 +45,18 @@ def _routes() -> dict[tuple[str, str], Handler]:
     r[("GET", "/readyz")] = handlers.readyz
     r[("GET", "/metrics")] = handlers.metrics
     r[("GET", "/openapi.json")] = handlers.openapi
+    r[("POST", "/v1/messages")] = anthropic.messages
+    r[("POST", "/v1/messages/count_tokens")] = anthropic.count_tokens
     return r
 
 
 ROUTES = _routes()
 PATHS = {p for _, p in ROUTES}
+MODEL_PREFIXES = ("/v1/models/", "/models/")
+# the `Allow` header of a 405 (RFC 9110 section 15.5.6): the methods the path does serve
+ALLOW = {path: ", ".join(sorted(m for m, p in ROUTES if p == path)) for path in PATHS}
+# the error envelope of the paths that speak another API than OpenAI's (all their errors, 404/405 included)
+DIALECTS: dict[str, ErrorRenderer] = {"/v1/messages": error_answer, "/v1/messages/count_tokens": error_answer}
 
 
 class GatewayApp:
@@ -87,10 +97,12 @@ class GatewayApp:
         try:
             handler = ROUTES.get((method, path))
             if handler is None:
-                if path.startswith(("/v1/models/", "/models/")) and method == "GET":
+                if path.startswith(MODEL_PREFIXES):
+                    if method != "GET":
+                        raise MethodNotAllowed(f"{method} is not allowed on {path[:200]}", headers={"allow": "GET"})
                     handler = handlers.get_model
                 elif path in PATHS:
-                    raise MethodNotAllowed(f"{method} is not allowed on {path}")
+                    raise MethodNotAllowed(f"{method} is not allowed on {path}", headers={"allow": ALLOW[path]})
                 else:
                     raise RouteNotFound(f"Unknown request URL: {method} {path[:200]}")
             await handler(self.context, call, rec, rt)
@@ -99,6 +111,7 @@ class GatewayApp:
             rec.outcome = outcome_of(e.status, e.code)
             if not call.started:
                 await self.send_error(call, e)
+                rec.status = call.status or rec.status  # a dialect may answer another status (Anthropic's 529)
         except asyncio.CancelledError:
             if not call.disconnected:
                 raise
@@ -124,8 +137,10 @@ class GatewayApp:
             headers.append((k.encode(), v.encode()))
         if e.backend:
             headers.append((b"x-gateway-backend", e.backend.encode()))
+        render = DIALECTS.get(call.scope["path"])
+        status, body = render(e, call.rid) if render is not None else (e.status, e.body())
         with contextlib.suppress(OSError):
-            await call.respond(e.status, e.body(), headers)
+            await call.respond(status, body, headers)
 
     async def lifespan(self, receive: Receive, send: Send) -> None:
         while True:

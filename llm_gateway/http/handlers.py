@@ -5,8 +5,10 @@ A handler gets `(HandlerContext, Call, RequestRecord, Runtime)`: the few shared 
 The status of each answer is recorded by the `Call` that sends it.
 
 OpenAI routes: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `GET /v1/models`,
-`GET /v1/models/{id}` (also without the `/v1` prefix). Operations: `GET /healthz` (the process is
-alive), `GET /readyz` (at least one backend is ready or busy), `GET /metrics`, `GET /openapi.json`.
+`GET /v1/models/{id}` (also without the `/v1` prefix); Anthropic's `POST /v1/messages` and
+`/v1/messages/count_tokens` are in `http/anthropic.py`, over the same service. Operations:
+`GET /healthz` (the process is alive), `GET /readyz` (at least one backend is ready or busy),
+`GET /metrics`, `GET /openapi.json`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class HandlerContext:
     started_at: int
 
 
-def _auth(call: Call, rec: RequestRecord, rt: Runtime) -> Principal:
+def authenticate(call: Call, rec: RequestRecord, rt: Runtime) -> Principal:
+    """The caller's key (`Authorization: Bearer` or `x-api-key`), recorded on the request."""
     who = rt.auth.authenticate(call.header(b"authorization"), call.header(b"x-api-key"))
     rec.key = who.name
     return who
@@ -49,7 +52,13 @@ def _auth(call: Call, rec: RequestRecord, rt: Runtime) -> Principal:
 
 async def _generation(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime, endpoint: Endpoint) -> None:
     rec.endpoint = endpoint
-    who = _auth(call, rec, rt)
+    who = authenticate(call, rec, rt)
+    body = await read_json_object(ctx, call)
+    await ctx.service.handle(call, rec, rt, endpoint, body, who)
+
+
+async def read_json_object(ctx: HandlerContext, call: Call) -> dict[str, Any]:
+    """The request body as a JSON object, within the server's size and time limits."""
     ct = call.header(b"content-type")
     if ct is not None and not ct.lower().startswith(b"application/json"):
         raise UnsupportedMediaType("The request body must be JSON: send it with 'Content-Type: application/json'.")
@@ -63,7 +72,7 @@ async def _generation(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: R
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    await ctx.service.handle(call, rec, rt, endpoint, body, who)
+    return body
 
 
 async def chat(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
@@ -86,7 +95,7 @@ def _card(name: str, created: int, canonical: str) -> dict[str, Any]:
 
 
 async def list_models(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
-    who = _auth(call, rec, rt)
+    who = authenticate(call, rec, rt)
     data = [
         _card(name, ctx.started_at, route.name)
         for name, route in rt.table.public_names()
@@ -96,7 +105,7 @@ async def list_models(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: R
 
 
 async def get_model(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
-    who = _auth(call, rec, rt)
+    who = authenticate(call, rec, rt)
     name = call.scope["path"].split("/models/", 1)[1]
     route = rt.table.resolve(name)
     if route is None or not (who.may_use(route.name) or who.may_use(name)):

@@ -1,23 +1,47 @@
 """Contract-suite targets: one engine each, real process or emulator, behind the same small interface.
 
 A target knows how to make *its* engine do what a contract case needs: refuse a request with its
-own error body, stay busy for a while (so a request waits in the engine's queue), tell whether it is
-still generating (to prove the gateway closed an abandoned stream), and the names and keys it uses.
+own error body, stay busy until released (so a request waits in the engine's queue), show what it is
+doing (`work()`), and prove that it stopped a generation whose client went away (`assert_stopped`),
+with evidence only cancellation explains, never a guess from timings:
+
+- emulators: their `cancelled` counter (a client left before the end) and no request in a slot;
+- llama-server: no slot `is_processing`, and `llamacpp:tokens_predicted_total` (counted when a task
+  ends, an aborted one included) grew by fewer tokens than were asked for: the tiny model never ends
+  a reply on its own, so the engine was stopped. This build does not stop a *non-streamed*
+  generation when its client leaves (checked with a plain client too): there the evidence is the
+  connection the gateway closed while the engine still held it (`CLOSE_WAIT` on the engine's port,
+  which only a client closing first explains);
+- vLLM: `vllm:num_requests_running` back to 0, and `vllm:generation_tokens_total` grew by fewer
+  tokens than were asked for;
+- Ollama, which reports nothing about running work: its runner process burns CPU while it generates,
+  and its server logs each exchange when it ends (`[GIN] ... | POST "/api/chat"`). The generation
+  asked for a million tokens (many minutes here, and the tiny model at temperature 0 never stops
+  early, not even by Ollama's repeat check: no token follows itself), it was generating when the
+  client left (checked), its runner went idle, and the server logged the exchange as over. (A runner
+  going idle alone would not do: one whose client stops reading stalls once the socket buffers fill.)
+
+Every wait is a condition polled up to a generous deadline: a slow machine makes a case slower,
+never changes its verdict.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import signal
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
-from tests.support.real_engines import RealEngine
+from tests.support.real_engines import OllamaServer, RealEngine, server_sockets
 
 FORMATS = {
     "llama-server": "gguf",
@@ -31,8 +55,55 @@ HAS_AUTH = {"llama-server", "vllm", "sglang", "tabbyapi", "lmdeploy"}
 REPORTS_LOAD = {"llama-server", "vllm", "sglang", "lmdeploy"}
 EMULATOR_KEY = "emulator-engine-key"
 
+#: an abandoned generation stops within about a second; this much is for a machine that is very busy
+STOP_DEADLINE_S = 30.0
+#: engines' own endpoints may answer late while they saturate both cores (vLLM's API server stalled
+#: for 20 s behind its engine here)
+ENGINE_HTTP_TIMEOUT_S = 60.0
+#: a generation that outlasts every deadline here: its natural end is a minute or more away on this
+#: machine (measured alone: llama-server 16,000 tokens of its 16,384-token context in 90 s, vLLM
+#: 32,568 of max_model_len 32,768 in 89 s; Ollama: a million tokens, hours; emulators: 2,000 tokens
+#: at 20 ms each, 40 s)
+LONG_TOKENS = {"llama-server": 16000, "vllm": 32000, "ollama": 1_000_000}
+EMULATOR_LONG_TOKENS = 2000
+EMULATOR_TPOT_MS = 20.0
+#: Ollama's runner is generating when it burns more than this many CPU seconds in OLLAMA_SAMPLE_S
+#: (idle it burns none; generating, about one core)
+OLLAMA_SAMPLE_S = 0.4
+OLLAMA_BUSY_CPU_S = 0.04
 
-@dataclass
+
+def poll(cond: Callable[[], bool], deadline_s: float, interval_s: float = 0.05) -> bool:
+    """Check `cond` until it holds (True) or `deadline_s` has passed (False)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        if cond():
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(interval_s)
+
+
+def prom_sum(text: str, name: str) -> float | None:
+    """The sum of a metric's samples (every label set) in Prometheus text, or None if it is absent."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+            total += float(line.rsplit(None, 1)[-1])
+            seen = True
+    return total if seen else None
+
+
+@dataclass(frozen=True)
+class Work:
+    """What an engine has done so far, by its own account."""
+
+    generating: bool  # producing tokens (or holding a request in a slot) right now
+    tokens: float  # its count of generated tokens; Ollama: the CPU seconds its runner used
+    ended: int = 0  # emulators: requests whose client left before the end; Ollama: exchanges it logged as over
+
+
+@dataclass(frozen=True)
 class EngineError:
     """How to make the engine refuse a request, and what the client must then see."""
 
@@ -52,7 +123,6 @@ class Target:
     api_key: str | None
     emulator: EmulatorThread | None = None
     real: RealEngine | None = None
-    _threads: list[threading.Thread] = field(default_factory=list)
 
     @property
     def format(self) -> str:
@@ -62,98 +132,230 @@ class Target:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    # -- what the engine is doing -------------------------------------------------------------------
-    def generating(self) -> bool:
-        """Is the engine still producing tokens for someone?"""
+    @property
+    def slots(self) -> int:
+        """How many generations the engine runs at once."""
         if self.emulator is not None:
-            return self.emulator.stats.active > 0
-        if self.engine == "llama-server":
-            slots = httpx.get(self.url + "/slots", headers=self.headers, timeout=5).json()
-            return any(s["is_processing"] for s in slots)
-        if self.engine == "vllm":
-            for line in httpx.get(self.url + "/metrics", timeout=5).text.splitlines():
-                if line.startswith("vllm:num_requests_running"):
-                    return float(line.split()[-1]) > 0
-            raise AssertionError("vllm:num_requests_running missing")
-        # Ollama reports nothing; with OLLAMA_NUM_PARALLEL=1 a running generation delays any other
-        t = time.monotonic()
-        httpx.post(
-            self.url + "/api/generate",
-            json={"model": self.model, "prompt": "x", "stream": False, "options": {"num_predict": 1}},
-            timeout=60,
-        )
-        return time.monotonic() - t > 1.0
+            return self.emulator.config.slots
+        attr = {"llama-server": "parallel", "vllm": "max_num_seqs", "ollama": "num_parallel"}[self.engine]
+        return int(getattr(self.real, attr) or 1)
 
-    def cancelled_count(self) -> int | None:
-        return self.emulator.stats.cancelled if self.emulator is not None else None
+    # -- what the engine is doing -------------------------------------------------------------------
+    def work(self) -> Work:
+        """The engine's own account of its work now (Ollama: sampled over OLLAMA_SAMPLE_S)."""
+        if self.emulator is not None:
+            s = self.emulator.stats
+            return Work(s.active + s.waiting > 0, s.tokens_generated_total, s.cancelled)
+        if self.engine == "llama-server":
+            slots = httpx.get(self.url + "/slots", headers=self.headers, timeout=ENGINE_HTTP_TIMEOUT_S).json()
+            text = httpx.get(self.url + "/metrics", headers=self.headers, timeout=ENGINE_HTTP_TIMEOUT_S).text
+            return Work(any(s["is_processing"] for s in slots), self._metric(text, "llamacpp:tokens_predicted_total"))
+        if self.engine == "vllm":
+            text = httpx.get(self.url + "/metrics", timeout=ENGINE_HTTP_TIMEOUT_S).text
+            running = self._metric(text, "vllm:num_requests_running")
+            waiting = self._metric(text, "vllm:num_requests_waiting")
+            return Work(running + waiting > 0, self._metric(text, "vllm:generation_tokens_total"))
+        assert isinstance(self.real, OllamaServer)
+        cpu0 = self.real.runner_cpu_seconds()
+        time.sleep(OLLAMA_SAMPLE_S)
+        cpu1 = self.real.runner_cpu_seconds()
+        return Work(cpu1 - cpu0 > OLLAMA_BUSY_CPU_S, cpu1, self.real.exchanges_logged("/api/chat"))
+
+    @staticmethod
+    def _metric(text: str, name: str) -> float:
+        v = prom_sum(text, name)
+        if v is None:
+            raise AssertionError(f"the engine's /metrics has no {name}")
+        return v
+
+    def long_tokens(self) -> int:
+        """max_tokens for a generation that runs far longer than any deadline here (see LONG_TOKENS)."""
+        return EMULATOR_LONG_TOKENS if self.emulator is not None else LONG_TOKENS[self.engine]
 
     @contextlib.contextmanager
-    def busy(self, seconds: float = 3.0) -> Iterator[None]:
-        """Keep every slot of the engine generating for about `seconds`, so new requests queue."""
+    def paced(self) -> Iterator[None]:
+        """Emulators generate at EMULATOR_TPOT_MS per token inside the block (real engines: as they do)."""
         emu = self.emulator
-        old_ttft = 0.0
-        if emu is not None:
-            old_ttft, emu.config.ttft_ms = emu.config.ttft_ms, seconds * 1000
-            n = emu.config.slots + 1  # every slot running, one more waiting
-        else:
-            # vLLM (max_num_seqs=2) is fast on the tiny model and its context is short: keep a queue behind
-            # the two running sequences so it stays busy for seconds
-            n = {"llama-server": 1, "vllm": 8, "ollama": 1}[self.engine]
-        stop = threading.Event()
-        threads = [threading.Thread(target=self._long_stream, args=(stop,), daemon=True) for _ in range(n)]
-        for th in threads:
-            th.start()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not self._running_now(n):
-            time.sleep(0.02)
+        if emu is None:
+            yield
+            return
+        old, emu.config.tpot_ms = emu.config.tpot_ms, EMULATOR_TPOT_MS
         try:
             yield
         finally:
-            stop.set()
+            emu.config.tpot_ms = old
+
+    def read_while_generating(self, lines: Iterator[str], min_chunks: int) -> tuple[int, str]:
+        """Read a streamed answer until the client has `min_chunks` token chunks and the engine is seen
+        generating (so that leaving then abandons a running generation); (chunks, their text). A token
+        chunk carries content: text, or an empty string for a token that decodes to no text yet (not
+        the role chunk's empty content)."""
+        chunks, text, checked = 0, "", 0.0
+        deadline = time.monotonic() + 60
+        for line in lines:
+            if not line.startswith("data: {"):
+                continue
+            choices = orjson.loads(line[6:]).get("choices") or [{}]
+            delta = choices[0].get("delta") or {}
+            piece = delta.get("content")
+            if isinstance(piece, str) and (piece or "role" not in delta):
+                chunks += 1
+                text += piece
+            now = time.monotonic()
+            if chunks >= min_chunks and now - checked >= 0.2:
+                checked = now
+                if self.work().generating:
+                    return chunks, text
+            assert now < deadline, f"{self.id}: the engine was never seen generating: the case would prove nothing"
+        raise AssertionError(f"{self.id}: the stream ended before the client left: the case would prove nothing")
+
+    def wait_generating(self, deadline_s: float = STOP_DEADLINE_S) -> Work:
+        """The engine's work once it is generating; fails if it does not start within the deadline."""
+        seen: list[Work] = []
+
+        def started() -> bool:
+            seen.append(self.work())
+            return seen[-1].generating
+
+        assert poll(started, deadline_s), f"{self.id}: the engine did not start generating within {deadline_s:.0f} s"
+        return seen[-1]
+
+    def assert_stopped(self, before: Work, max_tokens: int) -> Work:
+        """Prove the engine stopped the generation (asked for `max_tokens`) whose client left after
+        `before` was taken; see the module docstring for the evidence per engine."""
+        seen: list[Work] = []
+
+        def stopped() -> bool:
+            w = self.work()
+            seen.append(w)
+            if w.generating:
+                return False
+            if self.emulator is not None or self.engine == "ollama":
+                return w.ended > before.ended
+            if self.engine == "llama-server":  # the counter moves when the task ends
+                return w.tokens > before.tokens
+            return True
+
+        ok = poll(stopped, STOP_DEADLINE_S, 0.1)
+        after = seen[-1]
+        if not ok:
+            self._after_failure()
+            raise AssertionError(
+                f"{self.id}: the engine was still generating {STOP_DEADLINE_S:.0f} s after the client left "
+                f"(it stops within about a second once the gateway closes the upstream): {after}"
+            )
+        if self.real is not None and self.engine != "ollama":
+            generated = after.tokens - before.tokens
+            assert generated < max_tokens, (
+                f"{self.id}: the engine generated all {max_tokens} tokens: the gateway never closed the upstream"
+            )
+        return after
+
+    @property
+    def stops_whole_answers(self) -> bool:
+        """Does the engine stop a non-streamed generation when its client leaves? (see the docstring)"""
+        return not (self.real is not None and self.engine == "llama-server")
+
+    def whole_tokens(self) -> int:
+        """max_tokens for an abandoned whole answer: long, or, where the engine will not stop it, just
+        long enough (about 15 s here) to see the gateway's side of the connection closed."""
+        return self.long_tokens() if self.stops_whole_answers else 6000
+
+    def assert_upstream_closed(self, before: Work) -> None:
+        """For an engine that does not stop a whole answer: the gateway closed its connection to the
+        engine while the engine still held it; then the engine's own generation runs to its end."""
+        assert self.real is not None
+        port = self.real.port
+
+        def half_closed() -> set[int]:
+            return {remote for remote, state in server_sockets(port) if state == "CLOSE_WAIT"}
+
+        def held_half_closed() -> bool:  # for half a second: not an idle keep-alive being closed
+            first = half_closed()
+            if not first:
+                return False
+            time.sleep(0.5)
+            return bool(first & half_closed())
+
+        closed = poll(held_half_closed, STOP_DEADLINE_S)
+        still = self.work().generating
+        poll(lambda: not self.work().generating and self.work().tokens > before.tokens, 120.0, 0.2)
+        live = [sock for sock in server_sockets(port) if sock[1] != "TIME_WAIT"]
+        assert closed, f"{self.id}: no connection to the engine was closed by the gateway; its connections: {live}"
+        assert still, f"{self.id}: the engine finished before the check: the case proves nothing"
+
+    def _after_failure(self) -> None:
+        """After a failed stop: do not leave the abandoned generation running into the next cases."""
+        if isinstance(self.real, OllamaServer):  # a million tokens: stop its runner; Ollama starts a new one
+            for pid in self.real.runner_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        elif self.real is not None:
+            poll(lambda: not self.work().generating, 120.0, 0.5)
+
+    # -- a busy engine ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Every slot of the engine generating and one more request waiting, until the block ends; then
+        the load is cut and the engine is idle again before the next case."""
+        emu = self.emulator
+        old_ttft = 0.0
+        if emu is not None:
+            old_ttft, emu.config.ttft_ms = emu.config.ttft_ms, 3_600_000.0  # a first token that never comes
+        n = self.slots + 1
+        release = threading.Event()
+        failures: list[BaseException] = []
+        th = threading.Thread(target=lambda: asyncio.run(self._hold(n, release, failures)), daemon=True)
+        th.start()
+        try:
+            assert poll(self._loaded, 60.0, 0.1), f"{self.id}: the engine did not get busy within 60 s ({failures})"
+            yield
+        finally:
+            release.set()
+            th.join(60)
             if emu is not None:
                 emu.config.ttft_ms = old_ttft
-            for th in threads:
-                th.join(30)
+            idle = poll(lambda: not self.work().generating, 120.0, 0.1)
+        assert idle, f"{self.id}: the engine was still busy 120 s after the load was cut"
 
-    def _running_now(self, n: int) -> bool:
+    def _loaded(self) -> bool:
+        """Is the load of `busy()` running: every slot taken (emulators: one more waiting)?"""
         if self.emulator is not None:
-            return self.emulator.stats.active + self.emulator.stats.waiting >= n
-        if self.engine == "ollama":
-            time.sleep(0.3)
-            return True
+            s = self.emulator.stats
+            return s.active + s.waiting >= self.slots + 1
         if self.engine == "llama-server":
-            return self.generating()
-        for line in httpx.get(self.url + "/metrics", timeout=5).text.splitlines():
-            if line.startswith("vllm:num_requests_running"):
-                return float(line.split()[-1]) >= min(n, 2)
-        return False
+            return self.work().generating
+        if self.engine == "vllm":
+            text = httpx.get(self.url + "/metrics", timeout=ENGINE_HTTP_TIMEOUT_S).text
+            return self._metric(text, "vllm:num_requests_running") >= self.slots
+        return self.work().generating  # Ollama: its runner is generating
 
-    def _long_stream(self, stop: threading.Event) -> None:
-        if self.engine == "ollama":
-            url, body = (
-                self.url + "/api/chat",
-                {
-                    "model": self.model,
-                    "stream": True,
-                    "options": {"num_predict": 3000},
-                    "messages": [{"role": "user", "content": "go"}],
-                },
-            )
+    async def _hold(self, n: int, release: threading.Event, failures: list[BaseException]) -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30)) as client:
+            tasks = [asyncio.create_task(self._keep_streaming(client, failures)) for _ in range(n)]
+            while not release.is_set():
+                await asyncio.sleep(0.05)
+            for t in tasks:
+                t.cancel()  # drops the connections: the engine stops each generation
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _keep_streaming(self, client: httpx.AsyncClient, failures: list[BaseException]) -> None:
+        """One long generation after another, straight to the engine, until cancelled."""
+        body: dict[str, Any] = {"model": self.model, "stream": True, "messages": [{"role": "user", "content": "go"}]}
+        if self.engine == "ollama":  # native API; temperature 0: the tiny model never repeats a token
+            url = self.url + "/api/chat"
+            body["options"] = {"num_predict": self.long_tokens(), "temperature": 0}
         else:
-            limit = 3500 if self.engine == "llama-server" else 450 if self.engine == "vllm" else 8
-            url, body = (
-                self.url + "/v1/chat/completions",
-                {
-                    "model": self.model,
-                    "stream": True,
-                    "max_tokens": limit,
-                    "messages": [{"role": "user", "content": "go"}],
-                },
-            )
-        with httpx.Client(timeout=120) as c, c.stream("POST", url, json=body, headers=self.headers) as r:
-            for _ in r.iter_bytes():
-                if stop.is_set():
-                    return
+            url = self.url + "/v1/chat/completions"
+            body.update(max_tokens=self.long_tokens(), temperature=0)
+        while True:
+            try:
+                async with client.stream("POST", url, json=body, headers=self.headers) as r:
+                    async for _ in r.aiter_raw():
+                        pass
+            except httpx.HTTPError as e:
+                failures.append(e)
+                await asyncio.sleep(0.2)
 
     # -- how the engine refuses ---------------------------------------------------------------------
     def engine_error(self) -> EngineError:
@@ -164,16 +366,16 @@ class Target:
             return EngineError("m", {}, 400)
         if self.engine == "ollama":  # Ollama answers 500 for a bad option type: a client error
             return EngineError("m", {"options": {"num_ctx": "not-a-number"}}, 400, None, "num_ctx")
-        huge = "word " * 6000
+        huge = "word " * 40000  # past the context of both engines (16,384 and 32,768 tokens)
         body = {"messages": [{"role": "user", "content": huge}]}
         if self.engine == "llama-server":
             return EngineError("m", body, 400, "context_length_exceeded", "context")
         return EngineError("m", body, 400, None, "context length")
 
 
-def emulated(engine: str) -> Target:
+def emulated(engine: str, **knobs: Any) -> Target:
     key = None if engine == "ollama" else EMULATOR_KEY
-    emu = EmulatorThread(EmulatorConfig(engine=engine, model="tiny", api_key=key, slots=4))
+    emu = EmulatorThread(EmulatorConfig(engine=engine, model="tiny", api_key=key, slots=4, **knobs))
     emu.__enter__()
     return Target(f"{engine}/emulator", engine, emu.url, "tiny", key, emulator=emu)
 

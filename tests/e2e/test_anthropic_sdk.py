@@ -1,16 +1,18 @@
 """Anthropic's Messages API end to end with the unmodified `anthropic` SDK as the caller: the SDK -> the
 gateway as a real process -> (a) a vLLM emulator (whole, streamed with `messages.stream`, system prompt,
-stop sequences, a tool use round trip, count_tokens, and errors as the SDK's typed exceptions) and
+stop sequences, a tool use round trip, thinking, count_tokens, and errors as the SDK's typed exceptions) and
 (b) the real llama-server with the tiny model (whole, streamed, count_tokens by its own tokenizer).
 The emulator never calls tools, so the SDK's reading of tool_use answers (whole and streamed) is shown
 against the gateway in-process, the engine played by a FakeUpstream."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import httpx2
 import orjson
 import pytest
@@ -189,6 +191,35 @@ def test_a_tool_use_round_trip(client: anthropic.Anthropic, emulator: EmulatorTh
     ]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_thinking_the_engines_reasoning_becomes_thinking_blocks(
+    client: anthropic.Anthropic, emulator: EmulatorThread, stream: bool
+) -> None:
+    args: dict[str, Any] = {
+        "model": "tiny-public",
+        "max_tokens": 7,  # the budget is checked (>= 1024) but not enforced: engines have none
+        "messages": USER,
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+    }
+    emulator.config.reasoning_tokens = 3  # the first 3 of the 7 tokens are reasoning
+    try:
+        if stream:
+            with client.messages.stream(**args) as s:
+                kinds = [e.delta.type for e in s if e.type == "content_block_delta"]
+                msg = s.get_final_message()
+            assert kinds == ["thinking_delta"] * 3 + ["text_delta"] * 4
+        else:
+            msg = client.messages.create(**args)
+    finally:
+        emulator.config.reasoning_tokens = 0
+    assert sent(emulator)["chat_template_kwargs"] == {"enable_thinking": True}
+    assert [b.type for b in msg.content] == ["thinking", "text"]
+    thinking, text = msg.content
+    assert isinstance(thinking, anthropic.types.ThinkingBlock) and thinking.thinking == expected_text(3)
+    assert isinstance(text, anthropic.types.TextBlock) and text.text
+    assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 7
+
+
 def test_count_tokens_by_the_engines_tokenizer(client: anthropic.Anthropic) -> None:
     raw = client.messages.with_raw_response.count_tokens(model="tiny-public", messages=USER, system="Be brief.")
     assert raw.headers["x-gateway-token-count"] == "engine"
@@ -336,3 +367,36 @@ def test_llama_server_counts_tokens_as_its_generation_does(llama_client: anthrop
     msg = llama_client.messages.create(model="tiny", max_tokens=1, system="Be brief.", messages=messages)
     # the engine's own prompt count, whatever part of it came from its prompt cache
     assert counted == msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
+
+
+@pytest.mark.real_engine
+def test_a_client_that_leaves_mid_stream_frees_the_engine(
+    llama_gateway: GatewayProcess, llama_server: RealEngine
+) -> None:
+    before = _predicted(llama_server)
+    body = {"model": "tiny", "max_tokens": 3500, "stream": True, "messages": USER}
+    with httpx.Client(timeout=30) as c, c.stream("POST", llama_gateway.url + "/v1/messages", json=body) as r:
+        assert r.status_code == 200
+        deltas = 0
+        for line in r.iter_lines():
+            deltas += line == "event: content_block_delta"
+            if deltas >= 5:
+                break
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        slots = httpx.get(llama_server.url + "/slots", headers=llama_server.headers, timeout=5).json()
+        if not any(s["is_processing"] for s in slots):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("llama-server still generating 3 s after the client left a /v1/messages stream")
+    generated = _predicted(llama_server) - before
+    assert generated < 3500 / 2, f"the engine generated {generated} tokens: the upstream was not closed"
+
+
+def _predicted(engine: RealEngine) -> float:
+    text = httpx.get(engine.url + "/metrics", headers=engine.headers, timeout=5).text
+    for line in text.splitlines():
+        if line.startswith("llamacpp:tokens_predicted_total"):
+            return float(line.split()[-1])
+    raise AssertionError("llamacpp:tokens_predicted_total missing")

@@ -119,11 +119,14 @@ def _run(
 
 
 def _in_time(fault: str, took: float) -> None:
-    """A timeout fault ends at the gateway's deadline, not before it; every fault ends well within it."""
+    """A timeout fault ends at the gateway's deadline, not before it. Any other fault ends on its own,
+    before the total timeout could cut it (a fault that hung instead would be ended by the 1 s idle
+    timeout, with upstream_timeout, which the error-code assertions tell apart; a huge chunk takes the
+    relay seconds on a loaded machine, so no tighter bound holds)."""
     if fault in TIMEOUT_FAULTS:
         assert TIMEOUT_S <= took < TIMEOUT_S + SLACK_S, took
     else:
-        assert took < TIMEOUT_S + SLACK_S, took
+        assert took < TOTAL_S - SLACK_S, took
 
 
 def _released(env: Env) -> None:

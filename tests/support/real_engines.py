@@ -32,6 +32,7 @@ import asyncio
 import atexit
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -250,6 +251,64 @@ def _group_pids(pgid: int) -> list[int]:
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
             pids.append(int(entry))
     return pids
+
+
+def child_pids(pid: int) -> list[int]:
+    """PIDs of the live (non-zombie) children of ``pid``."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) a process has used so far; 0.0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rfind(")") + 2 :].split()  # fields[11], [12]: utime, stime in clock ticks
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+TCP_STATES = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN"}
+
+
+def server_sockets(port: int) -> list[tuple[int, str]]:
+    """(remote port, TCP state) of every socket on local port ``port`` (IPv4 and IPv6), from
+    /proc/net: a server's side of a connection its client closed first stays ``CLOSE_WAIT`` until the
+    server closes it too."""
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local, remote, state = fields[1], fields[2], fields[3]
+            if int(local.rsplit(":", 1)[1], 16) == port and state != "0A":
+                out.append((int(remote.rsplit(":", 1)[1], 16), TCP_STATES.get(state, state)))
+    return out
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
 
 
 def _rss_bytes(pid: int) -> int:
@@ -489,6 +548,8 @@ class LlamaServer(RealEngine):
     Command: ``llama-server -m GGUF --alias ALIAS --host 127.0.0.1 --port N -c CTX -np PARALLEL
     -t THREADS --no-ui [--metrics] [--api-key KEY] [--embeddings --pooling POOLING] EXTRA...``.
     Keep ``threads=1`` on 2-core machines: ``-t 2`` collapses whenever anything else uses the CPU.
+    llama-server caps ``-c`` at the model's trained context: the tiny GGUF is generated with a context
+    of at least ``ctx_size`` (the same weights and replies at any length).
     """
 
     name = "llama-server"
@@ -535,7 +596,7 @@ class LlamaServer(RealEngine):
     def _prepare(self) -> None:
         self.binary = llama_server_binary(self.install)
         if self.model_path is None:
-            self.model_path = tiny_gguf()
+            self.model_path = tiny_gguf(*(("--n-ctx", str(self.ctx_size)) if self.ctx_size > 4096 else ()))
 
     def _command(self) -> list[str]:
         cmd = [
@@ -561,7 +622,13 @@ class VllmServer(RealEngine):
     Command: ``PY -m vllm.entrypoints.openai.api_server --model DIR --served-model-name NAME
     --host 127.0.0.1 --port N --max-model-len 512 --enforce-eager [--api-key KEY]
     [--max-num-seqs N] EXTRA...`` (the ``vllm`` CLI is broken in this packaging).
-    Start-up takes ~40 s on 2 cores, RSS ~3 GB across its processes.
+    Start-up takes ~40 s on 2 cores, RSS ~3 GB across its processes. ``max_model_len`` may exceed
+    the tiny model's 2,048 positions (tests that need a generation of a minute ask for 32,768): the
+    launcher then serves a copy whose config says as many (:meth:`_long_enough`).
+    Its engine core and worker processes poll busily and take both cores while they generate; at the
+    same priority its own API server starves (measured: streams silent for 9 s, tokens arriving ten
+    to an event, /metrics unanswered for 17 s). Once ready they run at ``engine_nice`` (19): the API
+    server keeps up (one token per event, no gap over 0.5 s), at the same generation speed.
     """
 
     name = "vllm"
@@ -575,6 +642,7 @@ class VllmServer(RealEngine):
         max_model_len: int = 512,
         max_num_seqs: int | None = None,
         enforce_eager: bool = True,
+        engine_nice: int = 19,
         api_key: str | None = None,
         port: int | None = None,
         workdir: Path | str | None = None,
@@ -597,12 +665,30 @@ class VllmServer(RealEngine):
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.enforce_eager = enforce_eager
+        self.engine_nice = engine_nice
         self.python: Path | None = None
 
     def _prepare(self) -> None:
         self.python, tiny = vllm_install(self.install)
         if self.model_dir is None:
-            self.model_dir = tiny
+            self.model_dir = self._long_enough(tiny)
+
+    def _long_enough(self, model_dir: Path) -> Path:
+        """The tiny model, with ``max_position_embeddings`` raised to ``max_model_len`` where it is less
+        (a copy in the work dir: its config rewritten, the other files linked). A random model has no
+        real position limit, but vLLM sizes its rotary tables by that number: serving past it (with
+        VLLM_ALLOW_LONG_MAX_MODEL_LEN) made later short replies differ from a fresh engine's."""
+        cfg = json.loads((model_dir / "config.json").read_text())
+        if int(cfg.get("max_position_embeddings", 0)) >= self.max_model_len:
+            return model_dir
+        out = self.workdir / f"model-{self.max_model_len}"
+        out.mkdir(exist_ok=True)
+        for f in model_dir.iterdir():
+            if f.name != "config.json" and not (out / f.name).exists():
+                (out / f.name).symlink_to(f)
+        cfg["max_position_embeddings"] = self.max_model_len
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
+        return out
 
     def _command(self) -> list[str]:
         cmd = [
@@ -634,6 +720,17 @@ class VllmServer(RealEngine):
     def _ready(self) -> bool:
         return _http_status(self.url + "/health") == 200
 
+    def _after_ready(self) -> None:
+        if not self.engine_nice:
+            return
+        for pid in _group_pids(self.pid):  # our own processes; threads started later inherit it
+            if pid == self.pid:
+                continue  # the API server
+            with contextlib.suppress(OSError):
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    with contextlib.suppress(OSError):
+                        os.setpriority(os.PRIO_PROCESS, int(tid), self.engine_nice)
+
 
 OLLAMA_CHATML_TEMPLATE = """{{- range .Messages }}<|im_start|>{{ .Role }}
 {{ .Content }}<|im_end|>
@@ -649,7 +746,9 @@ class OllamaServer(RealEngine):
     ``num_parallel``/``max_queue`` set ``OLLAMA_NUM_PARALLEL``/``OLLAMA_MAX_QUEUE`` (1/1 makes its
     503 "server busy" reachable). Ollama aborts a generation after 30 identical tokens, which the
     tiny model hits at temperature 0 after ~150 tokens: keep happy paths at <= 100 tokens.
-    ``api_key`` is accepted for symmetry only: Ollama has no authentication.
+    ``api_key`` is accepted for symmetry only: Ollama has no authentication. Ollama reports nothing
+    about running generations; its runner process (``ollama-lib runner``, a child of the server,
+    started with the first request) burns CPU while it generates: :meth:`runner_cpu_seconds`.
     """
 
     name = "ollama"
@@ -722,6 +821,21 @@ class OllamaServer(RealEngine):
     def _ready(self) -> bool:
         return _http_status(self.url + "/api/version") == 200
 
+    def exchanges_logged(self, path: str) -> int:
+        """How many ``POST path`` exchanges the server has logged as over (its ``[GIN]`` access lines,
+        written when a handler returns)."""
+        return len(re.findall(r'\| POST +"' + re.escape(path) + '"', self.log_text()))
+
+    def runner_pids(self) -> list[int]:
+        """The model runner processes (children of the server running ``... runner ...``)."""
+        if not self.is_running():
+            return []
+        return [p for p in child_pids(self.pid) if "runner" in _cmdline(p)[1:2]]
+
+    def runner_cpu_seconds(self) -> float:
+        """CPU time the model runners have used so far (0.0 before the first request loads one)."""
+        return sum(cpu_seconds(p) for p in self.runner_pids())
+
     def _after_ready(self) -> None:
         modelfile = self.workdir / "Modelfile"
         modelfile.write_text(
@@ -756,11 +870,14 @@ __all__ = [
     "RealEngine",
     "VllmServer",
     "cache_dir",
+    "child_pids",
+    "cpu_seconds",
     "free_port",
     "install_allowed",
     "llama_server_binary",
     "ollama_install",
     "run_script",
+    "server_sockets",
     "tiny_gguf",
     "vllm_install",
 ]
