@@ -45,7 +45,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
@@ -236,9 +236,8 @@ def _http_status(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
-def _group_pids(pgid: int) -> list[int]:
-    """PIDs of live (non-zombie) processes whose process group is ``pgid``."""
-    pids = []
+def _live_processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/PID/stat after the command name) of every live (non-zombie) process."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -248,26 +247,18 @@ def _group_pids(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
+        if len(fields) > 2 and fields[0] != "Z":
+            yield int(entry), fields
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """PIDs of live (non-zombie) processes whose process group is ``pgid``."""
+    return [pid for pid, fields in _live_processes() if int(fields[2]) == pgid]
 
 
 def child_pids(pid: int) -> list[int]:
     """PIDs of the live (non-zombie) children of ``pid``."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(entry))
-    return out
+    return [p for p, fields in _live_processes() if int(fields[1]) == pid]
 
 
 def cpu_seconds(pid: int) -> float:
