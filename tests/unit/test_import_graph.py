@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ingress",),  # other APIs (Anthropic Messages) to and from OpenAI chat: pure translation
     ("settings",),  # the config schema (validated against the adapters' registry)
     ("config_loader", "auth", "routing"),  # loading config, keys, routing state and pure decisions
-    ("limits",),  # rate-limit stores and the limiter (reads the key's principal)
+    ("limits", "state"),  # rate-limit stores and the limiter (reads the key's principal); the database
     ("observability",),  # metrics (reads the routing table at scrape time), access log, records
     ("dispatch", "prober"),  # retries/failover over the table; health and load probes
     ("runtime",),  # the process's shared objects and the swappable per-config part

@@ -1,0 +1,259 @@
+"""The gateway's one SQL database: an async SQLAlchemy engine, migrated to head when it opens, whose
+failures reach callers as one exception, `DatabaseUnavailable` (503).
+
+Two kinds, chosen by URL. Without `database.url` it is the embedded SQLite file
+`<server.data_dir>/llm-gateway.db` (aiosqlite; WAL, a busy timeout, and real transactions: SQLAlchemy
+emits BEGIN itself, since the sqlite3 driver's legacy mode would run DDL outside them). With
+`database.url` it is a Postgres that the replicas share (asyncpg), with bounded waits everywhere: the
+connect timeout, a server-side statement timeout (lock waits included), a client-side command timeout a
+little past it (for a server that stops answering), a pool checkout timeout, and a liveness check of
+each pooled connection before use (so a restarted Postgres costs no request).
+
+Migrations (Alembic, `llm_gateway.state.migrations`) run in `Database.open`, in one transaction under a
+lock, so replicas starting together migrate once: a Postgres advisory lock, a `BEGIN IMMEDIATE` on
+SQLite. The second one waits, then finds the schema at head.
+
+The URL is a secret: only `safe_url` (password hidden) is ever logged or shown, and the errors raised
+here name the kind of failure, never the URL. `DatabaseUnavailable` chains to the driver's own
+exception, not to SQLAlchemy's wrapper, whose text carries the statement's parameters (user content).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any, Self
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event, exc
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry, NullPool
+
+from llm_gateway.errors import DatabaseUnavailable
+from llm_gateway.settings import DATABASE_SCHEMES, GatewayConfig
+from llm_gateway.state.migrations import MIGRATIONS_DIR
+
+log = logging.getLogger("gateway.state")
+
+DB_FILE = "llm-gateway.db"
+#: the Postgres advisory lock the replicas take to migrate one at a time (a fixed 64-bit number)
+MIGRATION_LOCK = int.from_bytes(hashlib.sha256(b"llm-gateway/migrations").digest()[:8], "big", signed=True)
+#: the client gives up on a statement this long after the server should have cancelled it
+CLIENT_MARGIN_S = 1.0
+#: an execution option: this SQLite transaction takes the write lock at BEGIN (the migration's)
+_IMMEDIATE = "llm_gateway_begin_immediate"
+#: Postgres error classes that mean the database cannot serve now, not that the statement is wrong:
+#: 08 connection, 28 authorization, 3D no such database, 53 resources, 57 operator (shutdown, cancel)
+_UNAVAILABLE_SQLSTATE_CLASSES = frozenset({"08", "28", "3D", "53", "57"})
+_LOCK_NOT_AVAILABLE = "55P03"
+_QUERY_CANCELED = "57014"
+
+
+def database_url(config: GatewayConfig) -> str:
+    """`database.url` when set, else the embedded SQLite file (an absolute path: the working directory
+    is read once, here)."""
+    if config.database.url is not None:
+        return config.database.url.get_secret_value()
+    return f"sqlite+aiosqlite:///{Path(config.server.data_dir).resolve() / DB_FILE}"
+
+
+class Database:
+    """One SQLAlchemy AsyncEngine, migrated to head."""
+
+    def __init__(self, engine: AsyncEngine, safe_url: str) -> None:
+        self.engine = engine
+        #: the URL with its password hidden: the only form that may be logged
+        self.safe_url = safe_url
+
+    def __repr__(self) -> str:
+        return f"Database({self.safe_url})"
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        *,
+        pool_size: int = 5,
+        connect_timeout_s: float = 5.0,
+        statement_timeout_s: float = 10.0,
+        migrate_timeout_s: float = 60.0,
+    ) -> Self:
+        """Connect, migrate to head (idempotent; one replica at a time) and return the database.
+        Raises `DatabaseUnavailable` when it cannot be reached in time, `ValueError` for a bad URL."""
+        parsed = _parse(url)
+        safe_url = parsed.render_as_string(hide_password=True)
+        postgres = parsed.get_backend_name() == "postgresql"
+        with _translated():
+            if postgres:
+                engine = _postgres_engine(parsed, pool_size, connect_timeout_s, statement_timeout_s)
+                # a connection of its own, with the longer timeout that a migration (or the wait for
+                # another replica's) may need
+                migrator = _postgres_engine(parsed, 0, connect_timeout_s, migrate_timeout_s)
+            else:
+                engine = migrator = _sqlite_engine(parsed, pool_size, statement_timeout_s)
+            try:
+                await _migrate(migrator, postgres=postgres)
+            except BaseException:
+                await engine.dispose()
+                raise
+            finally:
+                if migrator is not engine:
+                    await migrator.dispose()
+        log.info("database ready at schema head: %s", safe_url)
+        return cls(engine, safe_url)
+
+    @classmethod
+    async def from_config(cls, config: GatewayConfig) -> Self:
+        """`open` with the URL, pool and timeouts of the config's `database` section."""
+        db = config.database
+        return await cls.open(
+            database_url(config),
+            pool_size=db.pool_size,
+            connect_timeout_s=db.connect_timeout_s,
+            statement_timeout_s=db.statement_timeout_s,
+        )
+
+    @asynccontextmanager
+    async def begin(self) -> AsyncIterator[AsyncConnection]:
+        """A connection in a transaction, committed when the block ends normally; a database that is
+        down or too slow raises `DatabaseUnavailable`, from the block or from the commit."""
+        with _translated():
+            async with self.engine.begin() as conn:
+                yield conn
+
+    async def aclose(self) -> None:
+        await self.engine.dispose()
+
+
+def _parse(url: str) -> URL:
+    try:
+        parsed = make_url(url)
+    except (exc.ArgumentError, ValueError):
+        raise ValueError("the database URL cannot be parsed") from None  # the URL itself stays out of it
+    if parsed.drivername not in DATABASE_SCHEMES:
+        raise ValueError(f"the database URL must start with {' or '.join(s + '://' for s in DATABASE_SCHEMES)}")
+    return parsed
+
+
+def _postgres_engine(url: URL, pool_size: int, connect_timeout_s: float, statement_timeout_s: float) -> AsyncEngine:
+    """pool_size 0: no pool (one connection per use, closed after it)."""
+    connect_args = {
+        "timeout": connect_timeout_s,
+        "command_timeout": statement_timeout_s + CLIENT_MARGIN_S,
+        "server_settings": {
+            "statement_timeout": str(max(1, round(statement_timeout_s * 1000))),
+            "application_name": "llm-gateway",
+        },
+    }
+    if pool_size == 0:
+        return create_async_engine(url, connect_args=connect_args, poolclass=NullPool)
+    return create_async_engine(
+        url,
+        connect_args=connect_args,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_timeout=statement_timeout_s,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+    )
+
+
+def _sqlite_engine(url: URL, pool_size: int, busy_timeout_s: float) -> AsyncEngine:
+    path = url.database or ""
+    in_memory = path in ("", ":memory:")
+    if not in_memory and not path.startswith("file:"):  # "file:" is a URI (uri=true): the driver reads it
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    # in memory: SQLAlchemy's one shared connection (StaticPool), which takes no pool size
+    pool_args = {} if in_memory else {"pool_size": pool_size}
+    engine = create_async_engine(url, connect_args={"timeout": busy_timeout_s}, **pool_args)
+    busy_ms = max(1, round(busy_timeout_s * 1000))
+
+    def on_connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        dbapi_connection.isolation_level = None  # the driver emits no BEGIN of its own: on_begin does
+        cursor = dbapi_connection.cursor()
+        for pragma in ("journal_mode=WAL", f"busy_timeout={busy_ms}", "synchronous=NORMAL", "foreign_keys=ON"):
+            cursor.execute(f"PRAGMA {pragma}")
+        cursor.close()
+
+    def on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_IMMEDIATE) else "BEGIN")
+
+    event.listen(engine.sync_engine, "connect", on_connect)
+    event.listen(engine.sync_engine, "begin", on_begin)
+    return engine
+
+
+async def _migrate(engine: AsyncEngine, *, postgres: bool) -> None:
+    async with engine.connect() as conn:
+        if not postgres:
+            await conn.execution_options(**{_IMMEDIATE: True})
+        async with conn.begin():
+            if postgres:  # held until this transaction ends: the next replica reads the version after it
+                await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+            await conn.run_sync(_upgrade_to_head)
+
+
+def _upgrade_to_head(connection: Connection) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+    config.set_main_option("path_separator", "os")
+    config.attributes["connection"] = connection  # env.py runs on it, inside our transaction
+    command.upgrade(config, "head")
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Re-raise a database that cannot serve now as `DatabaseUnavailable`; anything else (a bug, a
+    duplicate id) passes unchanged."""
+    try:
+        yield
+    except DatabaseUnavailable:
+        raise
+    except Exception as e:
+        reason = _unavailable_reason(e)
+        if reason is None:
+            raise
+        raise DatabaseUnavailable(f"the gateway's database is unavailable ({reason}); try again later") from (
+            _driver_error(e)
+        )
+
+
+def _driver_error(e: BaseException) -> BaseException:
+    """The driver's own exception under SQLAlchemy's wrappers (asyncpg's is the adapter's cause)."""
+    if not isinstance(e, exc.DBAPIError) or e.orig is None:
+        return e
+    return e.orig.__cause__ if e.orig.__cause__ is not None else e.orig
+
+
+def _unavailable_reason(e: Exception) -> str | None:
+    """Why the database cannot serve, in words that name no secret; None when that is not the failure."""
+    if isinstance(e, exc.TimeoutError):  # SQLAlchemy's: the pool had no free connection in time
+        return "no free connection in time"
+    if isinstance(e, exc.DBAPIError):
+        driver = _driver_error(e)
+        sqlstate = getattr(driver, "sqlstate", None) or getattr(e.orig, "sqlstate", None)
+        if isinstance(sqlstate, str) and (
+            sqlstate[:2] in _UNAVAILABLE_SQLSTATE_CLASSES or sqlstate == _LOCK_NOT_AVAILABLE
+        ):
+            return _describe(driver)
+        if e.connection_invalidated or isinstance(e, exc.OperationalError | exc.InterfaceError):
+            return _describe(driver)
+        return None
+    if isinstance(e, OSError | TimeoutError):  # raised by the drivers unwrapped: refused, unreachable, slow
+        return _describe(e)
+    return None
+
+
+def _describe(driver: BaseException) -> str:
+    if isinstance(driver, TimeoutError) or getattr(driver, "sqlstate", None) == _QUERY_CANCELED:
+        return "timed out"
+    if isinstance(driver, sqlite3.Error):  # "database is locked", "unable to open database file"
+        return str(driver)[:200]
+    return type(driver).__name__

@@ -1,0 +1,1 @@
+"""The revisions, oldest first by number; Alembic orders them by their `down_revision` links."""
