@@ -2,23 +2,30 @@
 
 The only place that knows how the pieces fit together: shared objects are created here and hung on
 the app (no module-level state), started on lifespan startup (probes, config watcher, optional
-metrics port) and closed on shutdown (after uvicorn has drained requests in flight).
+metrics port; the database of stored responses when first needed) and closed on shutdown (after
+uvicorn has drained requests in flight).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from llm_gateway.errors import ServiceUnavailable
 from llm_gateway.http.asgi import GatewayApp
+from llm_gateway.http.handlers import StoredResponses
 from llm_gateway.prober import Prober
 from llm_gateway.reload import ConfigWatcher
 from llm_gateway.runtime import Gateway
 from llm_gateway.service import GenerationService
 from llm_gateway.settings import GatewayConfig
 from llm_gateway.upstream.base import UpstreamClient
+
+if TYPE_CHECKING:
+    from llm_gateway.state.responses import ResponseStore
 
 log = logging.getLogger("gateway")
 GC_GEN0_THRESHOLD = 50_000
@@ -36,6 +43,22 @@ def create_app(
     prober = Prober(lambda: gw.upstream, gw.metrics)
     watcher: ConfigWatcher | None = None
     metrics_runner: web.AppRunner | None = None
+
+    async def open_responses() -> ResponseStore:
+        """The database of stored responses (SQLite under server.data_dir, or the shared database.url),
+        opened when a Responses request first needs it (SQLAlchemy is imported only then)."""
+        from llm_gateway.state.database import Database
+        from llm_gateway.state.responses import ResponseStore
+
+        try:
+            database = await Database.from_config(gw.runtime.config)
+        except Exception as e:  # any failure: say which (never the URL: it may hold a password)
+            log.error("the database of stored responses could not be opened: %s", type(e).__name__)
+            raise ServiceUnavailable(
+                "The database of stored responses could not be opened; see the gateway's log.",
+                code="database_unavailable",
+            ) from None
+        return ResponseStore(database)
 
     async def startup() -> None:
         nonlocal watcher, metrics_runner
@@ -71,9 +94,12 @@ def create_app(
         await prober.aclose()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
+        await app.responses.aclose()
         await gw.aclose()
 
-    app = GatewayApp(gw, GenerationService(gw), on_startup=startup, on_shutdown=shutdown)
+    app = GatewayApp(
+        gw, GenerationService(gw), StoredResponses(open_responses), on_startup=startup, on_shutdown=shutdown
+    )
     return app
 
 

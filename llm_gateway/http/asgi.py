@@ -1,7 +1,7 @@
 """The ASGI entry point: request ids, dispatch by (method, path), error rendering, the lifespan.
 
 Routes are a dict lookup, not a framework router (measured in bench/: the whole HTTP surface is a
-handful of fixed paths). Every error becomes the OpenAI envelope with its status, or on the
+handful of fixed paths), plus two prefixes with an id in the path (/v1/models/{id}, /v1/responses/{id}). Every error becomes the OpenAI envelope with its status, or on the
 routes of another API (`DIALECTS`: Anthropic's /v1/messages) that API's envelope; an exception the
 gateway did not expect is logged and answered 500 with no internals in the body. Each request ends
 in exactly one `finish_record` (metrics + access log), with the status its `Call` sent. The app is
@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from llm_gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound
-from llm_gateway.http import anthropic, handlers
+from llm_gateway.http import anthropic, handlers, responses
 from llm_gateway.http.call import Call, Receive, Scope, Send
 from llm_gateway.ingress.anthropic_response import error_answer
 from llm_gateway.observability.record import RequestRecord, finish_record, outcome_of
@@ -41,6 +41,7 @@ def _routes() -> dict[tuple[str, str], Handler]:
         r[("POST", prefix + "/completions")] = handlers.completions
         r[("POST", prefix + "/embeddings")] = handlers.embeddings
         r[("GET", prefix + "/models")] = handlers.list_models
+        r[("POST", prefix + "/responses")] = responses.create
     r[("GET", "/healthz")] = handlers.healthz
     r[("GET", "/readyz")] = handlers.readyz
     r[("GET", "/metrics")] = handlers.metrics
@@ -53,6 +54,8 @@ def _routes() -> dict[tuple[str, str], Handler]:
 ROUTES = _routes()
 PATHS = {p for _, p in ROUTES}
 MODEL_PREFIXES = ("/v1/models/", "/models/")
+#: /v1/responses/{id} and /v1/responses/{id}/input_items
+RESPONSE_ROUTES: dict[str, Handler] = {"GET": responses.retrieve, "DELETE": responses.delete}
 # the `Allow` header of a 405 (RFC 9110 section 15.5.6): the methods the path does serve
 ALLOW = {path: ", ".join(sorted(m for m, p in ROUTES if p == path)) for path in PATHS}
 # the error envelope of the paths that speak another API than OpenAI's (all their errors, 404/405 included)
@@ -64,6 +67,7 @@ class GatewayApp:
         self,
         gw: Gateway,
         service: GenerationService,
+        responses: handlers.StoredResponses | None = None,
         *,
         on_startup: Lifecycle | None = None,
         on_shutdown: Lifecycle | None = None,
@@ -73,7 +77,8 @@ class GatewayApp:
         self._on_startup = on_startup
         self._on_shutdown = on_shutdown
         self.started_at = int(time.time())
-        self.context = handlers.HandlerContext(service, gw.server, gw.metrics, self.started_at)
+        self.responses = responses or handlers.StoredResponses(None)
+        self.context = handlers.HandlerContext(service, gw.server, gw.metrics, self.started_at, self.responses)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -101,6 +106,12 @@ class GatewayApp:
                     if method != "GET":
                         raise MethodNotAllowed(f"{method} is not allowed on {path[:200]}", headers={"allow": "GET"})
                     handler = handlers.get_model
+                elif path.startswith(responses.PREFIXES):
+                    handler = RESPONSE_ROUTES.get(method)
+                    if handler is None:
+                        raise MethodNotAllowed(
+                            f"{method} is not allowed on {path[:200]}", headers={"allow": "DELETE, GET"}
+                        )
                 elif path in PATHS:
                     raise MethodNotAllowed(f"{method} is not allowed on {path}", headers={"allow": ALLOW[path]})
                 else:

@@ -6,21 +6,32 @@ The status of each answer is recorded by the `Call` that sends it.
 
 OpenAI routes: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `GET /v1/models`,
 `GET /v1/models/{id}` (also without the `/v1` prefix); Anthropic's `POST /v1/messages` and
-`/v1/messages/count_tokens` are in `http/anthropic.py`, over the same service. Operations:
+`/v1/messages/count_tokens` are in `http/anthropic.py`, and OpenAI's Responses API
+(`/v1/responses`) in `http/responses.py`, over the same service. Operations:
 `GET /healthz` (the process is alive), `GET /readyz` (at least one backend is ready or busy),
 `GET /metrics`, `GET /openapi.json`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from llm_gateway.auth import Principal
-from llm_gateway.errors import InvalidJSON, InvalidRequest, ModelNotFound, RouteNotFound, UnsupportedMediaType
+from llm_gateway.errors import (
+    GatewayError,
+    InvalidJSON,
+    InvalidRequest,
+    ModelNotFound,
+    RouteNotFound,
+    ServiceUnavailable,
+    UnsupportedMediaType,
+)
 from llm_gateway.http.call import Call
 from llm_gateway.http.openapi import openapi_document
 from llm_gateway.observability.metrics import Metrics
@@ -30,7 +41,49 @@ from llm_gateway.service import GenerationService
 from llm_gateway.settings import ServerConfig
 from llm_gateway.types import Endpoint
 
+if TYPE_CHECKING:
+    from llm_gateway.state.responses import ResponseStore
+
 PROM = b"text/plain; version=0.0.4; charset=utf-8"
+REOPEN_AFTER_S = 5.0
+
+
+class StoredResponses:
+    """The process's store of Responses API answers, opened on first need by the opener the composition
+    root gives (None: the gateway keeps no responses). An opening that failed is tried again after
+    `REOPEN_AFTER_S`, not on every request."""
+
+    __slots__ = ("_lock", "_open", "_retry_at", "store")
+
+    def __init__(self, open_store: Callable[[], Awaitable[ResponseStore]] | None) -> None:
+        self._open = open_store
+        self._lock = asyncio.Lock()
+        self._retry_at = 0.0
+        self.store: ResponseStore | None = None
+
+    async def get(self) -> ResponseStore:
+        if self.store is not None:
+            return self.store
+        if self._open is None:
+            raise ServiceUnavailable("This gateway keeps no stored responses.", code="database_unavailable")
+        async with self._lock:
+            if self.store is None:
+                if time.monotonic() < self._retry_at:
+                    raise ServiceUnavailable(
+                        "The database of stored responses is unavailable; try again shortly.",
+                        code="database_unavailable",
+                    )
+                try:
+                    self.store = await self._open()
+                except GatewayError:
+                    self._retry_at = time.monotonic() + REOPEN_AFTER_S
+                    raise
+        return self.store
+
+    async def aclose(self) -> None:
+        if self.store is not None:
+            await self.store.db.aclose()
+            self.store = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +94,7 @@ class HandlerContext:
     server: ServerConfig
     metrics: Metrics
     started_at: int
+    responses: StoredResponses
 
 
 def authenticate(call: Call, rec: RequestRecord, rt: Runtime) -> Principal:

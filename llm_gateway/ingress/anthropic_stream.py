@@ -26,6 +26,7 @@ from llm_gateway.ingress.anthropic_response import (
     stop_reason,
     usage,
 )
+from llm_gateway.ingress.chat_events import data_of
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
@@ -88,7 +89,7 @@ class StreamTranslator:
         for raw in buf[: end + 2].split(b"\n\n"):
             if self._done:
                 break
-            payload = _data_of(raw)
+            payload = data_of(raw)
             if payload is None:
                 continue
             if payload == b"[DONE]":
@@ -227,11 +228,3 @@ class StreamTranslator:
 
 
 _THINKING_BLOCK = {"type": "thinking", "thinking": "", "signature": ""}
-
-
-def _data_of(raw: bytes) -> bytes | None:
-    raw = raw.strip(b"\n")
-    if raw.startswith(b"data: ") and b"\n" not in raw:
-        return raw[6:]
-    parts = [line[5:].removeprefix(b" ") for line in raw.split(b"\n") if line.startswith(b"data:")]
-    return b"\n".join(parts) if parts else None

@@ -1,0 +1,237 @@
+"""OpenAI's Responses API on the gateway: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`,
+`GET /v1/responses/{id}/input_items`.
+
+The request is translated into an OpenAI chat body (`ingress.responses_request`), after the stored
+conversation of `previous_response_id` (if any) is put before its input, and handed to the same
+`GenerationService.handle` as `/v1/chat/completions`: keys, limits, routing, retries, failover,
+metrics and usage accounting are exactly the chat path's. `ResponsesExchange` implements
+`ClientExchange` over the real `Call` and translates what the service answers (a whole chat
+completion, or chat SSE chunk by chunk) into a Response object or the Responses event stream.
+Errors are OpenAI's envelope (the app's default rendering). Engines that serve `/v1/responses`
+themselves are still spoken to in chat: the gateway owns the stored responses and their chaining,
+which an engine's own store (one per engine process) could not share across replicas.
+
+`store` (default true, as OpenAI's) keeps the Response, this input's items and the conversation so
+far in the gateway's database (`state.responses`: SQLite by default, Postgres when replicas share
+it), written once the answer is complete and before its last bytes go out, so that a client that
+chains at once finds it; `store: false` writes nothing. Responses are visible to the key that made
+them only. A database that cannot be reached is a 503 for reads and chaining; for a generation
+that already ran, the answer still goes out (with `x-gateway-stored: false`) and the failure is
+logged and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
+
+import orjson
+
+from llm_gateway.errors import GatewayError, InvalidRequest
+from llm_gateway.exchange import JSON, Headers
+from llm_gateway.http.call import Call
+from llm_gateway.http.handlers import HandlerContext, authenticate, read_json_object
+from llm_gateway.ingress.responses_request import ResponsesRequest, new_id, parse
+from llm_gateway.ingress.responses_response import to_response
+from llm_gateway.ingress.responses_stream import ResponsesStream
+from llm_gateway.observability.record import RequestRecord
+from llm_gateway.runtime import Runtime
+
+if TYPE_CHECKING:
+    from llm_gateway.state.responses import ResponseStore
+
+log = logging.getLogger("gateway")
+STORED_HEADER = b"x-gateway-stored"
+PREFIXES = ("/v1/responses/", "/responses/")
+
+
+class ResponsesExchange:
+    """The service's `ClientExchange` for one Responses request: answers go out as the Responses API's."""
+
+    __slots__ = ("_call", "_earlier", "_owner", "_req", "_saved", "_store", "_stream", "id", "rid")
+
+    def __init__(
+        self,
+        call: Call,
+        req: ResponsesRequest,
+        earlier: list[dict[str, Any]],
+        store: ResponseStore | None,
+        owner: str,
+    ) -> None:
+        self._call = call
+        self._req = req
+        self._earlier = earlier
+        self._store = store if req.store else None
+        self._saved = not req.store  # nothing to store counts as done
+        self._owner = owner
+        self._stream: ResponsesStream | None = None
+        self.rid = call.rid
+        self.id = new_id("resp_")
+
+    @property
+    def status(self) -> int:
+        return self._call.status
+
+    @status.setter
+    def status(self, value: int) -> None:
+        self._call.status = value
+
+    def header(self, name: bytes) -> bytes | None:
+        return self._call.header(name)
+
+    async def respond(self, status: int, body: bytes, headers: Headers, content_type: bytes = JSON) -> None:
+        if 200 <= status < 300 and content_type == JSON:
+            obj = orjson.loads(body)
+            resp, turn = to_response(obj if isinstance(obj, dict) else {}, self._req, self.id)
+            if not await self._save(resp, turn):
+                headers.append((STORED_HEADER, b"false"))
+            body = orjson.dumps(resp)
+        await self._call.respond(status, body, headers, content_type)
+
+    async def start(self, status: int, headers: Headers) -> None:
+        self._stream = ResponsesStream(self._req, self.id)
+        await self._call.start(status, headers)
+
+    async def write(self, data: bytes) -> None:
+        stream = self._stream
+        assert stream is not None, "write() before start()"
+        out = stream.feed(data)
+        if stream.terminal is not None and stream.terminal != "response.failed":
+            await self._save(stream.response, stream.turn)  # before the last event: chaining finds it
+        if out:
+            await self._call.write(out)
+
+    async def end(self) -> None:
+        stream = self._stream
+        if stream is not None:
+            tail = stream.finish()
+            if tail:
+                await self._call.write(tail)
+        await self._call.end()
+
+    def watch_disconnect(self, delay_s: float = 0.0) -> None:
+        self._call.watch_disconnect(delay_s)
+
+    def stop_watching(self) -> None:
+        self._call.stop_watching()
+
+    async def _save(self, resp: dict[str, Any], turn: dict[str, Any]) -> bool:
+        """Store the finished response (when asked); False if the store failed."""
+        store = self._store
+        if store is None:
+            return self._saved
+        self._store = None  # once
+        from llm_gateway.state.responses import StoredResponse  # with the store: SQLAlchemy is loaded by then
+
+        req = self._req
+        stored = StoredResponse(
+            id=resp["id"],
+            owner=self._owner,
+            model=str(resp.get("model") or req.model),
+            created_at=int(resp.get("created_at") or time.time()),
+            previous_response_id=req.previous_response_id,
+            response=resp,
+            input_items=req.items,
+            conversation=[*self._earlier, *req.messages, turn],
+        )
+        try:
+            await store.save(stored)
+        except GatewayError as e:
+            log.warning("response %s was not stored: %s (request %s)", resp["id"], e.message, self.rid)
+            return False
+        self._saved = True
+        return True
+
+
+async def create(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    rec.endpoint = "responses"
+    who = authenticate(call, rec, rt)
+    req = parse(await read_json_object(ctx, call))
+    earlier: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        prev = await (await ctx.responses.get()).load(req.previous_response_id, who.name)
+        if prev is None:
+            raise _not_found(
+                f"Previous response with id '{req.previous_response_id}' not found.", param="previous_response_id"
+            )
+        earlier = prev.conversation
+    store = None
+    if req.store:
+        try:
+            store = await ctx.responses.get()
+        except GatewayError as e:  # the answer still goes out, marked as not stored
+            log.warning("responses cannot be stored now: %s (request %s)", e.message, call.rid)
+    exchange = ResponsesExchange(call, req, earlier, store, who.name)
+    await ctx.service.handle(exchange, rec, rt, "chat", req.chat_body(earlier), who)
+
+
+def _not_found(message: str, param: str | None = None) -> GatewayError:
+    return GatewayError(message, status=404, type_="invalid_request_error", code="not_found", param=param)
+
+
+def _target(call: Call) -> tuple[str, str]:
+    """(response id, what of it) from /v1/responses/{id}[/input_items]."""
+    path: str = call.scope["path"]
+    rest = path.split("/responses/", 1)[1]
+    rid, _, sub = rest.partition("/")
+    if not rid.startswith("resp_") or len(rid) > 128:
+        raise _not_found(f"No response found with id '{rid[:128]}'.", param="response_id")
+    return rid, sub
+
+
+async def retrieve(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    who = authenticate(call, rec, rt)
+    rid, sub = _target(call)
+    if sub not in ("", "input_items"):
+        raise _not_found(f"Unknown request URL: GET {call.scope['path'][:200]}")
+    stored = await (await ctx.responses.get()).load(rid, who.name)
+    if stored is None:
+        raise _not_found(f"No response found with id '{rid}'.", param="response_id")
+    body = orjson.dumps(stored.response if sub == "" else _items_page(stored.input_items, call))
+    await call.respond(200, body, [(b"x-request-id", call.rid.encode())])
+
+
+async def delete(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    who = authenticate(call, rec, rt)
+    rid, sub = _target(call)
+    if sub:
+        raise _not_found(f"Unknown request URL: DELETE {call.scope['path'][:200]}")
+    if not await (await ctx.responses.get()).delete(rid, who.name):
+        raise _not_found(f"No response found with id '{rid}'.", param="response_id")
+    body = orjson.dumps({"id": rid, "object": "response.deleted", "deleted": True})
+    await call.respond(200, body, [(b"x-request-id", call.rid.encode())])
+
+
+def _items_page(items: list[dict[str, Any]], call: Call) -> dict[str, Any]:
+    """One page of input items, as OpenAI lists them: `order` (desc by default), `limit` (1..100),
+    `after` (an item id)."""
+    query = _query(call)
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("Invalid value for 'order': expected 'asc' or 'desc'.", param="order")
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        raise InvalidRequest("Invalid value for 'limit': expected an integer.", param="limit") from None
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("Invalid value for 'limit': expected 1 to 100.", param="limit")
+    seq = items if order == "asc" else items[::-1]
+    after = query.get("after")
+    if after:
+        ids = [it.get("id") for it in seq]
+        seq = seq[ids.index(after) + 1 :] if after in ids else []
+    page = seq[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0].get("id") if page else None,
+        "last_id": page[-1].get("id") if page else None,
+        "has_more": len(seq) > limit,
+    }
+
+
+def _query(call: Call) -> dict[str, str]:
+    raw: bytes = call.scope.get("query_string", b"")
+    return dict(parse_qsl(raw.decode("latin-1")))

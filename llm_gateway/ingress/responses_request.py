@@ -1,0 +1,537 @@
+"""An OpenAI Responses request (`POST /v1/responses`) as an OpenAI chat body, and what its answer echoes.
+
+What maps, field by field:
+- `instructions` -> a first `system` message (not carried over from a previous response, as OpenAI
+  has it); `input` as a string -> one user message; as items: messages (`role` user / assistant /
+  system / developer -> system; content a string or parts: `input_text` / `output_text` -> text,
+  `refusal` -> text, `input_image` with an `image_url` -> an `image_url` part with its `detail`),
+  `function_call` items -> the assistant's `tool_calls` (merged into the assistant message just
+  before them), `function_call_output` -> `tool` messages (text; images in an output follow in a
+  user message), `reasoning` items -> the reasoning text of the next assistant message
+  (`reasoning_content`, so engines whose chat template replays reasoning get it back: a
+  translation that drops it breaks thinking models, maximhq/bifrost#2446);
+- `previous_response_id`: the stored conversation of that response goes before this input (the
+  handler loads it; `ResponsesRequest.chat_body` joins them);
+- `tools` (function tools) -> chat function tools; `tool_choice` auto / none / required / a named
+  function; `parallel_tool_calls`;
+- `max_output_tokens` -> `max_tokens`, `temperature`, `top_p`, `top_logprobs` (and `include`
+  `message.output_text.logprobs`) -> `logprobs`/`top_logprobs`, `user` (or `safety_identifier`)
+  -> `user`, `text.format` json_schema / json_object -> `response_format`, `reasoning.effort` ->
+  `reasoning_effort` (`none` -> `chat_template_kwargs.enable_thinking: false`), `stream` (the
+  gateway then asks for the usage chunk, which becomes the response's usage);
+- `store` (default true, as OpenAI's), `metadata` (up to 16 string pairs), `truncation`
+  (`disabled`; `auto` is accepted and means the same here: the engine refuses what does not fit)
+  are echoed in the answer; `service_tier`, `prompt_cache_key`, `prompt_cache_retention`,
+  `prompt_cache_options`, `stream_options`, `text.verbosity`, `reasoning.summary` are hints.
+
+An explicit null is an absent field. Unknown top-level fields are a 400 (OpenAI: "Unknown
+parameter"). What the gateway cannot honour is a clear 400, never dropped: `background`,
+`conversation`, `prompt` templates, `context_management`, `max_tool_calls`, built-in tools (web
+search, file search, computer use, MCP, code interpreter, image generation), `item_reference` and
+file inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from llm_gateway.errors import InvalidRequest
+from llm_gateway.ingress.field_checks import (
+    Hint,
+    PromptChars,
+    as_bool,
+    as_int,
+    as_list,
+    as_number,
+    as_obj,
+    as_str,
+    check_hint,
+    only_fields,
+)
+
+_FIELDS = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "previous_response_id",
+        "store",
+        "stream",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "text",
+        "reasoning",
+        "metadata",
+        "truncation",
+        "user",
+        "safety_identifier",
+        "include",
+    }
+)
+HINTS: dict[str, Hint] = {
+    "service_tier": ("auto", "default", "flex", "scale", "priority"),
+    "prompt_cache_key": "string",
+    "prompt_cache_retention": "string",
+    "prompt_cache_options": "object",
+    "stream_options": "object",
+}
+_UNSUPPORTED = {
+    "background": "background responses are not implemented; stream instead",
+    "conversation": "the Conversations API is not implemented; chain with previous_response_id",
+    "prompt": "stored prompt templates are OpenAI's own",
+    "context_management": "server-side context management is not implemented",
+    "max_tool_calls": "the engines cannot bound the number of tool calls",
+}
+_INCLUDES = frozenset(
+    {
+        "message.output_text.logprobs",
+        "reasoning.encrypted_content",
+        "message.input_image.image_url",
+        "computer_call_output.output.image_url",
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "code_interpreter_call.outputs",
+    }
+)
+_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def unknown(param: str) -> InvalidRequest:
+    return InvalidRequest(f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter")
+
+
+def invalid(message: str, param: str) -> InvalidRequest:
+    return InvalidRequest(f"Invalid value for '{param}': {message}", param=param, code="invalid_value")
+
+
+def unsupported(message: str, param: str) -> InvalidRequest:
+    return InvalidRequest(f"{param}: {message}", param=param, code="unsupported_parameter")
+
+
+def new_id(prefix: str) -> str:
+    return prefix + os.urandom(24).hex()
+
+
+@dataclass(slots=True)
+class ResponsesRequest:
+    """One Responses request, checked: the chat fields, this input as chat messages and as items, and
+    the fields its Response object echoes."""
+
+    model: str
+    stream: bool
+    store: bool
+    previous_response_id: str | None
+    instructions: str | None
+    #: this request's input as chat messages (no instructions, no earlier conversation)
+    messages: list[dict[str, Any]]
+    #: this request's input items, each with an id (GET /v1/responses/{id}/input_items)
+    items: list[dict[str, Any]]
+    #: chat body fields other than `messages`
+    options: dict[str, Any]
+    #: the request fields the Response object carries back
+    echo: dict[str, Any] = field(default_factory=dict)
+    prompt_estimate: int = 0
+
+    def chat_body(self, earlier: list[dict[str, Any]]) -> dict[str, Any]:
+        """The chat body: instructions, then the earlier conversation, then this input."""
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        messages += earlier
+        messages += self.messages
+        return {"model": self.model, "messages": messages, **self.options}
+
+
+def parse(req: dict[str, Any]) -> ResponsesRequest:
+    """Check a Responses request and translate what maps. Raises InvalidRequest as OpenAI would."""
+    for k, v in req.items():
+        if k in _FIELDS or v is None:
+            continue
+        if k in HINTS:
+            check_hint(v, k, HINTS[k])
+            continue
+        if k in _UNSUPPORTED:
+            if k == "background" and v is False:
+                continue
+            raise unsupported(f"not supported by this gateway ({_UNSUPPORTED[k]})", k)
+        raise unknown(k)
+    model = req.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
+    if req.get("input") is None:
+        raise InvalidRequest("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
+    seen = PromptChars()
+    instructions = None
+    if req.get("instructions") is not None:
+        instructions = as_str(req["instructions"], "instructions")
+        seen.chars += len(instructions)
+    messages, items = _input(req["input"], seen)
+    options: dict[str, Any] = {}
+    echo: dict[str, Any] = {"instructions": instructions}
+    stream = req.get("stream") is not None and as_bool(req["stream"], "stream")
+    store = True if req.get("store") is None else as_bool(req["store"], "store")
+    if stream:
+        options["stream"] = True
+        options["stream_options"] = {"include_usage": True}  # the usage chunk becomes the response's usage
+    _sampling(req, options, echo)
+    _tools(req, options, echo, seen)
+    _text(req, options, echo)
+    _reasoning(req, options, echo)
+    prev = req.get("previous_response_id")
+    if prev is not None:
+        prev = as_str(prev, "previous_response_id")
+        if not prev.startswith("resp_"):
+            raise invalid("expected an ID that begins with 'resp_'.", "previous_response_id")
+    echo["store"] = store
+    return ResponsesRequest(
+        model, stream, store, prev, instructions, messages, items, options, echo, seen.chars // 4 + 1
+    )
+
+
+# -- sampling, tools, text, reasoning ----------------------------------------------------------------
+
+
+def _sampling(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any]) -> None:
+    echo["max_output_tokens"] = None
+    if req.get("max_output_tokens") is not None:
+        options["max_tokens"] = echo["max_output_tokens"] = as_int(req["max_output_tokens"], "max_output_tokens", 1)
+    echo["temperature"] = 1.0
+    if req.get("temperature") is not None:
+        options["temperature"] = echo["temperature"] = as_number(req["temperature"], "temperature", 0.0, 2.0)
+    echo["top_p"] = 1.0
+    if req.get("top_p") is not None:
+        options["top_p"] = echo["top_p"] = as_number(req["top_p"], "top_p", 0.0, 1.0)
+    include = []
+    if req.get("include") is not None:
+        for j, v in enumerate(as_list(req["include"], "include")):
+            v = as_str(v, f"include.{j}")
+            if v not in _INCLUDES:
+                raise invalid(f"'{v}' is not one of the supported values.", f"include.{j}")
+            include.append(v)
+    echo["top_logprobs"] = 0
+    if req.get("top_logprobs") is not None:
+        n = as_int(req["top_logprobs"], "top_logprobs", 0)
+        if n > 20:
+            raise invalid("must be at most 20.", "top_logprobs")
+        echo["top_logprobs"] = n
+        if n:
+            options["logprobs"] = True
+            options["top_logprobs"] = n
+    if "message.output_text.logprobs" in include:
+        options["logprobs"] = True
+    user = req.get("user")
+    if user is None:
+        user = req.get("safety_identifier")
+        if user is not None:
+            user = as_str(user, "safety_identifier")
+            echo["safety_identifier"] = user
+    else:
+        user = as_str(user, "user")
+        echo["user"] = user
+    if user is not None:
+        options["user"] = user
+    echo["metadata"] = {}
+    if req.get("metadata") is not None:
+        meta = as_obj(req["metadata"], "metadata")
+        if len(meta) > 16:
+            raise invalid("at most 16 key-value pairs.", "metadata")
+        for k, v in meta.items():
+            if len(k) > 64 or not isinstance(v, str) or len(v) > 512:
+                raise invalid("keys are strings of at most 64 characters, values of at most 512.", f"metadata.{k}")
+        echo["metadata"] = meta
+    echo["truncation"] = "disabled"
+    if req.get("truncation") is not None:
+        check_hint(req["truncation"], "truncation", ("auto", "disabled"))
+        echo["truncation"] = req["truncation"]
+
+
+def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], seen: PromptChars) -> None:
+    tools: list[dict[str, Any]] = []
+    echo["tools"] = []
+    if req.get("tools") is not None:
+        for j, t in enumerate(as_list(req["tools"], "tools")):
+            t = as_obj(t, f"tools.{j}")
+            kind = t.get("type")
+            if kind != "function":
+                if not isinstance(kind, str):
+                    raise InvalidRequest(f"Missing required parameter: 'tools[{j}].type'.", param=f"tools.{j}.type")
+                raise unsupported(
+                    f"'{kind}' tools are not supported by this gateway (only function tools are)", f"tools.{j}.type"
+                )
+            only_fields(
+                t, frozenset({"type", "name", "description", "parameters", "strict", "defer_loading"}), f"tools.{j}"
+            )
+            fn: dict[str, Any] = {"name": as_str(t.get("name"), f"tools.{j}.name")}
+            if t.get("description") is not None:
+                fn["description"] = as_str(t["description"], f"tools.{j}.description")
+            if t.get("parameters") is not None:
+                fn["parameters"] = as_obj(t["parameters"], f"tools.{j}.parameters")
+            if t.get("strict") is not None:
+                fn["strict"] = as_bool(t["strict"], f"tools.{j}.strict")
+            seen.chars += len(orjson.dumps(fn))
+            tools.append({"type": "function", "function": fn})
+            echo["tools"].append(
+                {
+                    "type": "function",
+                    "name": fn["name"],
+                    "description": fn.get("description"),
+                    "parameters": fn.get("parameters"),
+                    "strict": fn.get("strict", True),
+                }
+            )
+    if tools:
+        options["tools"] = tools
+    echo["tool_choice"] = "auto"
+    choice = req.get("tool_choice")
+    if choice is not None:
+        if isinstance(choice, str):
+            if choice not in ("auto", "none", "required"):
+                raise invalid("expected 'auto', 'none', 'required' or a function.", "tool_choice")
+            options["tool_choice"] = choice
+        else:
+            choice = as_obj(choice, "tool_choice")
+            if choice.get("type") != "function":
+                raise unsupported(
+                    f"tool choice '{choice.get('type')}' is not supported by this gateway", "tool_choice.type"
+                )
+            name = as_str(choice.get("name"), "tool_choice.name")
+            options["tool_choice"] = {"type": "function", "function": {"name": name}}
+        echo["tool_choice"] = choice
+    echo["parallel_tool_calls"] = True
+    if req.get("parallel_tool_calls") is not None:
+        options["parallel_tool_calls"] = echo["parallel_tool_calls"] = as_bool(
+            req["parallel_tool_calls"], "parallel_tool_calls"
+        )
+
+
+def _text(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any]) -> None:
+    echo["text"] = {"format": {"type": "text"}, "verbosity": "medium"}
+    if req.get("text") is None:
+        return
+    text = as_obj(req["text"], "text")
+    only_fields(text, frozenset({"format", "verbosity"}), "text")
+    out: dict[str, Any] = {"format": {"type": "text"}, "verbosity": "medium"}
+    if text.get("verbosity") is not None:
+        check_hint(text["verbosity"], "text.verbosity", ("low", "medium", "high"))
+        out["verbosity"] = text["verbosity"]
+    fmt = text.get("format")
+    if fmt is not None:
+        fmt = as_obj(fmt, "text.format")
+        kind = fmt.get("type")
+        if kind == "json_schema":
+            only_fields(fmt, frozenset({"type", "name", "schema", "strict", "description"}), "text.format")
+            schema: dict[str, Any] = {
+                "name": as_str(fmt.get("name"), "text.format.name"),
+                "schema": as_obj(fmt.get("schema"), "text.format.schema"),
+            }
+            if fmt.get("strict") is not None:
+                schema["strict"] = as_bool(fmt["strict"], "text.format.strict")
+            if fmt.get("description") is not None:
+                schema["description"] = as_str(fmt["description"], "text.format.description")
+            options["response_format"] = {"type": "json_schema", "json_schema": schema}
+        elif kind == "json_object":
+            options["response_format"] = {"type": "json_object"}
+        elif kind != "text":
+            raise invalid("expected 'text', 'json_object' or 'json_schema'.", "text.format.type")
+        out["format"] = fmt
+    echo["text"] = out
+
+
+def _reasoning(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any]) -> None:
+    echo["reasoning"] = {"effort": None, "summary": None}
+    if req.get("reasoning") is None:
+        return
+    r = as_obj(req["reasoning"], "reasoning")
+    only_fields(r, frozenset({"effort", "summary", "generate_summary"}), "reasoning")
+    effort = r.get("effort")
+    if effort is not None:
+        check_hint(effort, "reasoning.effort", _EFFORTS)
+        if effort == "none":
+            options["chat_template_kwargs"] = {"enable_thinking": False}
+        else:
+            options["reasoning_effort"] = effort
+    summary = r.get("summary", r.get("generate_summary"))
+    check_hint(summary, "reasoning.summary", ("auto", "concise", "detailed"))
+    echo["reasoning"] = {"effort": effort, "summary": summary}
+
+
+# -- input items --------------------------------------------------------------------------------------
+
+
+def _input(value: Any, seen: PromptChars) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    if isinstance(value, str):
+        seen.chars += len(value)
+        item = {
+            "id": new_id("msg_"),
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": value}],
+        }
+        return [{"role": "user", "content": value}], [item]
+    messages: list[dict[str, Any]] = []
+    items: list[dict[str, Any]] = []
+    reasoning: list[str] = []  # reasoning items waiting for the assistant turn they belong to
+    for i, raw in enumerate(as_list(value, "input")):
+        p = f"input.{i}"
+        it = as_obj(raw, p)
+        kind = it.get("type", "message")
+        seen.chars += 16
+        if kind == "message":
+            msg = _message(it, p, seen)
+            if msg["role"] == "assistant" and reasoning:
+                msg["reasoning_content"] = "\n\n".join(reasoning)
+                reasoning = []
+            messages.append(msg)
+        elif kind == "function_call":
+            args = as_str(it.get("arguments"), f"{p}.arguments")
+            seen.chars += len(args)
+            call = {
+                "id": as_str(it.get("call_id"), f"{p}.call_id"),
+                "type": "function",
+                "function": {"name": as_str(it.get("name"), f"{p}.name"), "arguments": args},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and not reasoning:
+                last.setdefault("tool_calls", []).append(call)
+                if last.get("content") == "":
+                    last["content"] = None
+            else:
+                msg = {"role": "assistant", "content": None, "tool_calls": [call]}
+                if reasoning:
+                    msg["reasoning_content"] = "\n\n".join(reasoning)
+                    reasoning = []
+                messages.append(msg)
+        elif kind == "function_call_output":
+            _tool_output(it, p, messages, seen)
+        elif kind == "reasoning":
+            text = _reasoning_text(it, p)
+            seen.chars += len(text)
+            if text:
+                reasoning.append(text)
+        elif kind == "item_reference":
+            raise unsupported(
+                "item references are not supported by this gateway; send the items themselves", f"{p}.type"
+            )
+        elif isinstance(kind, str):
+            raise unsupported(f"'{kind}' input items are not supported by this gateway", f"{p}.type")
+        else:
+            raise invalid("expected an input item type.", f"{p}.type")
+        items.append(_item(it, str(kind)))
+    return messages, items
+
+
+def _item(it: dict[str, Any], kind: str) -> dict[str, Any]:
+    """An input item as OpenAI lists it back: with an id, and a message with its `type` and content parts."""
+    out = {"id": it["id"] if isinstance(it.get("id"), str) else new_id(_ID_PREFIX.get(kind, "item_")), **it}
+    if kind == "message":
+        out["type"] = "message"
+        if isinstance(out.get("content"), str):
+            part = "output_text" if out.get("role") == "assistant" else "input_text"
+            out["content"] = [{"type": part, "text": out["content"]}]
+    return out
+
+
+_ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+
+
+def _message(it: dict[str, Any], p: str, seen: PromptChars) -> dict[str, Any]:
+    role = it.get("role")
+    if role not in _ROLES:
+        raise invalid("expected 'user', 'assistant', 'system' or 'developer'.", f"{p}.role")
+    content = it.get("content")
+    if isinstance(content, str):
+        seen.chars += len(content)
+        return {"role": _ROLES[role], "content": content}
+    parts: list[dict[str, Any]] = []
+    for j, raw in enumerate(as_list(content, f"{p}.content")):
+        cp = f"{p}.content.{j}"
+        part = as_obj(raw, cp)
+        t = part.get("type")
+        if t in ("input_text", "output_text"):
+            text = as_str(part.get("text"), f"{cp}.text")
+            seen.chars += len(text)
+            parts.append({"type": "text", "text": text})
+        elif t == "refusal":
+            text = as_str(part.get("refusal"), f"{cp}.refusal")
+            seen.chars += len(text)
+            parts.append({"type": "text", "text": text})
+        elif t == "input_image":
+            seen.chars += 1024
+            parts.append(_image(part, cp))
+        elif isinstance(t, str):
+            raise unsupported(f"'{t}' content is not supported by this gateway", f"{cp}.type")
+        else:
+            raise invalid("expected a content part type.", f"{cp}.type")
+    if _ROLES[role] != "user" or all(q["type"] == "text" for q in parts):
+        if any(q["type"] != "text" for q in parts):
+            raise unsupported("images are allowed in user messages only", f"{p}.content")
+        return {"role": _ROLES[role], "content": "".join(q["text"] for q in parts)}
+    return {"role": "user", "content": parts}
+
+
+def _image(part: dict[str, Any], p: str) -> dict[str, Any]:
+    url = part.get("image_url")
+    if url is None:
+        if part.get("file_id") is not None:
+            raise unsupported(
+                "file ids are not supported by this gateway; send the image as a URL or data URL", f"{p}.file_id"
+            )
+        raise InvalidRequest(f"Missing required parameter: '{p}.image_url'.", param=f"{p}.image_url")
+    img: dict[str, Any] = {"url": as_str(url, f"{p}.image_url")}
+    if part.get("detail") is not None:
+        check_hint(part["detail"], f"{p}.detail", ("auto", "low", "high", "original"))
+        img["detail"] = part["detail"]
+    return {"type": "image_url", "image_url": img}
+
+
+def _tool_output(it: dict[str, Any], p: str, messages: list[dict[str, Any]], seen: PromptChars) -> None:
+    call_id = as_str(it.get("call_id"), f"{p}.call_id")
+    out = it.get("output")
+    texts: list[str] = []
+    images: list[dict[str, Any]] = []
+    if isinstance(out, str):
+        texts.append(out)
+    else:
+        for j, raw in enumerate(as_list(out, f"{p}.output")):
+            cp = f"{p}.output.{j}"
+            part = as_obj(raw, cp)
+            t = part.get("type")
+            if t in ("input_text", "output_text"):
+                texts.append(as_str(part.get("text"), f"{cp}.text"))
+            elif t == "input_image":
+                images.append(_image(part, cp))
+            else:
+                raise unsupported(f"'{t}' tool output content is not supported by this gateway", f"{cp}.type")
+    text = "".join(texts)
+    seen.chars += len(text) + 16
+    messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+    if images:
+        seen.chars += 1024 * len(images)
+        messages.append({"role": "user", "content": images})
+
+
+def _reasoning_text(it: dict[str, Any], p: str) -> str:
+    """The text of a reasoning item: its reasoning content if it has any, else its summary."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = it.get(key)
+        if parts is None:
+            continue
+        texts = []
+        for j, raw in enumerate(as_list(parts, f"{p}.{key}")):
+            part = as_obj(raw, f"{p}.{key}.{j}")
+            if part.get("type") == kind:
+                texts.append(as_str(part.get("text"), f"{p}.{key}.{j}.text"))
+        if texts:
+            return "".join(texts)
+    return ""
