@@ -17,18 +17,31 @@ import resource
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import procstat as ps
 import report
+import stream_client as sc
 import targets as tg
 
 BENCH = tg.BENCH
 RESULTS = BENCH / "results"
 PROXY_CPU, LOAD_CPU = "0", "1"
 TARGETS = ("direct", "gateway", "naive", "litellm")
-ORDER = ("rss_idle", "ns_c1", "ns_c64", "st64_c16", "rss_1k", "streams")
-LOAD = {"ns_c1": ("wrk", 1), "ns_c64": ("wrk", 64), "st64_c16": ("stream", 16)}
+ORDER = ("rss_idle", "ns_c1", "ns_c64", "st64_c16", "msg64_c16", "resp64_c16", "rss_1k", "streams")
+LOAD = {
+    "ns_c1": ("wrk", 1),
+    "ns_c64": ("wrk", 64),
+    "st64_c16": ("stream", 16),
+    "msg64_c16": ("stream", 16),
+    "resp64_c16": ("stream", 16),
+}
+# the API each streaming scenario speaks (stream_client.py --dialect); the same engine stream behind each
+DIALECT = {"st64_c16": "chat", "msg64_c16": "messages", "resp64_c16": "responses"}
+# scenarios only the gateway serves: the engine, the naive proxy and the LiteLLM setup here speak chat only
+GATEWAY_ONLY = {"msg64_c16": "Anthropic's /v1/messages", "resp64_c16": "OpenAI's /v1/responses"}
 ST_TOKENS = 64  # st64: tokens per stream, one per --tpot-ms (1 ms) from the engine
 RSS1K_N, RSS1K_TPOT_MS = 1000, 1000  # rss_1k: 1,000 held streams, one token a second each
 
@@ -81,9 +94,10 @@ def run_wrk(ctx: Ctx, url: str, conc: int, dur: float) -> dict:
     }
 
 
-def run_stream(ctx: Ctx, url: str, conc: int, dur: float, tokens: int) -> dict:
+def run_stream(ctx: Ctx, url: str, conc: int, dur: float, tokens: int, dialect: str = "chat") -> dict:
     argv = [tg.PROJECT_PY, str(BENCH / "stream_client.py"), url, "--body", str(BENCH / "request.json")]
-    argv += ["-c", str(conc), "-d", str(dur), "--tokens", str(tokens)]
+    argv += ["-c", str(conc), "-d", str(dur), "--tokens", str(tokens), "--dialect", dialect]
+    argv += ["--expect-deltas", str(tokens)]  # the engine sends exactly `tokens` tokens: fewer deltas = broken
     p = subprocess.run(ctx.load_cmd(argv), capture_output=True, text=True, timeout=dur + 120, env=tg.target_env())
     line = next((x for x in p.stdout.splitlines() if x.startswith("STREAMJSON ")), None)
     if line is None:
@@ -96,7 +110,9 @@ def run_stream(ctx: Ctx, url: str, conc: int, dur: float, tokens: int) -> dict:
         "wall_s": wall,
         "errors": s["errors"],
         "error_kinds": s["error_kinds"],
-        "events": s["events_median"],
+        "deltas": s["deltas_total"],  # token deltas relayed, good streams only
+        "deltas_per_stream": s["deltas_median"],
+        "frames_per_stream": s["frames_median"],
         "rps": s["requests"] / wall,
         "p50": ms("p50_us"),
         "p90": ms("p90_us"),
@@ -108,7 +124,9 @@ def run_stream(ctx: Ctx, url: str, conc: int, dur: float, tokens: int) -> dict:
 
 
 # ---------- one measured window ----------
-def measure(ctx: Ctx, name: str, kind: str, url: str, conc: int, pid: int | None, sampler: ps.Sampler | None) -> dict:
+def measure(
+    ctx: Ctx, name: str, kind: str, url: str, conc: int, pid: int | None, sampler: ps.Sampler | None, dialect: str
+) -> dict:
     a = ctx.a
 
     def own() -> float:  # CPU of everything we run on LOAD_CPU: this script, its children, the engine
@@ -121,7 +139,10 @@ def measure(ctx: Ctx, name: str, kind: str, url: str, conc: int, pid: int | None
     c0, t0, o0 = ps.cpu_times(), (ps.tree_cpu_s(pid) if pid else 0.0), own()
     prof = start_profile(ctx, name, pid, a.duration) if pid and name == "gateway" and a.profile == "py-spy" else None
     th0 = ps.thread_cpu(ps.main_pid(pid)) if prof else {}
-    r = run_wrk(ctx, url, conc, a.duration) if kind == "wrk" else run_stream(ctx, url, conc, a.duration, ST_TOKENS)
+    if kind == "wrk":
+        r = run_wrk(ctx, url, conc, a.duration)
+    else:
+        r = run_stream(ctx, url, conc, a.duration, ST_TOKENS, dialect)
     c1, t1, o1 = ps.cpu_times(), (ps.tree_cpu_s(pid) if pid else 0.0), own()
     w1 = ps.tree_wait_s(pid) if pid else 0.0
     if prof:
@@ -134,6 +155,10 @@ def measure(ctx: Ctx, name: str, kind: str, url: str, conc: int, pid: int | None
     r["cpu_us_per_req"] = 1e6 * cpu_s / r["requests"] if pid and r["requests"] else None
     if kind == "stream" and r["cpu_us_per_req"] is not None:
         r["cpu_us_per_chunk"] = r["cpu_us_per_req"] / ST_TOKENS  # the engine writes one chunk per token
+    if kind == "stream" and pid and r.get("deltas"):
+        # per relayed token delta (good streams only: a broken stream adds CPU, never events), comparable
+        # across dialects: each frames the same engine tokens its own way, with its own per-stream frames
+        r["cpu_us_per_event"] = 1e6 * cpu_s / r["deltas"]
     r["cpu0_other_pct"] = max(0.0, ps.busy_pct(c0, c1, PROXY_CPU) - (r["cpu_pct"] or 0.0))
     r["cpu1_pct"] = ps.busy_pct(c0, c1, LOAD_CPU)
     r["cpu1_other_pct"] = max(0.0, r["cpu1_pct"] - 100.0 * (o1 - o0) / wall)
@@ -153,20 +178,32 @@ def measure(ctx: Ctx, name: str, kind: str, url: str, conc: int, pid: int | None
 def load_scenario(ctx: Ctx, name: str, scn: str, base: str, pid: int | None, sampler: ps.Sampler | None) -> dict:
     a = ctx.a
     kind, conc = LOAD[scn]
-    url = base + "/v1/chat/completions"
+    dialect = DIALECT.get(scn, "chat")
+    url = base + sc.PATHS[dialect]
+    if scn in GATEWAY_ONLY and name != "gateway":
+        why = f"gateway only: {name} is not set up to serve {GATEWAY_ONLY[scn]} in this bench"
+        print(f"    {scn:>9}: skipped, {why}", flush=True)
+        return {"skipped": why}
+    if dialect != "chat":
+        why = dialect_smoke(url, dialect)
+        if why:  # e.g. the endpoint is not there (yet): say so instead of timing a stream of 404s
+            print(f"    {scn:>9}: unavailable, {why}", flush=True)
+            return {"unavailable": why}
     if a.warmup > 0:  # the same load, unrecorded: lazy imports, pools grown to this concurrency
         if kind == "wrk":
             run_wrk(ctx, url, conc, a.warmup)
         else:
-            run_stream(ctx, url, conc, a.warmup, ST_TOKENS)
+            run_stream(ctx, url, conc, a.warmup, ST_TOKENS, dialect)
     best: dict | None = None
     for tries in range(1, a.retries + 2):  # re-measure (bounded) while other processes got in the way
-        r = measure(ctx, name, kind, url, conc, pid, sampler)
+        r = measure(ctx, name, kind, url, conc, pid, sampler, dialect)
         r["tries"] = tries
         if best is None or r["noise_pct"] < best["noise_pct"]:
             best = r
         extra = f"  ttft p50 {report.fmt(r['ttft_p50'], 2)} ms" if "ttft_p50" in r else ""
         cpu = f"  {r['cpu_us_per_req']:,.0f} us/req" if r.get("cpu_us_per_req") else ""
+        if r.get("cpu_us_per_event"):
+            cpu += f" {r['cpu_us_per_event']:.1f} us/event"
         print(
             f"    {scn:>9}: {r['rps']:9,.0f} req/s  p50 {report.fmt(r['p50'], 2):>7}  "
             f"p99 {report.fmt(r['p99'], 2):>7} ms{extra}{cpu}  err {r['errors']}  noise {r['noise_pct']:.0f}%",
@@ -321,6 +358,34 @@ def post(base: str, changes: dict, timeout: float = 30) -> tuple[int, bytes]:
     body.update(changes)
     hdrs = {"Content-Type": "application/json", "Authorization": "Bearer " + tg.API_KEY}
     return ps.http(base + "/v1/chat/completions", json.dumps(body).encode(), hdrs, timeout)
+
+
+def dialect_smoke(url: str, dialect: str, tokens: int = 8) -> str | None:
+    """One short stream in `dialect`, read whole and checked as the stream client checks one: None if it
+    is good, else why not (status and the start of the body: a 404 says the endpoint is not there)."""
+    chat = json.loads((BENCH / "request.json").read_bytes())
+    body = json.dumps(sc.dialect_body(chat, dialect, tokens)).encode()
+    req = urllib.request.Request(url, body, sc.request_headers(dialect, tg.API_KEY))
+    path = "/" + url.split("/", 3)[3]
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            msg = json.loads(raw)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            msg = raw[:200].decode(errors="replace")
+        return f"POST {path} answered {e.code}: {msg}"
+    except OSError as e:
+        return f"POST {path} failed: {type(e).__name__}: {e}"
+    sse = sc.SSEReader(dialect)
+    sse.feed(raw)
+    kind = sse.finish()
+    if status != 200 or kind or sse.deltas != tokens:
+        got = f"{kind or 'ok'}, {sse.deltas} token deltas for {tokens}"
+        return f"POST {path} answered {status} ({got}): {raw[-200:].decode(errors='replace')}"
+    return None
 
 
 def smoke(base: str) -> str:
@@ -492,6 +557,9 @@ def main() -> int:
     for x in names:
         if x not in TARGETS:
             ap.error(f"unknown target {x!r}")
+    if any(s in GATEWAY_ONLY for s in scenarios) and "st64_c16" not in scenarios:
+        scenarios.append("st64_c16")  # their ratio to chat completions needs chat measured in the same run
+        print("bench: st64_c16 added: the dialect ratios compare against chat from the same run", flush=True)
     scenarios = [s for s in ORDER if s in scenarios]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Streaming load generator (aiohttp on uvloop). Two modes, both bounded in count and time.
 
-closed loop (`-c C -d SECONDS`): C workers POST `"stream": true` chat requests back to back until
+closed loop (`-c C -d SECONDS`): C workers POST `"stream": true` requests back to back until
   the duration (or --max-requests) is reached. Prints `STREAMJSON {...}`.
 hold (`--hold N`): opens N streams at --open-rate per second (at most --open-inflight waiting for
   their first byte at once), keeps them all open while they stream, reads each to the end. Prints
@@ -10,9 +10,20 @@ hold (`--hold N`): opens N streams at --open-rate per second (at most --open-inf
   --engine-hold ID the fake engine keeps every stream going (one token per tpot) until the harness
   calls its /fake/release?hold=ID, so "all open at once" does not depend on timing.
 
-Per stream: TTFT = first body bytes after the request was sent; total latency; SSE events
-(`data:` lines); success = status 200, `data: [DONE]` at the end and no `"error"` in the stream.
-Latencies in the JSON are microseconds.
+--dialect picks the API spoken (the request body is built from --body, an OpenAI chat body, with the same
+prompt, sampling and token count in each): `chat` (POST /v1/chat/completions, OpenAI SSE), `messages`
+(Anthropic's POST /v1/messages: `event: NAME` frames) or `responses` (OpenAI's POST /v1/responses).
+
+Per stream: TTFT = first body bytes after the request was sent; total latency; SSE frames; and the
+relayed *token deltas*, counted the same way in every dialect so that "per event" compares like with
+like: a chat frame whose `choices[0].delta.content` is a non-empty string; an Anthropic
+`content_block_delta` frame with a non-empty `text_delta`; a Responses `response.output_text.delta`
+frame with a non-empty `delta`. Every frame's data is parsed as JSON. A stream is good only with status
+200, `text/event-stream`, every frame valid JSON, no error frame, its terminal frame last and nothing
+after it (chat: `data: [DONE]`; messages: `message_stop`; responses: `response.completed`, or
+`response.incomplete` whose reason is `max_output_tokens`: the API's own end for a stream cut at the
+token limit, which is what every bench stream is), and, with --expect-deltas N, exactly N token deltas.
+Comment-only frames (`: ...`, keep-alives) are ignored. Latencies in the JSON are microseconds.
 """
 
 from __future__ import annotations
@@ -27,6 +38,17 @@ from pathlib import Path
 
 import aiohttp
 
+try:
+    from orjson import loads as json_loads
+except ImportError:  # the project's venv has orjson; plain json is the fallback
+    from json import loads as json_loads
+
+DIALECTS = ("chat", "messages", "responses")
+PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
+# the frame that ends a good stream, and the frame names that are an error, per dialect
+TERMINAL = {"messages": "message_stop", "responses": "response.completed"}
+ERROR_EVENTS = {"messages": {"error"}, "responses": {"error", "response.failed", "response.incomplete"}}
+
 
 def pct(sorted_vals: list[float], p: float) -> float:
     if not sorted_vals:
@@ -38,7 +60,8 @@ class Stats:
     def __init__(self) -> None:
         self.ttfts: list[float] = []
         self.totals: list[float] = []
-        self.events: list[int] = []
+        self.deltas: list[int] = []  # token deltas per good stream
+        self.frames: list[int] = []  # SSE frames per good stream
         self.errors: dict[str, int] = {}
         self.open = self.peak_open = self.first_bytes = 0
         self.t_all_open: float | None = None
@@ -55,7 +78,9 @@ class Stats:
             "duration_us": us(elapsed),
             "errors": sum(self.errors.values()),
             "error_kinds": self.errors,
-            "events_median": sorted(self.events)[len(self.events) // 2] if self.events else 0,
+            "deltas_total": sum(self.deltas),
+            "deltas_median": sorted(self.deltas)[len(self.deltas) // 2] if self.deltas else 0,
+            "frames_median": sorted(self.frames)[len(self.frames) // 2] if self.frames else 0,
             "p50_us": us(pct(f, 50)),
             "p90_us": us(pct(f, 90)),
             "p99_us": us(pct(f, 99)),
@@ -66,6 +91,108 @@ class Stats:
             "ttft_max_us": us(t[-1]) if t else 0,
             **extra,
         }
+
+
+class SSEReader:
+    """One stream's SSE frames, parsed across chunk boundaries and classified for its dialect.
+
+    `deltas`: token deltas relayed (see the module doc); `frames`: all frames; `ended`: the terminal frame
+    came; `error`: why the stream is not good (None while it is)."""
+
+    __slots__ = ("_buf", "deltas", "dialect", "ended", "error", "frames")
+
+    def __init__(self, dialect: str) -> None:
+        self.dialect = dialect
+        self._buf = b""
+        self.deltas = self.frames = 0
+        self.ended = False
+        self.error: str | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        *whole, self._buf = buf.split(b"\n\n")
+        for raw in whole:
+            if raw.strip(b"\n") and self.error is None:
+                self._frame(raw)
+
+    def finish(self) -> str | None:
+        """At the end of the body: None if the stream is good, else the kind of error."""
+        if self.error is None and self._buf.strip():
+            self.error = "partial_frame"
+        if self.error is None and not self.ended:
+            self.error = "no_terminal_frame"
+        return self.error
+
+    def _frame(self, raw: bytes) -> None:
+        lines = [line for line in raw.split(b"\n") if line and not line.startswith(b":")]
+        if not lines:
+            return  # only SSE comments (a keep-alive): no frame
+        self.frames += 1
+        if self.ended:
+            self.error = "frame_after_end"
+            return
+        name, data = "", []
+        for line in lines:
+            if line.startswith(b"data:"):
+                data.append(line[5:].removeprefix(b" "))
+            elif line.startswith(b"event:"):
+                name = line[6:].strip().decode()
+        payload = b"\n".join(data)
+        if self.dialect == "chat":
+            if payload == b"[DONE]":
+                self.ended = True
+                return
+        elif not name:
+            self.error = "frame_without_event"
+            return
+        if not payload:
+            self.error = "frame_without_data"
+            return
+        try:
+            obj = json_loads(payload)
+        except ValueError:
+            self.error = "bad_json"
+            return
+        if not isinstance(obj, dict):
+            self.error = "bad_json"
+            return
+        if self.dialect == "chat":
+            if "error" in obj:
+                self.error = "error_event"
+                return
+            ch = obj.get("choices")
+            if ch and isinstance(ch, list) and isinstance(ch[0], dict):
+                d = ch[0].get("delta")
+                if isinstance(d, dict) and isinstance(d.get("content"), str) and d["content"]:
+                    self.deltas += 1
+            return
+        if name == "response.incomplete" and _incomplete_reason(obj) == "max_output_tokens":
+            self.ended = True  # the Responses API's own end for "stopped at max_output_tokens": a proper end
+            return
+        if name in ERROR_EVENTS[self.dialect] or "error" in obj:
+            self.error = "error_event"
+            return
+        if obj.get("type") != name:
+            self.error = "type_mismatch"  # both dialects repeat the event name as the data's "type"
+            return
+        if self.dialect == "messages":
+            if name == "content_block_delta":
+                d = obj.get("delta")
+                if isinstance(d, dict) and d.get("type") == "text_delta" and isinstance(d.get("text"), str):
+                    self.deltas += bool(d["text"])
+        elif name == "response.output_text.delta":
+            d = obj.get("delta")
+            self.deltas += isinstance(d, str) and bool(d)
+        if name == TERMINAL[self.dialect]:
+            self.ended = True
+
+
+def _incomplete_reason(obj: dict) -> object:
+    resp = obj.get("response")
+    details = resp.get("incomplete_details") if isinstance(resp, dict) else None
+    return details.get("reason") if isinstance(details, dict) else None
 
 
 async def one_stream(
@@ -81,7 +208,7 @@ async def one_stream(
     counted_open = False
     try:
         async with s.post(a.url, data=data, headers=hdrs) as r:
-            tail, events, bad = b"", 0, False
+            sse = SSEReader(a.dialect)
             async for chunk in r.content.iter_any():
                 if not got_first:
                     got_first = True
@@ -97,23 +224,23 @@ async def one_stream(
                     if opened is not None:
                         opened.release()
                         opened = None
-                if b'"error"' in chunk:
-                    bad = True
-                events += chunk.count(b"data:")
-                tail = (tail + chunk)[-64:]
+                sse.feed(chunk)
             t1 = time.perf_counter()
             if r.status != 200:
                 st.error(f"status_{r.status}")
             elif not got_first:
                 st.error("empty_body")
-            elif bad:
-                st.error("error_event")
-            elif b"data: [DONE]" not in tail:
-                st.error("no_done")
+            elif not r.content_type.startswith("text/event-stream"):
+                st.error("not_event_stream")
+            elif (kind := sse.finish()) is not None:
+                st.error(kind)
+            elif a.expect_deltas and sse.deltas != a.expect_deltas:
+                st.error("wrong_delta_count")
             else:
                 st.ttfts.append(ttft)
                 st.totals.append(t1 - t0)
-                st.events.append(events)
+                st.deltas.append(sse.deltas)
+                st.frames.append(sse.frames)
     except asyncio.CancelledError:
         st.error("deadline")
         raise
@@ -126,11 +253,39 @@ async def one_stream(
             opened.release()
 
 
+def dialect_body(chat: dict, dialect: str, tokens: int) -> dict:
+    """The same request (model, prompt, sampling, token count, streamed) in `dialect`, from a chat body."""
+    model = chat.get("model", "fake-model")
+    sampling = {k: chat[k] for k in ("temperature", "top_p") if k in chat}
+    if dialect == "chat":
+        return {**chat, "model": model, "stream": True, "max_tokens": tokens}
+    system = "\n".join(str(m["content"]) for m in chat.get("messages", []) if m.get("role") == "system")
+    turns = [m for m in chat.get("messages", []) if m.get("role") != "system"] or [{"role": "user", "content": "Hi"}]
+    if dialect == "messages":
+        body: dict = {"model": model, "max_tokens": tokens, "stream": True, "messages": turns, **sampling}
+        if system:
+            body["system"] = system
+        return body
+    if dialect == "responses":
+        text = turns[0]["content"] if len(turns) == 1 and turns[0].get("role") == "user" else None
+        body = {"model": model, "input": text if isinstance(text, str) else turns, "stream": True}
+        body.update({"max_output_tokens": tokens, "store": False, **sampling})
+        if system:
+            body["instructions"] = system
+        return body
+    raise ValueError(f"unknown dialect {dialect!r}")
+
+
+def request_headers(dialect: str, key: str) -> dict[str, str]:
+    if dialect == "messages":  # what Anthropic's SDK sends (the gateway also takes Bearer)
+        return {"Content-Type": "application/json", "x-api-key": key, "anthropic-version": "2023-06-01"}
+    return {"Content-Type": "application/json", "Authorization": "Bearer " + key}
+
+
 def request_body(a: argparse.Namespace) -> bytes:
-    body = json.loads(Path(a.body).read_bytes()) if a.body else {"messages": [{"role": "user", "content": "Hi"}]}
-    body["model"] = a.model or body.get("model", "fake-model")
-    body["stream"] = True
-    body["max_tokens"] = a.tokens
+    chat = json.loads(Path(a.body).read_bytes()) if a.body else {"messages": [{"role": "user", "content": "Hi"}]}
+    chat["model"] = a.model or chat.get("model", "fake-model")
+    body = dialect_body(chat, a.dialect, a.tokens)
     if a.tpot_ms is not None:
         body["fake_tpot_ms"] = a.tpot_ms  # read by bench/fake_engine.py, passed through by the proxies
     if a.engine_hold:
@@ -140,7 +295,7 @@ def request_body(a: argparse.Namespace) -> bytes:
 
 async def run(a: argparse.Namespace) -> None:
     data = request_body(a)
-    hdrs = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ.get("BENCH_API_KEY", "sk-x")}
+    hdrs = request_headers(a.dialect, os.environ.get("BENCH_API_KEY", "sk-x"))
     st = Stats()
     conn = aiohttp.TCPConnector(
         limit=0 if a.hold else a.concurrency, local_addr=(a.local_addr, 0) if a.local_addr else None
@@ -201,7 +356,9 @@ async def run(a: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("url")
+    ap.add_argument("url", help="the full URL, path included (see --dialect)")
+    ap.add_argument("--dialect", choices=DIALECTS, default="chat", help="the API the URL speaks")
+    ap.add_argument("--expect-deltas", type=int, default=0, help="a good stream has exactly this many token deltas")
     ap.add_argument("--body", help="request JSON file (model/stream/max_tokens are overridden)")
     ap.add_argument("--model")
     ap.add_argument("--tokens", type=int, default=64, help="max_tokens: the fake engine sends exactly that many")

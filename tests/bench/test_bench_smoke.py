@@ -20,9 +20,13 @@ sys.path.insert(0, str(BENCH))
 
 import profile_report  # noqa: E402
 import report  # noqa: E402
+import stream_client  # noqa: E402
 import targets  # noqa: E402
 
 from llm_gateway.config_loader import load_config  # noqa: E402
+from llm_gateway.ingress.anthropic_stream import StreamTranslator  # noqa: E402
+from llm_gateway.ingress.responses_request import parse as parse_responses  # noqa: E402
+from llm_gateway.ingress.responses_stream import ResponsesStream  # noqa: E402
 
 
 def _free_port() -> int:
@@ -141,3 +145,128 @@ def test_profile_report_splits_own_code_from_libraries() -> None:
     assert " 30.0%  gateway + adapters (own code)" in text
     assert " 50.0%  uvloop C event loop" in text
     assert " 20.0%  aiohttp" in text
+
+
+# ---------- the stream client's per-dialect reading (what the msg64/resp64 scenarios count) ----------
+def _read(dialect: str, raw: bytes, piece: int = 7) -> stream_client.SSEReader:
+    """Feed `raw` in small pieces (frames split across reads, as on the wire) and finish."""
+    sse = stream_client.SSEReader(dialect)
+    for i in range(0, len(raw), piece):
+        sse.feed(raw[i : i + piece])
+    sse.finish()
+    return sse
+
+
+def _engine_stream(engine: str, tokens: int) -> bytes:
+    body = {"model": "fake-model", "stream": True, "max_tokens": tokens, "stream_options": {"include_usage": True}}
+    return _post(engine + "/v1/chat/completions", body)[1]
+
+
+def test_chat_stream_counts_token_deltas_not_role_finish_or_usage_frames(engine: str) -> None:
+    sse = _read("chat", _engine_stream(engine, 5))
+    assert (sse.error, sse.ended, sse.deltas, sse.frames) == (None, True, 5, 9)  # role+5+finish+usage+[DONE]
+
+
+def test_messages_stream_of_the_gateways_translation_counts_text_deltas(engine: str) -> None:
+    t = StreamTranslator((), 10)
+    raw = t.feed(_engine_stream(engine, 5)) + t.finish()
+    sse = _read("messages", raw)
+    assert (sse.error, sse.ended, sse.deltas) == (None, True, 5)
+    assert sse.frames == 5 + 6  # message_start, ping, block start/stop, message_delta, message_stop
+
+
+def test_responses_stream_of_the_gateways_translation_counts_output_text_deltas(engine: str) -> None:
+    chat = json.loads((BENCH / "request.json").read_bytes())
+    t = ResponsesStream(parse_responses(stream_client.dialect_body(chat, "responses", 5)), "resp_bench")
+    raw = t.feed(_engine_stream(engine, 5)) + t.finish()
+    sse = _read("responses", raw)
+    assert (sse.error, sse.ended, sse.deltas) == (None, True, 5)
+    assert sse.frames == 5 + 8  # created, in_progress, item/part added, text/part/item done, the final event
+
+
+def _responses_stream(n: int, end: str = "response.completed") -> bytes:
+    def ev(name: str, **data: object) -> bytes:
+        return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
+
+    resp = {"id": "resp_1", "status": "in_progress", "error": None, "incomplete_details": None}
+    out = ev("response.created", response=resp) + ev("response.in_progress", response=resp)
+    out += ev("response.output_item.added", output_index=0, item={"type": "message"})
+    out += ev("response.content_part.added", output_index=0, content_index=0, part={"type": "output_text"})
+    out += b"".join(ev("response.output_text.delta", output_index=0, delta=f" t{i}") for i in range(n))
+    out += ev("response.output_text.done", text="...") + ev("response.content_part.done", part={})
+    out += ev("response.output_item.done", item={})
+    if end == "response.incomplete":
+        return out + ev(
+            end, response={**resp, "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
+        )
+    return out + ev(end, response={**resp, "status": "completed"})
+
+
+def test_responses_stream_counts_output_text_deltas_and_needs_its_terminal_event() -> None:
+    sse = _read("responses", _responses_stream(4))
+    assert (sse.error, sse.ended, sse.deltas, sse.frames) == (None, True, 4, 12)
+    assert _read("responses", _responses_stream(4, "response.incomplete")).error is None  # cut at max_output_tokens
+    assert _read("responses", _responses_stream(4, "response.failed")).error == "error_event"
+
+
+@pytest.mark.parametrize(
+    ("dialect", "raw", "error"),
+    [
+        ("chat", b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', "no_terminal_frame"),
+        ("chat", b'data: {"error":{"message":"x"}}\n\ndata: [DONE]\n\n', "error_event"),
+        ("chat", b"data: [DONE]\n\ndata: [DONE]\n\n", "frame_after_end"),
+        ("chat", b"data: {not json\n\ndata: [DONE]\n\n", "bad_json"),
+        (
+            "messages",
+            b'event: message_stop\ndata: {"type":"message_stop"}\n\nevent: ping\ndata: {"type":"ping"}\n\n',
+            "frame_after_end",
+        ),
+        ("messages", b'event: message_stop\ndata: {"type":"message_stop"}\n\nevent: pi', "partial_frame"),
+        ("messages", b'event: error\ndata: {"type":"error","error":{"type":"api_error"}}\n\n', "error_event"),
+        ("messages", b'event: ping\ndata: {"type":"message_stop"}\n\n', "type_mismatch"),
+        ("responses", _responses_stream(3)[:-40], "partial_frame"),
+    ],
+)
+def test_a_broken_stream_is_never_good(dialect: str, raw: bytes, error: str) -> None:
+    assert _read(dialect, raw).error == error
+
+
+def test_every_dialect_asks_for_the_same_prompt_and_token_count() -> None:
+    chat = json.loads((BENCH / "request.json").read_bytes())
+    msg = stream_client.dialect_body(chat, "messages", 64)
+    resp = stream_client.dialect_body(chat, "responses", 64)
+    system, user = chat["messages"][0]["content"], chat["messages"][1]["content"]
+    assert msg["max_tokens"] == resp["max_output_tokens"] == 64 and msg["stream"] is resp["stream"] is True
+    assert msg["system"] == resp["instructions"] == system
+    assert msg["messages"] == [{"role": "user", "content": user}] and resp["input"] == user
+    assert resp["store"] is False and msg["temperature"] == resp["temperature"] == chat["temperature"]
+
+
+def _dialect_run(msg: dict, resp: dict) -> dict:
+    chat = {"cpu_us_per_event": 30.0, "errors": 0, "deltas_per_stream": 64}
+    return {
+        "config": {
+            "targets": ["gateway", "direct"],
+            "scenarios": ["st64_c16", "msg64_c16", "resp64_c16"],
+            "duration": 1,
+        },
+        "results": {
+            "gateway": {"scenarios": {"st64_c16": chat, "msg64_c16": msg, "resp64_c16": resp}},
+            "direct": {"scenarios": {"msg64_c16": {"skipped": "gateway only"}}},
+        },
+    }
+
+
+def test_report_puts_the_dialect_ratios_to_chat_first() -> None:
+    text = report.render(_dialect_run({"cpu_us_per_event": 36.0, "errors": 0}, {"cpu_us_per_event": 60.0, "errors": 0}))
+    assert text.startswith("**Streamed dialects**")
+    assert "| messages / chat completions, CPU per relayed event | ≤ 1.5x | 1.20x | met |" in text
+    assert "| responses / chat completions, CPU per relayed event | ≤ 1.5x | 2.00x | **not met** |" in text
+    assert "skipped for direct" in text
+
+
+def test_report_gives_no_ratio_for_broken_or_missing_dialect_streams() -> None:
+    broken = {"cpu_us_per_event": 10.0, "errors": 3, "error_kinds": {"no_terminal_frame": 3}}
+    text = report.render(_dialect_run(broken, {"unavailable": "POST /v1/responses answered 404: not found"}))
+    assert "| ≤ 1.5x | invalid: 3 broken streams {'no_terminal_frame': 3} | - |" in text
+    assert "| ≤ 1.5x | unavailable: POST /v1/responses answered 404: not found | - |" in text
