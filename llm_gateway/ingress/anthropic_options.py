@@ -4,7 +4,9 @@
 Tools become function tools (server and built-in tools are refused: the gateway cannot run them);
 tool_choice auto / any / tool / none becomes "auto" / "required" / the named function / "none";
 thinking becomes `chat_template_kwargs.enable_thinking`; output_config.format (json_schema) becomes
-`response_format`.
+`response_format`. `context_management` is accepted when its edits only clear earlier turns' thinking
+(what Claude Code sends by default): the translation drops that thinking from the context anyway.
+Edits that clear tool uses would change the context, which is not implemented: those are a 400.
 """
 
 from __future__ import annotations
@@ -121,3 +123,25 @@ def output_config(oc: Any, body: dict[str, Any]) -> None:
         raise bad("Input tag should be 'json_schema'", "output_config.format.type")
     schema = as_obj(fmt.get("schema"), "output_config.format.schema")
     body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+
+
+def context_management(value: Any) -> None:
+    """Accept `{"edits": [...]}` whose edits all clear thinking (`clear_thinking_*`); refuse the others."""
+    cm = as_obj(value, "context_management")
+    only_fields(cm, frozenset({"edits"}), "context_management")
+    edits = cm.get("edits")
+    if edits is None:
+        return
+    if not isinstance(edits, list):
+        raise bad("Input should be a valid list", "context_management.edits")
+    for j, e in enumerate(edits):
+        kind = as_obj(e, f"context_management.edits.{j}").get("type")
+        if not isinstance(kind, str):
+            raise bad("Field required", f"context_management.edits.{j}.type")
+        if not kind.startswith("clear_thinking_"):
+            raise InvalidRequest(
+                f"context_management.edits.{j}.type: '{kind}' edits are not supported by this gateway (only "
+                "clear_thinking edits are: earlier thinking is never sent to the engine)",
+                param=f"context_management.edits.{j}.type",
+                code="unsupported_parameter",
+            )

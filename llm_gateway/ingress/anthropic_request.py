@@ -24,12 +24,13 @@ What maps, field by field:
   hint and is ignored, as are `service_tier`, `speed`, `inference_geo`, `diagnostics`, the account
   fields `user_profile_id` / `workspace_id`, a top-level `cache_control`, `thinking.display`, and the
   tool hints (`cache_control`, `eager_input_streaming`, `defer_loading`, `allowed_callers`,
-  `input_examples`).
+  `input_examples`); `context_management` whose edits only clear thinking (see anthropic_options), and a
+  system block that is Claude Code's billing attribution (`x-anthropic-billing-header: ...`) is dropped.
 
 An explicit null is taken as an absent optional field. Anthropic rejects top-level fields it does not
 know ("x: Extra inputs are not permitted"); so does this (and in tools, tool_choice, thinking,
 metadata, output_config; content blocks may carry extra keys, such as `citations`). Fields
-Anthropic knows that the gateway cannot honour (`container`, `mcp_servers`, `context_management`,
+Anthropic knows that the gateway cannot honour (`container`, `mcp_servers`, other context edits,
 server tools such as web search, PDF documents, file sources) are a clear 400, never dropped.
 """
 
@@ -41,7 +42,7 @@ from typing import Any
 import orjson
 
 from llm_gateway.errors import InvalidRequest
-from llm_gateway.ingress.anthropic_options import output_config, thinking, tool, tool_choice
+from llm_gateway.ingress.anthropic_options import context_management, output_config, thinking, tool, tool_choice
 from llm_gateway.ingress.field_checks import (
     Hint,
     PromptChars,
@@ -88,13 +89,13 @@ HINTS: dict[str, Hint] = {
     "user_profile_id": "string",
     "workspace_id": "string",
 }
+#: the system block Claude Code starts with (`cc_version=...; cc_entrypoint=...`): Anthropic's billing
+#: attribution, dropped so that it never reaches an engine's prompt (nor defeats its prefix cache)
+BILLING_HEADER = "x-anthropic-billing-header:"
 #: Anthropic features the gateway cannot provide: refused with a reason
 _UNSUPPORTED = {
     "container": "code-execution containers are Anthropic's own servers",
     "mcp_servers": "the MCP connector needs Anthropic's servers; run MCP tools on the client instead",
-    "context_management": (
-        "server-side context editing is not implemented (for Claude Code, set CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS=1)"
-    ),
 }
 
 
@@ -117,6 +118,10 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
             continue
         if k in HINTS:
             check_hint(v, k, HINTS[k])
+            continue
+        if k == "context_management":
+            if v is not None:
+                context_management(v)
             continue
         if k in _UNSUPPORTED:
             raise InvalidRequest(
@@ -204,6 +209,8 @@ def _system(system: Any, seen: PromptChars, param: str = "system") -> str:
         if b.get("type") != "text":
             raise bad("Input tag should be 'text'", f"{param}.{j}.type")
         text = as_str(b.get("text"), f"{param}.{j}.text")
+        if text.startswith(BILLING_HEADER):
+            continue  # Claude Code's attribution line for Anthropic's billing: not for the model
         seen.chars += len(text)
         parts.append(text)
     return "\n\n".join(parts)

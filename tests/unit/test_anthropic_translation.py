@@ -361,7 +361,11 @@ def test_invalid_requests_are_refused_as_anthropic_does(body: dict[str, Any], pa
     [
         ({"mcp_servers": []}, "mcp_servers", "MCP connector"),
         ({"container": "c"}, "container", "containers"),
-        ({"context_management": {}}, "context_management", "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS"),
+        (
+            {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+            "context_management.edits.0.type",
+            "only clear_thinking edits",
+        ),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type", "server or built-in tool"),
         (
             {
@@ -751,3 +755,21 @@ def test_any_stream_bytes_translate(chunks: list[bytes]) -> None:
     t = StreamTranslator(("x",), 3)
     out = b"".join(t.feed(c) for c in chunks) + t.finish()
     assert out.endswith(b'"type":"message_stop"}\n\n') or b"event: error" in out
+
+
+def test_clearing_thinking_is_accepted_and_the_billing_line_never_reaches_the_engine() -> None:
+    """What Claude Code sends by default: context edits that only clear earlier thinking (which the
+    translation drops anyway), and a first system block with its billing attribution."""
+    req = to_chat(
+        {
+            "model": "m",
+            "max_tokens": 5,
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "system": [
+                {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.1c9; cc_entrypoint=sdk-cli;"},
+                {"type": "text", "text": "You are a coding agent."},
+            ],
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    )
+    assert req.body["messages"][0] == {"role": "system", "content": "You are a coding agent."}

@@ -1,0 +1,167 @@
+"""Coding-agent CLIs as gateway clients in tests: where Claude Code is installed, the environment that makes
+it talk to the gateway and nothing else, and a network namespace with only loopback to prove it.
+
+Claude Code is the npm package ``@anthropic-ai/claude-code`` (a native binary inside the registry package;
+Node.js only runs its postinstall). ``scripts/setup_dev.sh`` installs the version it pins into
+``$LLM_GATEWAY_CACHE/claude-code-<version>`` (default ``~/.cache/llm-gateway``); :func:`claude_code_binary`
+reads the pin from that script, so the two never disagree. ``$CLAUDE_CODE_BIN`` points at another binary.
+
+No other traffic: :func:`loopback_only_argv` wraps a command in ``unshare -rn`` (a new user and network
+namespace: the only interface is ``lo``, which :func:`bring_loopback_up` brings up from inside), so any
+connection to anything but 127.0.0.1 fails at once, with nothing sent anywhere.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+from tests.support.real_engines import SCRIPTS_DIR, cache_dir
+
+SETUP_SCRIPT = SCRIPTS_DIR / "setup_dev.sh"
+CLAUDE_CODE_PACKAGE = "@anthropic-ai/claude-code"
+BIN_ENV_VAR = "CLAUDE_CODE_BIN"
+VERSION_ENV_VAR = "CLAUDE_CODE_VERSION"
+
+
+class AgentCliMissing(RuntimeError):
+    """The CLI (or what isolating it needs) is not available on this machine."""
+
+
+def claude_code_version() -> str:
+    """The pinned version: ``$CLAUDE_CODE_VERSION``, else the default in scripts/setup_dev.sh."""
+    given = os.environ.get(VERSION_ENV_VAR)
+    if given:
+        return given
+    m = re.search(r"CLAUDE_CODE_VERSION=\$\{CLAUDE_CODE_VERSION:-([^}]+)\}", SETUP_SCRIPT.read_text())
+    if m is None:
+        raise AgentCliMissing(f"no CLAUDE_CODE_VERSION=${{CLAUDE_CODE_VERSION:-...}} pin in {SETUP_SCRIPT}")
+    return m.group(1)
+
+
+def claude_code_dir() -> Path:
+    """Where scripts/setup_dev.sh installs the pinned version (its npm --prefix)."""
+    return cache_dir() / f"claude-code-{claude_code_version()}"
+
+
+def claude_code_binary() -> Path:
+    """The ``claude`` binary: ``$CLAUDE_CODE_BIN``, else the cached install; AgentCliMissing if neither."""
+    given = os.environ.get(BIN_ENV_VAR)
+    path = Path(given) if given else claude_code_dir() / "node_modules" / ".bin" / "claude"
+    if not os.access(path, os.X_OK):
+        raise AgentCliMissing(
+            f"Claude Code is not installed (looked for {path}): run scripts/setup_dev.sh (npm install --prefix "
+            f"{claude_code_dir()} {CLAUDE_CODE_PACKAGE}@{claude_code_version()}) or point {BIN_ENV_VAR} at a binary"
+        )
+    return path
+
+
+def claude_code_env(*, base_url: str, api_key: str, model: str, home: Path, max_output_tokens: int) -> dict[str, str]:
+    """The whole environment of a non-interactive ``claude -p`` run against the gateway (nothing inherited,
+    so a developer's own ANTHROPIC_* variables or proxy settings cannot leak in).
+
+    - ``ANTHROPIC_BASE_URL`` / ``ANTHROPIC_API_KEY``: the gateway and one of its keys (sent as x-api-key).
+    - ``ANTHROPIC_MODEL`` and every small/background model variable: a public model of the gateway, so no
+      call names a model the gateway does not know.
+    - ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC``, ``DISABLE_TELEMETRY``, ``DISABLE_AUTOUPDATER``,
+      ``DISABLE_ERROR_REPORTING``: no telemetry, update checks or error reports (the namespace would refuse
+      them anyway; this keeps the CLI from waiting on them).
+    - not ``CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS``: Claude Code's default betas (``context_management``
+      edits that clear earlier thinking, ``anthropic-beta`` headers) must work through the gateway as sent.
+    - ``CLAUDE_CODE_MAX_OUTPUT_TOKENS``: the ``max_tokens`` it asks for (default 32,000), kept small.
+    - ``HOME`` (and the XDG dirs) a fresh directory: no login, settings, memory or history of the user's.
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    return {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+        "TMPDIR": str(home),
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        "NO_COLOR": "1",
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": api_key,
+        "ANTHROPIC_MODEL": model,
+        "ANTHROPIC_SMALL_FAST_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+        "CLAUDE_CODE_SUBAGENT_MODEL": model,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output_tokens),
+    }
+
+
+# -- a network namespace with only loopback -------------------------------------------------------------
+
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+_IFREQ = "16sH22x"  # struct ifreq: the name, then ifr_flags in the union (40 bytes in all)
+
+
+def loopback_only_argv(argv: list[str]) -> list[str]:
+    """``argv`` run in a fresh user + network namespace (``unshare -rn``): only ``lo``, and it starts down,
+    so the command must call :func:`bring_loopback_up` first."""
+    return ["unshare", "--user", "--map-root-user", "--net", "--", *argv]
+
+
+@cache
+def namespaces_unavailable() -> str | None:
+    """Why :func:`loopback_only_argv` cannot work here (no unshare, user namespaces off), or None."""
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    res = subprocess.run(
+        loopback_only_argv([sys.executable, "-c", "pass"]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    if res.returncode != 0:
+        return f"unshare -rn does not work here (exit {res.returncode}: {res.stderr.strip()})"
+    return None
+
+
+def bring_loopback_up() -> None:
+    """Set ``lo`` up in the current network namespace (what ``ip link set lo up`` does, without iproute2)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        got = fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack(_IFREQ, b"lo", 0))
+        flags = struct.unpack(_IFREQ, got)[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
+
+
+def network_interfaces() -> list[str]:
+    """The interfaces of the current network namespace (by the kernel's own list; /sys/class/net would show
+    those of the namespace sysfs was mounted in)."""
+    return sorted(name for _, name in socket.if_nameindex())
+
+
+__all__ = [
+    "CLAUDE_CODE_PACKAGE",
+    "AgentCliMissing",
+    "bring_loopback_up",
+    "claude_code_binary",
+    "claude_code_dir",
+    "claude_code_env",
+    "claude_code_version",
+    "loopback_only_argv",
+    "namespaces_unavailable",
+    "network_interfaces",
+]
