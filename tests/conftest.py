@@ -114,8 +114,23 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngin
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
     # 32,768 tokens of context (beyond the tiny model's 2,048 positions): a generation of a minute
+    # for tests/e2e/test_openai_agents.py: a tool-call parser without a structural tag (pythonic: a named
+    # tool choice is forced as JSON of the tool's parameters) and structured output without free
+    # whitespace (constrained JSON then ends within a few tokens, even from the tiny model)
     eng = _start(
-        VllmServer(max_num_seqs=2, max_model_len=32768, api_key=VLLM_KEY, workdir=tmp_path_factory.mktemp("vllm"))
+        VllmServer(
+            max_num_seqs=2,
+            max_model_len=32768,
+            api_key=VLLM_KEY,
+            workdir=tmp_path_factory.mktemp("vllm"),
+            extra_args=(
+                "--enable-auto-tool-choice",
+                "--tool-call-parser",
+                "pythonic",
+                "--structured-outputs-config",
+                '{"backend": "xgrammar", "disable_any_whitespace": true}',
+            ),
+        )
     )
     yield eng
     eng.stop()
