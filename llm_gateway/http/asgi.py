@@ -1,7 +1,8 @@
 """The ASGI entry point: request ids, dispatch by (method, path), error rendering, the lifespan.
 
 Routes are a dict lookup, not a framework router (measured in bench/: the whole HTTP surface is a
-handful of fixed paths), plus two prefixes with an id in the path (/v1/models/{id}, /v1/responses/{id}). Every error becomes the OpenAI envelope with its status, or on the
+handful of fixed paths), plus two prefixes with an id in the path (/v1/models/{id},
+/v1/responses/{id}). Every error becomes the OpenAI envelope with its status, or on the
 routes of another API (`DIALECTS`: Anthropic's /v1/messages) that API's envelope; an exception the
 gateway did not expect is logged and answered 500 with no internals in the body. Each request ends
 in exactly one `finish_record` (metrics + access log), with the status its `Call` sent. The app is
@@ -46,6 +47,7 @@ def _routes() -> dict[tuple[str, str], Handler]:
     r[("GET", "/readyz")] = handlers.readyz
     r[("GET", "/metrics")] = handlers.metrics
     r[("GET", "/openapi.json")] = handlers.openapi
+    r[("POST", "/v1/responses/input_tokens")] = responses.input_tokens
     r[("POST", "/v1/messages")] = anthropic.messages
     r[("POST", "/v1/messages/count_tokens")] = anthropic.count_tokens
     return r

@@ -1,5 +1,5 @@
 """OpenAI's Responses API on the gateway: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`,
-`GET /v1/responses/{id}/input_items`.
+`GET /v1/responses/{id}/input_items`, `POST /v1/responses/input_tokens`.
 
 The request is translated into an OpenAI chat body (`ingress.responses_request`), after the stored
 conversation of `previous_response_id` (if any) is put before its input, and handed to the same
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway")
 STORED_HEADER = b"x-gateway-stored"
+TOKEN_COUNT_HEADER = b"x-gateway-token-count"  # "engine" (its own tokenizer) or "estimate" (the gateway's)
 PREFIXES = ("/v1/responses/", "/responses/")
 
 
@@ -149,14 +150,7 @@ async def create(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
     rec.endpoint = "responses"
     who = authenticate(call, rec, rt)
     req = parse(await read_json_object(ctx, call))
-    earlier: list[dict[str, Any]] = []
-    if req.previous_response_id is not None:
-        prev = await (await ctx.responses.get()).load(req.previous_response_id, who.name)
-        if prev is None:
-            raise _not_found(
-                f"Previous response with id '{req.previous_response_id}' not found.", param="previous_response_id"
-            )
-        earlier = prev.conversation
+    earlier = await _earlier(ctx, req, who.name)
     store = None
     if req.store:
         try:
@@ -165,6 +159,33 @@ async def create(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
             log.warning("responses cannot be stored now: %s (request %s)", e.message, call.rid)
     exchange = ResponsesExchange(call, req, earlier, store, who.name)
     await ctx.service.handle(exchange, rec, rt, "chat", req.chat_body(earlier), who)
+
+
+async def input_tokens(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    """`POST /v1/responses/input_tokens`: the prompt tokens a Responses request would have, by the engine's
+    own tokenizer where it has one (`x-gateway-token-count: engine`), else the gateway's estimate.
+    Not charged to the key's limits: nothing is generated."""
+    who = authenticate(call, rec, rt)
+    req = parse(await read_json_object(ctx, call))
+    earlier = await _earlier(ctx, req, who.name)
+    body = req.chat_body(earlier)
+    for k in ("stream", "stream_options", "max_tokens", "temperature", "top_p", "logprobs", "top_logprobs", "user"):
+        body.pop(k, None)
+    n, source = await ctx.service.count_prompt_tokens(call, rec, rt, body, who)
+    headers = [(b"x-request-id", call.rid.encode()), (TOKEN_COUNT_HEADER, source.encode())]
+    await call.respond(200, orjson.dumps({"object": "response.input_tokens", "input_tokens": n}), headers)
+
+
+async def _earlier(ctx: HandlerContext, req: ResponsesRequest, owner: str) -> list[dict[str, Any]]:
+    """The stored conversation `previous_response_id` names ([] without one); 404 if the key has none such."""
+    if req.previous_response_id is None:
+        return []
+    prev = await (await ctx.responses.get()).load(req.previous_response_id, owner)
+    if prev is None:
+        raise _not_found(
+            f"Previous response with id '{req.previous_response_id}' not found.", param="previous_response_id"
+        )
+    return prev.conversation
 
 
 def _not_found(message: str, param: str | None = None) -> GatewayError:

@@ -247,6 +247,18 @@ def test_stored_responses_survive_a_restart(gateway: GatewayProcess, client: ope
     assert got.id == r.id and got.output_text == expected_text(2)
 
 
+def test_input_tokens_are_counted_by_the_engines_tokenizer(client: openai.OpenAI, emulator: EmulatorThread) -> None:
+    raw = client.responses.input_tokens.with_raw_response.count(
+        model="tiny-public", instructions="Be brief.", input="Hello"
+    )
+    assert raw.headers["x-gateway-token-count"] == "engine"
+    counted = raw.parse()
+    assert counted.object == "response.input_tokens"
+    # the emulator's chat count: 3 + per message (4 + ceil(len / 4)), the instructions a system message
+    assert counted.input_tokens == 3 + (4 + 3) + (4 + 2)
+    assert emulator.stats.last_request is not None and emulator.stats.last_request["path"] != "/v1/chat/completions"
+
+
 def test_errors_are_the_sdks_typed_exceptions(gateway: GatewayProcess, client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="tiny-public", input="x", extra_body={"bogus": 1})
