@@ -67,6 +67,22 @@ if ! DISABLE_AUTOUPDATER=1 "$CC_DIR/node_modules/.bin/claude" --version >/dev/nu
   rm -rf "$CC_DIR" && mv "$CC_DIR.tmp" "$CC_DIR"
 fi
 
+# Codex CLI, OpenAI's agent CLI for tests/e2e/test_codex.py (it speaks the Responses API): the npm package
+# is a Node launcher plus the native binary for this platform (an optionalDependency, no postinstall).
+# ~5 s, ~420 MB, cached; tests/support/agent_cli.py reads the pin below and looks in the same folder.
+CODEX_VERSION=${CODEX_VERSION:-0.171.0}
+CODEX_DIR=${LLM_GATEWAY_CACHE:-$HOME/.cache/llm-gateway}/codex-$CODEX_VERSION
+if ! "$CODEX_DIR/node_modules/.bin/codex" --version >/dev/null 2>&1; then
+  echo "== Codex CLI $CODEX_VERSION (npm, into $CODEX_DIR)"
+  command -v npm >/dev/null || { echo "npm is missing: apt-get install nodejs npm" >&2; exit 1; }
+  rm -rf "$CODEX_DIR.tmp" && mkdir -p "$CODEX_DIR.tmp"
+  {
+    npm install --prefix "$CODEX_DIR.tmp" --no-audit --no-fund --no-save "@openai/codex@$CODEX_VERSION" &&
+      "$CODEX_DIR.tmp/node_modules/.bin/codex" --version
+  } > "$LOGS/codex.log" 2>&1 || { cat "$LOGS/codex.log" >&2; exit 1; }
+  rm -rf "$CODEX_DIR" && mv "$CODEX_DIR.tmp" "$CODEX_DIR"
+fi
+
 fail=0
 for p in "$P1:llama-server" "$P2:vllm" "$P3:ollama" "$P4:tiny-gguf"; do
   pid=${p%%:*}; name=${p#*:}

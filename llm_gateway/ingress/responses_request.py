@@ -22,7 +22,8 @@ What maps, field by field:
 - `store` (default true, as OpenAI's), `metadata` (up to 16 string pairs), `truncation`
   (`disabled`; `auto` is accepted and means the same here: the engine refuses what does not fit)
   are echoed in the answer; `service_tier`, `prompt_cache_key`, `prompt_cache_retention`,
-  `prompt_cache_options`, `stream_options`, `text.verbosity`, `reasoning.summary` are hints.
+  `prompt_cache_options`, `stream_options`, `client_metadata`, `text.verbosity`, `reasoning.summary`
+  are hints.
 
 An explicit null is an absent field. Unknown top-level fields are a 400 (OpenAI: "Unknown
 parameter"). What the gateway cannot honour is a clear 400, never dropped: `background`,
@@ -83,6 +84,7 @@ HINTS: dict[str, Hint] = {
     "prompt_cache_retention": "string",
     "prompt_cache_options": "object",
     "stream_options": "object",
+    "client_metadata": "object",  # Codex sends its installation, thread and turn ids here, on every request
 }
 _UNSUPPORTED = {
     "background": "background responses are not implemented; stream instead",
@@ -230,10 +232,12 @@ def _sampling(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any]
     if "message.output_text.logprobs" in include:
         options["logprobs"] = True
     user = req.get("user")
+    safety = req.get("safety_identifier")
+    if safety is not None:
+        safety = as_str(safety, "safety_identifier")
     if user is None:
-        user = req.get("safety_identifier")
+        user = safety
         if user is not None:
-            user = as_str(user, "safety_identifier")
             echo["safety_identifier"] = user
     else:
         user = as_str(user, "user")
@@ -360,6 +364,7 @@ def _reasoning(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any
             options["chat_template_kwargs"] = {"enable_thinking": False}
         else:
             options["reasoning_effort"] = effort
+    check_hint(r.get("generate_summary"), "reasoning.generate_summary", ("auto", "concise", "detailed"))
     summary = r.get("summary", r.get("generate_summary"))
     check_hint(summary, "reasoning.summary", ("auto", "concise", "detailed"))
     echo["reasoning"] = {"effort": effort, "summary": summary}
@@ -447,7 +452,7 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develop
 
 def _message(it: dict[str, Any], p: str, seen: PromptChars) -> dict[str, Any]:
     role = it.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise invalid("expected 'user', 'assistant', 'system' or 'developer'.", f"{p}.role")
     content = it.get("content")
     if isinstance(content, str):
@@ -522,16 +527,14 @@ def _tool_output(it: dict[str, Any], p: str, messages: list[dict[str, Any]], see
 
 
 def _reasoning_text(it: dict[str, Any], p: str) -> str:
-    """The text of a reasoning item: its reasoning content if it has any, else its summary."""
+    """The text of a reasoning item: its reasoning content if it has any, else its summary (both checked)."""
+    found: list[list[str]] = []
     for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = it.get(key)
-        if parts is None:
-            continue
         texts = []
-        for j, raw in enumerate(as_list(parts, f"{p}.{key}")):
+        for j, raw in enumerate(as_list(parts, f"{p}.{key}") if parts is not None else []):
             part = as_obj(raw, f"{p}.{key}.{j}")
             if part.get("type") == kind:
                 texts.append(as_str(part.get("text"), f"{p}.{key}.{j}.text"))
-        if texts:
-            return "".join(texts)
-    return ""
+        found.append(texts)
+    return "".join(next((texts for texts in found if texts), []))

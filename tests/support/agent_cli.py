@@ -6,6 +6,12 @@ Node.js only runs its postinstall). ``scripts/setup_dev.sh`` installs the versio
 ``$LLM_GATEWAY_CACHE/claude-code-<version>`` (default ``~/.cache/llm-gateway``); :func:`claude_code_binary`
 reads the pin from that script, so the two never disagree. ``$CLAUDE_CODE_BIN`` points at another binary.
 
+Codex is the npm package ``@openai/codex`` (a Node launcher, ``bin/codex.js``, that runs the native binary of
+the platform package npm put beside it). ``scripts/setup_dev.sh`` installs its pin into
+``$LLM_GATEWAY_CACHE/codex-<version>``; :func:`codex_binary` reads that pin the same way. ``$CODEX_BIN``
+points at another binary. :func:`write_codex_home` writes the ``config.toml`` that makes it a gateway client
+and nothing else, :func:`codex_env` the environment it runs in.
+
 No other traffic: :func:`loopback_only_argv` wraps a command in ``unshare -rn`` (a new user and network
 namespace: the only interface is ``lo``, which :func:`bring_loopback_up` brings up from inside), so any
 connection to anything but 127.0.0.1 fails at once, with nothing sent anywhere.
@@ -14,6 +20,7 @@ connection to anything but 127.0.0.1 fails at once, with nothing sent anywhere.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -107,6 +114,123 @@ def claude_code_env(*, base_url: str, api_key: str, model: str, home: Path, max_
     }
 
 
+# -- Codex CLI --------------------------------------------------------------------------------------------
+
+CODEX_PACKAGE = "@openai/codex"
+CODEX_BIN_ENV_VAR = "CODEX_BIN"
+CODEX_VERSION_ENV_VAR = "CODEX_VERSION"
+#: The variable Codex reads the gateway key from (the provider's ``env_key``), sent as ``Authorization: Bearer``.
+CODEX_KEY_ENV_VAR = "LLM_GATEWAY_API_KEY"
+CODEX_PROVIDER = "llm-gateway"
+
+
+def codex_version() -> str:
+    """The pinned version: ``$CODEX_VERSION``, else the default in scripts/setup_dev.sh."""
+    given = os.environ.get(CODEX_VERSION_ENV_VAR)
+    if given:
+        return given
+    m = re.search(r"CODEX_VERSION=\$\{CODEX_VERSION:-([^}]+)\}", SETUP_SCRIPT.read_text())
+    if m is None:
+        raise AgentCliMissing(f"no CODEX_VERSION=${{CODEX_VERSION:-...}} pin in {SETUP_SCRIPT}")
+    return m.group(1)
+
+
+def codex_dir() -> Path:
+    """Where scripts/setup_dev.sh installs the pinned version (its npm --prefix)."""
+    return cache_dir() / f"codex-{codex_version()}"
+
+
+def codex_binary() -> Path:
+    """The ``codex`` launcher: ``$CODEX_BIN``, else the cached install; AgentCliMissing if neither."""
+    given = os.environ.get(CODEX_BIN_ENV_VAR)
+    path = Path(given) if given else codex_dir() / "node_modules" / ".bin" / "codex"
+    if not os.access(path, os.X_OK):
+        raise AgentCliMissing(
+            f"Codex is not installed (looked for {path}): run scripts/setup_dev.sh (npm install --prefix "
+            f"{codex_dir()} {CODEX_PACKAGE}@{codex_version()}) or point {CODEX_BIN_ENV_VAR} at a binary"
+        )
+    return path
+
+
+def write_codex_home(codex_home: Path, *, base_url: str, model: str) -> Path:
+    """Write ``$CODEX_HOME/config.toml`` for a non-interactive ``codex exec`` whose only server is the gateway
+    (every key is one Codex 0.171 knows: the test runs it with ``--strict-config``); returns the file.
+
+    - ``[model_providers.llm-gateway]``: ``base_url`` the gateway's ``/v1`` (Codex appends ``/responses``),
+      ``wire_api = "responses"`` (the only wire API Codex has), ``env_key`` naming :data:`CODEX_KEY_ENV_VAR`;
+      no retries, so a refusal is final at once. ``model`` a public model of the gateway.
+    - ``approval_policy = "never"``, ``sandbox_mode = "read-only"``: nothing is asked, nothing written.
+    - ``[analytics] enabled = false`` (else it reaches for ab.chatgpt.com and waits on it, ~5 s),
+      ``[feedback] enabled = false``, ``check_for_update_on_startup = false``.
+    - ``[features] plugins = false``: else it runs ``git ls-remote https://github.com/openai/plugins`` and
+      looks up api.github.com to sync its plugin marketplace.
+    - ``web_search = "disabled"`` and ``[agents] enabled = false``: by default Codex sends a built-in
+      ``web_search`` tool and a ``namespace`` tool (``multi_agent_v1``, its sub-agent tools), which the
+      gateway refuses with a 400 (only function tools reach an engine).
+    - ``[history] persistence = "none"``: no history.jsonl.
+    """
+    codex_home.mkdir(parents=True, exist_ok=True)
+    path = codex_home / "config.toml"
+    path.write_text(
+        f"""model = {json.dumps(model)}
+model_provider = "{CODEX_PROVIDER}"
+approval_policy = "never"
+sandbox_mode = "read-only"
+web_search = "disabled"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[features]
+plugins = false
+
+[agents]
+enabled = false
+
+[history]
+persistence = "none"
+
+[model_providers.{CODEX_PROVIDER}]
+name = "llm-gateway"
+base_url = {json.dumps(base_url.rstrip("/") + "/v1")}
+env_key = "{CODEX_KEY_ENV_VAR}"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+"""
+    )
+    return path
+
+
+def codex_env(*, api_key: str, codex_home: Path, home: Path) -> dict[str, str]:
+    """The whole environment of a ``codex exec`` run against the gateway (nothing inherited, so a developer's
+    own OPENAI_* variables, proxy settings or ~/.codex cannot leak in).
+
+    - ``CODEX_HOME``: the folder :func:`write_codex_home` wrote (config, and whatever state Codex keeps).
+    - :data:`CODEX_KEY_ENV_VAR`: the gateway key; no ``OPENAI_API_KEY``, no ``OPENAI_BASE_URL``.
+    - ``HOME`` (and the XDG dirs) a fresh directory: no login, auth.json, AGENTS.md or config of the user's.
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    return {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+        "TMPDIR": str(home),
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        "NO_COLOR": "1",
+        "CODEX_HOME": str(codex_home),
+        CODEX_KEY_ENV_VAR: api_key,
+    }
+
+
 # -- a network namespace with only loopback -------------------------------------------------------------
 
 _SIOCGIFFLAGS = 0x8913
@@ -155,13 +279,20 @@ def network_interfaces() -> list[str]:
 
 __all__ = [
     "CLAUDE_CODE_PACKAGE",
+    "CODEX_KEY_ENV_VAR",
+    "CODEX_PACKAGE",
     "AgentCliMissing",
     "bring_loopback_up",
     "claude_code_binary",
     "claude_code_dir",
     "claude_code_env",
     "claude_code_version",
+    "codex_binary",
+    "codex_dir",
+    "codex_env",
+    "codex_version",
     "loopback_only_argv",
     "namespaces_unavailable",
     "network_interfaces",
+    "write_codex_home",
 ]

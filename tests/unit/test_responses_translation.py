@@ -380,3 +380,41 @@ def test_no_usage_from_the_engine_means_estimates_not_zeros() -> None:
     _, evs = run([chunk({"content": "a"}), chunk({"content": "b"}), b"data: [DONE]\n\n"])
     u = evs[-1]["response"]["usage"]
     assert u["output_tokens"] == 2 and u["input_tokens"] > 0
+
+
+# -- input checking found by schemathesis (tests/reliability/test_schemathesis.py) -------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        # an unhashable role was a TypeError (a 500) in the role lookup
+        ({"input": [{"type": "message", "role": {}, "content": ""}]}, "input.0.role"),
+        ({"input": [{"role": ["user"], "content": "hi"}]}, "input.0.role"),
+        # a field left unchecked because another one was present (valid by the document otherwise)
+        ({"input": "hi", "user": "u", "safety_identifier": 5}, "safety_identifier"),
+        ({"input": "hi", "reasoning": {"summary": "auto", "generate_summary": 5}}, "reasoning.generate_summary"),
+        ({"input": "hi", "reasoning": {"summary": None, "generate_summary": "bogus"}}, "reasoning.generate_summary"),
+        (
+            {
+                "input": [
+                    {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "t"}], "summary": 5},
+                    {"role": "assistant", "content": "x"},
+                ]
+            },
+            "input.0.summary",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_a_400_not_a_crash(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        parse({"model": "m", **body})
+    assert e.value.param == param
+
+
+def test_codex_client_metadata_is_a_hint() -> None:
+    """Codex sends `client_metadata` (its installation, thread and turn ids) on every request."""
+    body = parse({"model": "m", "input": "x", "client_metadata": {"thread_id": "t"}}).chat_body([])
+    assert "client_metadata" not in body
+    with pytest.raises(InvalidRequest):
+        parse({"model": "m", "input": "x", "client_metadata": "not an object"})
