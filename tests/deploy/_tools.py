@@ -22,6 +22,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 COMPOSE_FILE = REPO / "docker-compose.yml"
+DOCKERFILE = DEPLOY / "Dockerfile"
 COMPOSE_CONFIG = REPO / "config" / "docker-compose.yaml"
 K8S_CONFIG = REPO / "config" / "kubernetes.yaml"
 K8S_DIR = DEPLOY / "kubernetes"
@@ -126,6 +127,23 @@ def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
 
 def load_json(path: Path) -> Any:
     return json.loads(path.read_text())
+
+
+def image_env() -> dict[str, str]:
+    """The ENV of deploy/Dockerfile's last (runtime) stage, as BuildKit's parser reads it (unexpanded)."""
+    dockerfile = need_module("dockerfile", "dockerfile")
+    env: dict[str, str] = {}
+    for ins in dockerfile.parse_file(str(DOCKERFILE)):
+        if ins.cmd == "FROM":
+            env = {}
+        elif ins.cmd == "ENV":
+            env.update(zip(ins.value[::2], ins.value[1::2], strict=True))
+    return env
+
+
+def image_data_dir() -> str:
+    """Where the image's gateway keeps its embedded database (server.data_dir, set by the image)."""
+    return image_env()["GATEWAY_SERVER__DATA_DIR"]
 
 
 # -- PromQL: metric names in an expression, Grafana variables -----------------------------------------

@@ -24,6 +24,7 @@ from tests.deploy._tools import (
     REPO,
     SCHEMAS,
     compose_cmd,
+    image_data_dir,
     load_json,
     load_yaml,
     need_module,
@@ -257,3 +258,21 @@ def test_grafana_provisioning_matches_the_mounts(compose):
     ds = load_yaml(DEPLOY / "grafana/provisioning/datasources/prometheus.yml")["datasources"][0]
     assert urlsplit(ds["url"]).hostname == "prometheus" and urlsplit(ds["url"]).port == 9090
     assert ds["type"] == "prometheus"
+
+
+def test_the_gateway_data_dir_is_a_named_volume(compose, gw_config):
+    """The root filesystem is read-only: the SQLite database (stored responses) needs a writable mount at
+    the image's data dir, and a named volume (not tmpfs, not the container's layer) to survive restarts.
+    One gateway replica, so SQLite there is right and no database.url (shared Postgres) is set."""
+    gw = compose["services"]["gateway"]
+    data_dir = gw.get("environment", {}).get("GATEWAY_SERVER__DATA_DIR") or image_data_dir()
+    mounts = {m["target"]: m for m in gw["volumes"] if isinstance(m, dict)}
+    mounts |= {v.split(":")[1]: {"source": v.split(":")[0]} for v in gw["volumes"] if isinstance(v, str)}
+    assert data_dir in mounts, f"nothing is mounted at the gateway's data dir {data_dir}"
+    mount = mounts[data_dir]
+    assert mount.get("type", "volume") == "volume" and not mount.get("read_only")
+    assert mount["source"] in compose["volumes"], "a named volume, declared at the top level"
+    assert data_dir not in [t.split(":")[0] for t in gw.get("tmpfs", [])]
+    assert gw["read_only"] is True
+    assert gw.get("deploy", {}).get("replicas", 1) == 1 and "scale" not in gw
+    assert gw_config.database.url is None and "DATABASE_URL" not in gw["environment"]

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from llm_gateway.config_loader import load_config
-from tests.deploy._tools import COMPOSE_CONFIG, K8S_CONFIG, K8S_DIR, REPO, load_yaml_docs
+from llm_gateway.state.database import DB_FILE, database_url
+from tests.deploy._tools import COMPOSE_CONFIG, K8S_CONFIG, K8S_DIR, REPO, image_data_dir, load_yaml_docs
 
 CONFIG_FILES = sorted([*REPO.glob("config/*.yaml"), *REPO.glob("config/*.yml")])
 
@@ -58,6 +59,8 @@ def test_kubernetes_configmap_loads_with_the_secret_environment(tmp_path: Path, 
     assert {b.name for b in cfg.backends if b.api_key is not None} == {"vllm-0", "vllm-1"}
     assert cfg.limits.redis_url is not None
     assert cfg.limits.redis_url.get_secret_value() == "redis://llm-gateway-redis:6379/0"
+    assert cfg.database.url is not None
+    assert cfg.database.url.get_secret_value() == env["DATABASE_URL"]
 
 
 def test_image_environment_overrides_the_listen_host_and_is_otherwise_ignored(monkeypatch: pytest.MonkeyPatch):
@@ -79,3 +82,14 @@ def test_deployment_configs_listen_everywhere_with_metrics_port_and_redis(path: 
     assert cfg.limits.store == "redis"
     # the placeholder digests are no key's digest: nothing is open until the secret is provided
     assert all(len(set(k.sha256)) <= 2 for k in cfg.auth.keys)
+
+
+@pytest.mark.parametrize("path", [COMPOSE_CONFIG, K8S_CONFIG], ids=lambda p: p.name)
+def test_the_image_data_dir_wins_and_holds_the_sqlite_file(path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Without database.url the database is <data_dir>/llm-gateway.db: in the image, the /data of
+    GATEWAY_SERVER__DATA_DIR (the mount point compose and Kubernetes give a volume), whatever the file says."""
+    data_dir = image_data_dir()
+    monkeypatch.setenv("GATEWAY_SERVER__DATA_DIR", data_dir)
+    cfg = load_config(path, env={})
+    assert cfg.database.url is None
+    assert database_url(cfg) == f"sqlite+aiosqlite:///{data_dir}/{DB_FILE}"

@@ -120,3 +120,23 @@ def test_ports_match_the_compose_config(instructions):
     cfg = load_config(COMPOSE_CONFIG, env={})
     exposed = set(one(stages(instructions)[-1], "EXPOSE").value)
     assert {str(cfg.server.port), str(cfg.server.metrics_port)} == exposed
+
+
+def test_data_dir_is_absolute_and_created_for_the_runtime_user(instructions):
+    """server.data_dir (the embedded SQLite database) is an absolute directory the image creates and
+    gives to its non-root user: the config's relative default would land under WORKDIR, which that
+    user cannot write, and a named volume mounted there copies this directory's owner."""
+    runtime = stages(instructions)[-1]
+    data_dir = env_of(runtime)["GATEWAY_SERVER__DATA_DIR"]
+    assert data_dir == "/data"
+    uid, _, gid = [i for i in runtime if i.cmd == "USER"][-1].value[0].partition(":")
+    workdir = one(runtime, "WORKDIR").value[0]
+    assert not data_dir.startswith(workdir.rstrip("/") + "/")
+    steps = [s.strip() for i in runtime if i.cmd == "RUN" for s in i.value[0].split("&&")]
+    path = rf"(?:\s|^){re.escape(data_dir)}(?:\s|$)"
+    assert [s for s in steps if re.match(r"mkdir\b", s) and re.search(path, s)], f"no RUN creates {data_dir}"
+    owners = [m.group(1) for s in steps if (m := re.match(r"chown\s+(?:-R\s+)?(\S+)\s", s)) and re.search(path, s)]
+    assert owners, f"no RUN gives {data_dir} to the runtime user"
+    user, _, group = owners[-1].partition(":")
+    assert user in (uid, "gateway") and group in ("", gid or uid, "gateway"), owners[-1]
+    assert uid == "10001"  # the uid the compose file and the Kubernetes manifests run as

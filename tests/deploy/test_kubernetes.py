@@ -14,13 +14,24 @@ from urllib.parse import urlsplit
 import pytest
 
 from llm_gateway.config_loader import load_config
-from tests.deploy._tools import K8S_CONFIG, K8S_DIR, PROM_DIR, load_yaml, load_yaml_docs, need_module
+from tests.deploy._tools import (
+    DEPLOY,
+    K8S_CONFIG,
+    K8S_DIR,
+    PROM_DIR,
+    image_data_dir,
+    load_yaml,
+    load_yaml_docs,
+    need_module,
+)
 
 # the oldest Kubernetes minor still commonly run, and the newest the package knows
 K8S_VERSIONS = ("1.29.0", "latest")
 MONITORING = K8S_DIR / "monitoring"
 CORE_FILES = sorted(p for p in K8S_DIR.glob("*.yaml") if p.name != "kustomization.yaml")
 ALL_DOCS = [(p, d) for p in CORE_FILES for d in load_yaml_docs(p)]
+WORKLOADS = ("Deployment", "StatefulSet")
+POSTGRES = "StatefulSet/llm-gateway-postgres"
 
 
 def doc_id(item: tuple[Path, dict[str, Any]]) -> str:
@@ -108,7 +119,7 @@ def test_kustomizations_list_every_manifest():
     assert {
         c["image"].split(":")[0]
         for _, d in ALL_DOCS
-        if d["kind"] == "Deployment"
+        if d["kind"] in WORKLOADS
         for c in d["spec"]["template"]["spec"]["containers"]
         if "llm-gateway" in c["image"]
     } <= images
@@ -171,9 +182,11 @@ def test_termination_grace_period_outlasts_prestop_and_graceful_shutdown(deploym
 
 
 def test_security_context_non_root_read_only_no_capabilities(deployment):
-    for _, d in ALL_DOCS:
-        if d["kind"] != "Deployment":
-            continue
+    workloads = [d for _, d in ALL_DOCS if d["kind"] in WORKLOADS]
+    assert {"Deployment/llm-gateway", "Deployment/llm-gateway-redis", POSTGRES} <= {
+        f"{d['kind']}/{d['metadata']['name']}" for d in workloads
+    }
+    for d in workloads:
         pod = d["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
@@ -185,6 +198,7 @@ def test_security_context_non_root_read_only_no_capabilities(deployment):
             assert sc["capabilities"]["drop"] == ["ALL"]
             res = c["resources"]
             assert {"cpu", "memory"} <= res["requests"].keys() and {"cpu", "memory"} <= res["limits"].keys()
+            assert c["readinessProbe"] and c["livenessProbe"], c["name"]
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 10001  # the image's user
 
 
@@ -224,6 +238,91 @@ def test_redis_service_is_the_config_default_and_only_gateways_reach_it(gw_confi
     assert svc["spec"]["selector"].items() <= redis_pods.items()
     np = kinds()["NetworkPolicy/llm-gateway-redis"]
     assert np["spec"]["podSelector"]["matchLabels"].items() <= redis_pods.items()
+    (rule,) = np["spec"]["ingress"]
+    gw_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert rule["from"][0]["podSelector"]["matchLabels"].items() <= gw_labels.items()
+    assert rule["ports"] == [{"protocol": "TCP", "port": url.port}]
+
+
+# -- the database: a shared Postgres, and the SQLite fallback's writable /data ------------------------------
+
+TEST_DB_URL = "postgresql+asyncpg://llm_gateway:pw@llm-gateway-postgres:5432/llm_gateway"
+
+
+def test_gateway_mounts_a_writable_data_dir(deployment, container):
+    """The root filesystem is read-only: without DATABASE_URL the gateway opens its SQLite file in the
+    image's data dir, which must be a writable volume (not the image's directory), owned through fsGroup."""
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    data_dir = env.get("GATEWAY_SERVER__DATA_DIR") or image_data_dir()
+    pod = deployment["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert data_dir in mounts, f"nothing is mounted at the gateway's data dir {data_dir}"
+    assert not mounts[data_dir].get("readOnly") and "subPath" not in mounts[data_dir]
+    volume = {v["name"]: v for v in pod["volumes"]}[mounts[data_dir]["name"]]
+    assert "emptyDir" in volume or "persistentVolumeClaim" in volume, volume
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+
+
+def test_gateway_database_url_comes_from_database_url(gw_config):
+    """Unset: the SQLite fallback (each pod its own); set from the Secret: the shared Postgres."""
+    assert gw_config.database.url is None
+    assert load_config(K8S_CONFIG, env={"DATABASE_URL": ""}).database.url is None
+    cfg = load_config(K8S_CONFIG, env={"DATABASE_URL": TEST_DB_URL})
+    assert cfg.database.url is not None and cfg.database.url.get_secret_value() == TEST_DB_URL
+    header = K8S_CONFIG.read_text().split("\nserver:", 1)[0]
+    assert "DATABASE_URL" in header, "the Secret comment block of config/kubernetes.yaml documents DATABASE_URL"
+    assert "DATABASE_URL" in (DEPLOY / "README.md").read_text()
+
+
+def _postgres_env(sts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e for e in c["env"]}
+
+
+def test_postgres_is_one_pinned_non_root_statefulset_with_a_volume_claim():
+    docs = kinds()
+    assert {POSTGRES, "Service/llm-gateway-postgres"} <= docs.keys()
+    sts = docs[POSTGRES]
+    spec = sts["spec"]
+    assert spec["replicas"] == 1
+    pod = spec["template"]["spec"]
+    (c,) = pod["containers"]
+    name, _, tag = c["image"].partition(":")
+    assert name == "postgres" and re.match(r"\d+\.\d+", tag), "the official image at a pinned version"
+    assert pod["securityContext"]["runAsUser"] == 999 and pod["securityContext"]["fsGroup"] == 999
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert c[probe]["exec"]["command"][0] == "pg_isready", probe
+    # PGDATA lives on the claim, one level down (initdb wants a directory it owns, mode 0700)
+    (claim,) = spec["volumeClaimTemplates"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"] and claim["spec"]["resources"]["requests"]["storage"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    pgdata = _postgres_env(sts)["PGDATA"]["value"]
+    assert pgdata.startswith(mounts[claim["metadata"]["name"]] + "/")
+    # read-only root filesystem: the socket directory and /tmp are volumes
+    assert {"/var/run/postgresql", "/tmp"} <= set(mounts.values())
+    # the password from a Secret key, never inline
+    ref = _postgres_env(sts)["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    secrets = {d["metadata"]["name"]: d for d in load_yaml_docs(K8S_DIR / "secret.example.yaml")}
+    assert ref["key"] in secrets[ref["name"]]["stringData"]
+    assert not [e for e in _postgres_env(sts).values() if "PASSWORD" in e["name"] and "value" in e]
+
+
+def test_postgres_service_matches_database_url_and_only_gateways_reach_it(deployment):
+    sts = kinds()[POSTGRES]
+    secret = next(d for d in load_yaml_docs(K8S_DIR / "secret.example.yaml") if d["kind"] == "Secret")
+    url = urlsplit(secret["stringData"]["DATABASE_URL"])
+    assert url.scheme == "postgresql+asyncpg"
+    svc = kinds()[f"Service/{url.hostname}"]
+    assert sts["spec"]["serviceName"] == svc["metadata"]["name"]
+    pg_pods = sts["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pg_pods.items()
+    (port,) = svc["spec"]["ports"]
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    assert url.port == port["port"] == {p["name"]: p["containerPort"] for p in c["ports"]}[port["targetPort"]]
+    env = _postgres_env(sts)
+    assert url.username == env["POSTGRES_USER"]["value"] and url.path == "/" + env["POSTGRES_DB"]["value"]
+    np = kinds()["NetworkPolicy/llm-gateway-postgres"]
+    assert np["spec"]["podSelector"]["matchLabels"].items() <= pg_pods.items()
     (rule,) = np["spec"]["ingress"]
     gw_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert rule["from"][0]["podSelector"]["matchLabels"].items() <= gw_labels.items()
