@@ -159,7 +159,7 @@ class Dispatcher:
                 "every deployment of this model is at its concurrency limit and its wait queue is full",
                 headers={"retry-after": "1"},
             )
-        d = min(queueable, key=lambda x: len(x.admission.waiters))
+        d = min(queueable, key=lambda x: x.admission.queued)
         t = time.monotonic()
         ok = await d.admission.wait_enter(d.backend.cfg.queue_timeout_s)
         trace.waited_s += time.monotonic() - t

@@ -207,7 +207,7 @@ class _StateCollector(Collector):
             for d in m.deployments:
                 key = [m.name, d.backend.name, d.upstream_model]
                 breaker.add_metric(key, float(STATE_VALUE[d.breaker.state]))
-                queue.add_metric(key, float(len(d.admission.waiters)))
+                queue.add_metric(key, float(d.admission.queued))
         yield from (up, state, inflight, waiting, running, kv, age, breaker, queue)
 
 

@@ -1,46 +1,142 @@
-"""Backpressure per deployment: `max_concurrency` in flight and a bounded, timed wait queue.
+"""Backpressure and fair sharing per deployment: `max_concurrency` in flight and a bounded, timed wait queue
+ordered by priority class, then by token-weighted fair share across keys.
 
-`try_enter` takes a slot without waiting; `wait_enter` queues (FIFO) for at most `timeout_s`;
-`leave` hands the slot straight to the oldest waiter. When the queue is full or the wait times
-out, the caller answers 429 with Retry-After.
+`try_enter` takes a slot without waiting; `wait_enter` queues for at most `timeout_s`; `leave` hands
+the slot straight to the next waiter, chosen so:
+1. priority classes: a waiter of a higher class goes first (a `Ticket.priority` rank), except that
+   a waiter of a lower class that has waited longer than `starvation_s` goes before anything younger
+   (the oldest such first): lower classes keep moving under a flood of higher ones;
+2. inside a class, a Virtual Token Counter per key (Sheng et al., "Fairness in Serving Large Language
+   Models", OSDI 2024): each key's counter grows by the tokens it is admitted with (prompt + max
+   output at admission, divided by its weight) and is corrected by `settle` with the real usage when
+   the request ends; the waiting key with the smallest counter goes next (ties: the oldest). A key that
+   starts waiting has its counter lifted to the smallest counter of the keys already waiting, so idle
+   time is not banked into a burst later. A key that floods gets its share of the slots, not all of them;
+3. one key's own requests stay first in, first out.
+A waiter whose client goes away (its task cancelled) or whose wait times out leaves the queue at once.
+The queue's drain rate (slots handed over or freed per second, over the last `DRAIN_WINDOW`) gives
+the `Retry-After` of a refusal. With one key and one class this is exactly the FIFO it replaces.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import math
+import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+DRAIN_WINDOW = 32  # releases remembered for the drain rate
+MAX_COUNTERS = 4096  # keys whose counter is kept while they do not wait (others restart at the floor)
+DEFAULT_STARVATION_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """What a request brings to a queue: whose it is, its class rank, its estimated tokens."""
+
+    key: str = ""
+    priority: int = 0  # higher goes first
+    cost: float = 1.0  # tokens estimated at admission (prompt + max output)
+    weight: float = 1.0  # the key's share weight: twice the weight, twice the tokens for the same counter
+
+
+ANONYMOUS = Ticket()
+
+
+class _Waiter:
+    __slots__ = ("fut", "seq", "since", "ticket")
+
+    def __init__(self, fut: asyncio.Future[None], ticket: Ticket, since: float, seq: int) -> None:
+        self.fut = fut
+        self.ticket = ticket
+        self.since = since
+        self.seq = seq
 
 
 class Admission:
-    __slots__ = ("in_flight", "limit", "max_queue", "waiters")
+    __slots__ = (
+        "_classes",
+        "_clock",
+        "_counters",
+        "_queued",
+        "_releases",
+        "_seq",
+        "in_flight",
+        "limit",
+        "max_queue",
+        "starvation_s",
+    )
 
-    def __init__(self, limit: int | None, max_queue: int) -> None:
+    def __init__(
+        self,
+        limit: int | None,
+        max_queue: int,
+        *,
+        starvation_s: float = DEFAULT_STARVATION_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
         self.max_queue = max_queue
+        self.starvation_s = starvation_s
         self.in_flight = 0
-        self.waiters: deque[asyncio.Future[None]] = deque()
+        self._clock = clock
+        self._classes: dict[int, dict[str, deque[_Waiter]]] = {}  # priority -> key -> its waiters, oldest first
+        self._counters: dict[str, float] = {}  # key -> virtual token counter
+        self._queued = 0
+        self._seq = 0
+        self._releases: deque[float] = deque(maxlen=DRAIN_WINDOW)
+
+    # -- state ------------------------------------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    def queued_by_class(self) -> dict[int, int]:
+        return {p: sum(len(q) for q in keys.values()) for p, keys in self._classes.items()}
+
+    def counter(self, key: str) -> float:
+        return self._counters.get(key, 0.0)
 
     def has_room(self) -> bool:
         return self.limit is None or self.in_flight < self.limit
 
     def can_queue(self) -> bool:
-        return len(self.waiters) < self.max_queue
+        return self._queued < self.max_queue
 
-    def try_enter(self) -> bool:
+    def position(self, fut: asyncio.Future[None]) -> int | None:
+        """How many waiters go before this one if nothing else arrives (None: not waiting)."""
+        order = self._order()
+        for i, w in enumerate(order):
+            if w.fut is fut:
+                return i
+        return None
+
+    def retry_after_s(self) -> int:
+        """Seconds until a slot is likely free for a newcomer, from the queue's drain rate (at least 1)."""
+        r = self._releases
+        if len(r) < 2 or r[-1] <= r[0]:
+            return 1
+        rate = (len(r) - 1) / (r[-1] - r[0])
+        return max(1, min(600, math.ceil((self._queued + 1) / rate)))
+
+    # -- entering and leaving --------------------------------------------------------------------------
+    def try_enter(self, ticket: Ticket = ANONYMOUS) -> bool:
         if self.limit is None or self.in_flight < self.limit:
             self.in_flight += 1
+            self._charge(ticket)
             return True
         return False
 
-    async def wait_enter(self, timeout_s: float) -> bool:
+    async def wait_enter(self, timeout_s: float, ticket: Ticket = ANONYMOUS) -> bool:
         """Queue for a slot; False when the queue is full or the wait timed out."""
-        if self.try_enter():
-            return True
-        if len(self.waiters) >= self.max_queue:
+        if self._queued == 0 and self.try_enter(ticket):
+            return True  # (with waiters, a newcomer never takes a slot before them: leave() hands it over)
+        if self._queued >= self.max_queue:
             return False
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiters.append(fut)
+        w = self._join(fut, ticket)
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout_s)
             return True
@@ -56,13 +152,90 @@ class Admission:
                 fut.cancel()
             raise
         finally:
-            with contextlib.suppress(ValueError):
-                self.waiters.remove(fut)
+            self._drop(w)
 
     def leave(self) -> None:
-        while self.waiters:
-            fut = self.waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)  # the slot passes to this waiter; in_flight is unchanged
+        self._releases.append(self._clock())
+        while self._queued:
+            w = self._next()
+            self._drop(w)
+            if not w.fut.done():
+                self._charge(w.ticket)
+                w.fut.set_result(None)  # the slot passes to this waiter; in_flight is unchanged
                 return
         self.in_flight -= 1
+
+    def settle(self, ticket: Ticket, actual_tokens: int | None) -> None:
+        """Correct a key's counter with the tokens its request really used (None: keep the estimate)."""
+        if actual_tokens is None or ticket.key not in self._counters:
+            return
+        self._counters[ticket.key] += (actual_tokens - ticket.cost) / ticket.weight
+
+    # -- the queue --------------------------------------------------------------------------------------
+    def _charge(self, ticket: Ticket) -> None:
+        c = self._counters
+        c[ticket.key] = c.get(ticket.key, self._floor()) + ticket.cost / ticket.weight
+        if len(c) > MAX_COUNTERS:
+            waiting = {k for keys in self._classes.values() for k in keys}
+            for k in [k for k in c if k not in waiting][: len(c) - MAX_COUNTERS]:
+                del c[k]
+
+    def _floor(self) -> float:
+        """The smallest counter among the keys waiting (0 with none)."""
+        waiting = [self._counters.get(k, 0.0) for keys in self._classes.values() for k in keys]
+        return min(waiting) if waiting else 0.0
+
+    def _join(self, fut: asyncio.Future[None], ticket: Ticket) -> _Waiter:
+        keys = self._classes.setdefault(ticket.priority, {})
+        if not any(ticket.key in ks for ks in self._classes.values()):
+            floor = self._floor()  # a key that starts waiting banks no idle time
+            self._counters[ticket.key] = max(self._counters.get(ticket.key, floor), floor)
+        self._seq += 1
+        w = _Waiter(fut, ticket, self._clock(), self._seq)
+        keys.setdefault(ticket.key, deque()).append(w)
+        self._queued += 1
+        return w
+
+    def _drop(self, w: _Waiter) -> None:
+        keys = self._classes.get(w.ticket.priority)
+        q = keys.get(w.ticket.key) if keys is not None else None
+        if q is None or w not in q:
+            return
+        q.remove(w)
+        self._queued -= 1
+        if not q:
+            del keys[w.ticket.key]  # type: ignore[union-attr]
+            if not keys:
+                del self._classes[w.ticket.priority]
+
+    def _next(self) -> _Waiter:
+        """The waiter the next slot goes to."""
+        now = self._clock()
+        top = max(self._classes)
+        starved = [
+            q[0]
+            for p, keys in self._classes.items()
+            if p != top
+            for q in keys.values()
+            if now - q[0].since > self.starvation_s
+        ]
+        if starved:
+            return min(starved, key=lambda w: w.seq)
+        heads = [q[0] for q in self._classes[top].values()]
+        return min(heads, key=lambda w: (self._counters.get(w.ticket.key, 0.0), w.seq))
+
+    def _order(self) -> list[_Waiter]:
+        """Every waiter in the order it would be served if nothing changed (for queue positions)."""
+        saved = {p: {k: deque(q) for k, q in keys.items()} for p, keys in self._classes.items()}
+        counters = dict(self._counters)
+        queued = self._queued
+        out: list[_Waiter] = []
+        try:
+            while self._queued:
+                w = self._next()
+                self._drop(w)
+                self._counters[w.ticket.key] = self._counters.get(w.ticket.key, 0.0) + w.ticket.cost / w.ticket.weight
+                out.append(w)
+        finally:
+            self._classes, self._counters, self._queued = saved, counters, queued
+        return out

@@ -151,8 +151,12 @@ def test_no_limit_means_unlimited_slots():
 async def test_can_queue_reflects_the_queue_bound():
     a = Admission(1, max_queue=1)
     assert a.can_queue() is True
-    a.waiters.append(asyncio.get_running_loop().create_future())
+    a.try_enter()
+    task = asyncio.create_task(a.wait_enter(5.0))
+    await _queued(a, 1)
     assert a.can_queue() is False
+    a.leave()
+    assert await task is True
 
 
 # -- Admission: waiting ------------------------------------------------------------------------------
@@ -160,10 +164,10 @@ async def test_can_queue_reflects_the_queue_bound():
 
 async def _queued(a: Admission, n: int) -> None:
     for _ in range(100):
-        if len(a.waiters) >= n:
+        if a.queued >= n:
             return
         await asyncio.sleep(0)
-    raise AssertionError(f"expected {n} waiters, have {len(a.waiters)}")
+    raise AssertionError(f"expected {n} waiters, have {a.queued}")
 
 
 async def test_wait_enter_with_room_enters_at_once():
@@ -176,7 +180,7 @@ async def test_wait_enter_with_a_full_queue_is_refused_immediately():
     a = Admission(1, max_queue=0)
     a.try_enter()
     assert await asyncio.wait_for(a.wait_enter(5.0), 0.5) is False
-    assert (a.in_flight, len(a.waiters)) == (1, 0)
+    assert (a.in_flight, a.queued) == (1, 0)
 
 
 async def test_leave_hands_the_slot_to_the_waiter_without_freeing_it():
@@ -187,7 +191,7 @@ async def test_leave_hands_the_slot_to_the_waiter_without_freeing_it():
     a.leave()
     assert a.in_flight == 1  # passed on, not released
     assert await task is True
-    assert (a.in_flight, len(a.waiters)) == (1, 0)
+    assert (a.in_flight, a.queued) == (1, 0)
 
 
 async def test_waiters_are_served_first_in_first_out():
@@ -236,7 +240,7 @@ async def test_wait_times_out_without_taking_a_slot():
     a = Admission(1, max_queue=2)
     a.try_enter()
     assert await a.wait_enter(0.01) is False
-    assert (a.in_flight, len(a.waiters)) == (1, 0)
+    assert (a.in_flight, a.queued) == (1, 0)
     a.leave()
     assert a.in_flight == 0
 
@@ -251,7 +255,7 @@ async def test_a_timed_out_waiter_is_skipped_by_leave():
     assert await short is False
     a.leave()
     assert await long is True
-    assert (a.in_flight, len(a.waiters)) == (1, 0)
+    assert (a.in_flight, a.queued) == (1, 0)
 
 
 async def test_cancelling_a_waiter_leaks_no_slot_and_no_queue_place():
@@ -262,7 +266,7 @@ async def test_cancelling_a_waiter_leaks_no_slot_and_no_queue_place():
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert (a.in_flight, len(a.waiters), a.can_queue()) == (1, 0, True)
+    assert (a.in_flight, a.queued, a.can_queue()) == (1, 0, True)
     a.leave()
     assert a.in_flight == 0
 
@@ -279,7 +283,7 @@ async def test_a_waiter_cancelled_just_as_the_slot_is_handed_over_passes_it_on()
     with pytest.raises(asyncio.CancelledError):
         await doomed
     assert await nxt is True
-    assert (a.in_flight, len(a.waiters)) == (1, 0)
+    assert (a.in_flight, a.queued) == (1, 0)
 
 
 async def test_a_waiter_cancelled_just_as_the_slot_is_handed_over_releases_it_when_alone():
@@ -291,7 +295,7 @@ async def test_a_waiter_cancelled_just_as_the_slot_is_handed_over_releases_it_wh
     a.leave()
     with pytest.raises(asyncio.CancelledError):
         await doomed
-    assert (a.in_flight, len(a.waiters)) == (0, 0)
+    assert (a.in_flight, a.queued) == (0, 0)
 
 
 async def test_hand_over_racing_a_cancel_never_leaks_a_slot():
@@ -309,4 +313,4 @@ async def test_hand_over_racing_a_cancel_never_leaks_a_slot():
         got = False
     if got:
         a.leave()
-    assert (a.in_flight, len(a.waiters)) == (0, 0)
+    assert (a.in_flight, a.queued) == (0, 0)

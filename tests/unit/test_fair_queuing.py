@@ -1,0 +1,196 @@
+"""The ordering rules of a deployment's wait queue, shown deterministically: priority classes with a
+starvation bound, token-weighted fair share across keys inside a class (with weights, the lift of a key
+that starts waiting, and correction by the real usage), FIFO inside one key, a client that leaves, the
+queue position, and Retry-After from the drain rate. A fake clock; no timing."""
+
+from __future__ import annotations
+
+import asyncio
+
+from llm_gateway.routing.admission import Admission, Ticket
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def settle_loop() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def queue_up(a: Admission, tickets: list[tuple[str, Ticket]], served: list[str]) -> list[asyncio.Task[None]]:
+    """One waiter per ticket, queued in this order; each appends its name to `served` when admitted."""
+
+    async def wait(name: str, t: Ticket) -> None:
+        if await a.wait_enter(60.0, t):
+            served.append(name)
+
+    tasks = []
+    before = a.queued
+    for name, t in tickets:
+        tasks.append(asyncio.create_task(wait(name, t)))
+        await settle_loop()
+    assert a.queued == before + len(tickets)
+    return tasks
+
+
+async def drain(a: Admission, n: int) -> None:
+    for _ in range(n):
+        a.leave()
+        await settle_loop()
+
+
+async def test_a_flooding_key_gets_its_share_not_every_slot() -> None:
+    a = Admission(1, max_queue=100)
+    flood = Ticket("A", cost=100)
+    assert a.try_enter(flood)
+    served: list[str] = []
+    tasks = await queue_up(a, [(f"A{i}", flood) for i in range(6)] + [("B0", Ticket("B", cost=100))], served)
+    await drain(a, 7)
+    await asyncio.gather(*tasks)
+    # B joined behind six of A's, but A had already been served once: B goes second, not seventh
+    assert served[:2] == ["A0", "B0"]
+    assert served[2:] == ["A1", "A2", "A3", "A4", "A5"]  # one key's own requests stay in order
+
+
+async def test_alternation_between_two_busy_keys_by_tokens() -> None:
+    a = Admission(1, max_queue=100)
+    assert a.try_enter(Ticket("A", cost=10))
+    served: list[str] = []
+    big, small = Ticket("A", cost=300), Ticket("B", cost=100)
+    tasks = await queue_up(
+        a, [("A1", big), ("A2", big), ("B1", small), ("B2", small), ("B3", small), ("B4", small)], served
+    )
+    await drain(a, 6)
+    await asyncio.gather(*tasks)
+    # token-weighted: one 300-token request of A is worth three 100-token ones of B
+    assert served == ["A1", "B1", "B2", "B3", "A2", "B4"]
+
+
+async def test_weights_buy_a_larger_share() -> None:
+    a = Admission(1, max_queue=100)
+    assert a.try_enter(Ticket("x", cost=1))
+    served: list[str] = []
+    heavy, light = Ticket("H", cost=100, weight=2.0), Ticket("L", cost=100)
+    tasks = await queue_up(a, [(f"L{i}", light) for i in range(3)] + [(f"H{i}", heavy) for i in range(6)], served)
+    await drain(a, 9)
+    await asyncio.gather(*tasks)
+    first_six = served[:6]
+    assert sum(n.startswith("H") for n in first_six) == 4  # weight 2 : 1 -> 4 : 2 of the slots
+    assert sum(n.startswith("L") for n in first_six) == 2
+
+
+async def test_a_higher_class_goes_first_even_when_it_came_later() -> None:
+    a = Admission(1, max_queue=100)
+    assert a.try_enter()
+    served: list[str] = []
+    tasks = await queue_up(
+        a,
+        [("batch1", Ticket("b", priority=0)), ("batch2", Ticket("b", priority=0)), ("inter", Ticket("i", priority=2))],
+        served,
+    )
+    await drain(a, 3)
+    await asyncio.gather(*tasks)
+    assert served == ["inter", "batch1", "batch2"]
+
+
+async def test_a_lower_class_waiting_past_the_starvation_bound_goes_next() -> None:
+    clock = Clock()
+    a = Admission(1, max_queue=100, starvation_s=10.0, clock=clock)
+    assert a.try_enter()
+    served: list[str] = []
+    tasks = await queue_up(a, [("batch", Ticket("b", priority=0))], served)
+    clock.t += 11.0  # the batch request has waited 11 s
+    tasks += await queue_up(a, [("inter1", Ticket("i", priority=2)), ("inter2", Ticket("i", priority=2))], served)
+    await drain(a, 3)
+    await asyncio.gather(*tasks)
+    assert served == ["batch", "inter1", "inter2"]
+
+
+async def test_below_the_bound_the_lower_class_waits() -> None:
+    clock = Clock()
+    a = Admission(1, max_queue=100, starvation_s=10.0, clock=clock)
+    assert a.try_enter()
+    served: list[str] = []
+    tasks = await queue_up(a, [("batch", Ticket("b", priority=0))], served)
+    clock.t += 9.0
+    tasks += await queue_up(a, [("inter", Ticket("i", priority=2))], served)
+    await drain(a, 2)
+    await asyncio.gather(*tasks)
+    assert served == ["inter", "batch"]
+
+
+async def test_idle_time_is_not_banked_a_key_that_starts_waiting_is_lifted() -> None:
+    a = Admission(1, max_queue=100)
+    for _ in range(5):  # A used a lot before; C never did
+        assert a.try_enter(Ticket("A", cost=100))
+        a.leave()
+    assert a.try_enter(Ticket("A", cost=100))
+    served: list[str] = []
+    tasks = await queue_up(a, [("A1", Ticket("A", cost=100)), ("A2", Ticket("A", cost=100))], served)
+    tasks += await queue_up(a, [("C1", Ticket("C", cost=100)), ("C2", Ticket("C", cost=100))], served)
+    assert a.counter("C") == a.counter("A")  # lifted to the floor of the keys waiting, not 0
+    await drain(a, 4)
+    await asyncio.gather(*tasks)
+    assert served == ["A1", "C1", "A2", "C2"]  # alternation, not C twice for its idle past
+
+
+async def test_settling_with_the_real_usage_corrects_the_counter() -> None:
+    a = Admission(2, max_queue=10)
+    est = Ticket("A", cost=1000)
+    assert a.try_enter(est)
+    before = a.counter("A")
+    a.settle(est, 100)  # it used 100 of the 1000 reserved
+    assert a.counter("A") == before - 900
+    a.settle(est, None)  # unknown usage: the estimate stands
+    assert a.counter("A") == before - 900
+
+
+async def test_a_client_that_leaves_is_removed_at_once() -> None:
+    a = Admission(1, max_queue=10)
+    assert a.try_enter()
+    served: list[str] = []
+    tasks = await queue_up(a, [("gone", Ticket("A")), ("stays", Ticket("B"))], served)
+    tasks[0].cancel()
+    await settle_loop()
+    assert a.queued == 1
+    await drain(a, 1)
+    await asyncio.gather(tasks[1])
+    assert served == ["stays"] and a.in_flight == 1
+
+
+async def test_queue_positions_follow_the_serving_order() -> None:
+    a = Admission(1, max_queue=10)
+    assert a.try_enter(Ticket("A", cost=100))
+    served: list[str] = []
+    tasks = await queue_up(
+        a, [("A1", Ticket("A", cost=100)), ("A2", Ticket("A", cost=100)), ("B1", Ticket("B", cost=100))], served
+    )
+    futs = {w.seq: w.fut for keys in a._classes.values() for q in keys.values() for w in q}
+    a1, a2, b1 = (futs[k] for k in sorted(futs))
+    assert [a.position(f) for f in (a1, b1, a2)] == [0, 1, 2]  # A1 (tie, older), then B1, then A2
+    assert a.queued == 3  # asking changed nothing
+    assert a.position(asyncio.get_running_loop().create_future()) is None
+    await drain(a, 3)
+    await asyncio.gather(*tasks)
+
+
+async def test_retry_after_comes_from_the_drain_rate() -> None:
+    clock = Clock()
+    a = Admission(1, max_queue=100, clock=clock)
+    assert a.retry_after_s() == 1  # nothing measured yet
+    for _ in range(5):  # one slot every 2 s
+        assert a.try_enter()
+        clock.t += 2.0
+        a.leave()
+    assert a.try_enter()
+    served: list[str] = []
+    tasks = await queue_up(a, [(f"w{i}", Ticket("A")) for i in range(4)], served)
+    assert a.retry_after_s() == 10  # 4 waiting + the newcomer, at 0.5 per second
+    await drain(a, 4)
+    await asyncio.gather(*tasks)
