@@ -5,11 +5,17 @@ service never imports the HTTP layer nor writes ASGI messages: it answers whole 
 starts a stream and writes to it (`start`, `write`, `end`), and asks to be cancelled when the client
 goes away (`watch_disconnect`, `stop_watching`). The exchange records the status it sent, so no
 caller keeps a second copy of it. Like httpx's transport seam, it sits below the code that uses it.
+
+An exchange of another API (Anthropic's Messages) translates what the service answers in OpenAI's
+dialect. Where it also offers its client's own body (`NativeDialect`, handed to the service beside
+the exchange), the service may pass that body to an engine that speaks the API itself; it then says,
+before it answers, whether the answer that follows is already in the exchange's dialect
+(`answer_natively`): per request, since a failover may move it from such an engine to another.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 Headers = list[tuple[bytes, bytes]]
 JSON = b"application/json"
@@ -47,4 +53,16 @@ class ClientExchange(Protocol):
 
     def stop_watching(self) -> None:
         """Stop watching for the client's disconnect."""
+        ...
+
+
+class NativeDialect(Protocol):
+    """The client's request in its own API, for engines that serve that API natively."""
+
+    native_api: str  # "messages": Anthropic's Messages API
+    native_body: dict[str, Any]  # the client's body, validated; never mutated
+
+    def answer_natively(self, native: bool) -> None:
+        """Called before `respond`/`start`: True when the answer is the engine's own, in this API's
+        dialect (passed through), False when it is OpenAI's (to be translated)."""
         ...

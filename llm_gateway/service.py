@@ -1,31 +1,33 @@
 """The steps of one generation request (chat, completions, embeddings); each step lives elsewhere.
 
 read the body (request_info) -> resolve the public model -> check the key may use it -> reserve rate limits ->
-dispatch to a deployment (selection, admission, retries, failover) -> answer: the whole JSON body,
-or the stream relayed chunk by chunk -> settle the limits with the real usage. Usage for streams:
-the adapters always ask the engine for it and strip the extra chunk unless the client asked; if the
-engine never sent it (the stream was cut, or the client left), the completion is estimated from
-what was relayed (events and text bytes: `RelayBase.completion_estimate`) so that an aborted stream
-still pays for what was generated.
-Another API's dialect (Anthropic's /v1/messages) is a translating `ClientExchange` around the same
-steps; `count_prompt_tokens` counts a chat prompt with an engine's own tokenizer where it has one.
-The service answers through the `ClientExchange` it owns (exchange.py), never through ASGI; the
-first generated output (for TTFT) is reported by the adapter's relay, which knows the engine's shapes.
+dispatch to a deployment (selection, admission, retries, failover) -> answer: the whole JSON body, or the
+stream relayed chunk by chunk -> settle the limits with the real usage. Streams: the adapters always ask
+the engine for usage (the extra chunk is stripped unless the client asked); if the engine never sent it
+(a cut stream, a client that left), the completion is estimated from what was relayed
+(`RelayBase.completion_estimate`), so an aborted stream still pays for what was generated.
+Another API (Anthropic's /v1/messages) is a translating `ClientExchange` around the same steps, and
+`count_prompt_tokens` counts a chat prompt with an engine's own tokenizer where it has one. With the
+client's own body beside it (`NativeDialect`), each attempt asks its deployment's adapter whether the
+engine speaks that API itself: then the body passes through and the exchange is told so
+(`answer_natively`); all else (limits, retries, failover, breaker, metrics, usage) is the same path.
+The service answers through the `ClientExchange` it owns (exchange.py), never through ASGI; the first
+generated output (for TTFT) is reported by the adapter's relay, which knows the engine's shapes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import astuple, dataclass
 from typing import Any
 
-from llm_gateway.adapters.base import StreamRelay
+from llm_gateway.adapters.base import Adapter, StreamRelay
 from llm_gateway.auth import Principal
 from llm_gateway.dispatch import Trace, eligible, release
 from llm_gateway.errors import DONE, GatewayError, ModelNotFound, UpstreamProtocolError
-from llm_gateway.exchange import ClientExchange, Headers
+from llm_gateway.exchange import ClientExchange, Headers, NativeDialect
 from llm_gateway.limits.limiter import quota_headers
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.request_info import RequestInfo, read_request
@@ -51,8 +53,10 @@ class Job:
     route: ModelRoute
     info: RequestInfo
     quota: Headers  # x-ratelimit-* for every answer
+    native: NativeDialect | None = None  # the client's own body, for engines that speak its API
 
     def context(self, group: ModelRoute, dep: Deployment) -> CallContext:
+        nat = self.native
         return CallContext(
             self.endpoint,
             group.name,
@@ -62,6 +66,7 @@ class Job:
             self.call.rid,
             self.rt.config.server.reasoning_field,
             self.body.get("encoding_format") == "base64",
+            nat.native_api if nat and dep.backend.adapter.speaks_natively(nat.native_api, nat.native_body) else None,
         )
 
     def session(self) -> str | None:
@@ -104,6 +109,7 @@ class GenerationService:
         endpoint: Endpoint,
         body: dict[str, Any],
         who: Principal,
+        native: NativeDialect | None = None,
     ) -> None:
         info, route = self._route(call, rec, rt, endpoint, body, who)
         limits = rt.config.limits
@@ -111,7 +117,7 @@ class GenerationService:
             0 if endpoint == "embeddings" else (info.max_tokens or limits.default_max_tokens)
         )
         decision, reservation = await rt.limiter.admit(who, route.name, budget, call.rid)
-        job = Job(call, rec, rt, endpoint, body, route, info, quota_headers(decision))
+        job = Job(call, rec, rt, endpoint, body, route, info, quota_headers(decision), native)
         usage: Usage | None = None
         failed = False
         try:
@@ -155,11 +161,17 @@ class GenerationService:
         return info, route
 
     async def count_prompt_tokens(
-        self, call: ClientExchange, rec: RequestRecord, rt: Runtime, body: dict[str, Any], who: Principal
+        self,
+        call: ClientExchange,
+        rec: RequestRecord,
+        rt: Runtime,
+        body: dict[str, Any],
+        who: Principal,
+        native_body: dict[str, Any] | None = None,
     ) -> tuple[int, str]:
-        """The prompt tokens of a chat body: (count, "engine") from the first routable deployment whose
-        engine counts with its own tokenizer, else (the gateway's estimate, "estimate"). Not charged to
-        the key's limits: nothing is generated. At most `COUNT_ATTEMPTS` engines are asked."""
+        """The prompt tokens of a chat body (or of `native_body`, the client's own, where the engine serves its
+        count): (count, "engine") from the first routable deployment whose engine counts them, else (the
+        gateway's estimate, "estimate"); at most `COUNT_ATTEMPTS` engines asked. Not charged: nothing is generated."""
         info, route = self._route(call, rec, rt, "chat", body, who)
         now = time.monotonic()
         t = time.perf_counter()
@@ -171,8 +183,12 @@ class GenerationService:
                     break
                 if not (b.routable() and dep.breaker.available(now) and dep.model_present()):
                     continue
+                a, poster, up = b.adapter, _Poster(self.gw, b), dep.upstream_model
                 try:
-                    n = await b.adapter.count_prompt_tokens(_Poster(self.gw, b), body, dep.upstream_model)
+                    if native_body is not None and a.speaks_natively("count_tokens", native_body):
+                        n = await a.count_native_tokens(poster, native_body, body, up)
+                    else:
+                        n = await a.count_prompt_tokens(poster, body, up)
                 except GatewayError:
                     failures += 1  # the count is a courtesy: a failing engine falls back to the estimate
                     continue
@@ -184,8 +200,11 @@ class GenerationService:
         return info.prompt_tokens, "estimate"
 
     async def _send_upstream(self, job: Job, dep: Deployment, ctx: CallContext) -> UpstreamResponse:
-        adapter, rec = dep.backend.adapter, job.rec
-        req = adapter.build(job.endpoint, job.body, ctx)
+        adapter, rec, api = dep.backend.adapter, job.rec, ctx.native_api
+        if api is not None and job.native is not None:
+            req = adapter.build_native(api, job.native.native_body, ctx)
+        else:
+            req = adapter.build(job.endpoint, job.body, ctx)
         t = time.perf_counter()
         try:
             resp = await self.gw.upstream.send(
@@ -203,11 +222,14 @@ class GenerationService:
             resp.close()
             rec.upstream_s += time.perf_counter() - t
         if status < 400:
+            name = dep.backend.name
             raise UpstreamProtocolError(
-                f"backend '{dep.backend.name}' answered with a redirect ({status}); the gateway does not follow "
-                "redirects from engines",
-                backend=dep.backend.name,
+                f"backend '{name}' answered with a redirect ({status}); the gateway does not follow them", backend=name
             )
+        if api is not None and adapter.native_unserved(api, status, data):
+            adapter.unserved.add(api)  # an engine version without the route: translated from now on,
+            ctx.native_api = None  # this call included
+            return await self._send_upstream(job, dep, ctx)
         raise adapter.error(status, data, resp.headers.get("content-type", ""))
 
     # -- whole answers ---------------------------------------------------------------------------------
@@ -215,7 +237,7 @@ class GenerationService:
         trace = Trace()
         rec = job.rec
 
-        async def exchange(dep: Deployment, group: ModelRoute) -> tuple[bytes, Usage | None]:
+        async def exchange(dep: Deployment, group: ModelRoute) -> tuple[bytes, Usage | None, str | None]:
             ctx = job.context(group, dep)
             resp = await self._send_upstream(job, dep, ctx)
             t = time.perf_counter()
@@ -224,11 +246,13 @@ class GenerationService:
             finally:
                 resp.close()
                 rec.upstream_s += time.perf_counter() - t
-            return dep.backend.adapter.response_body(data, ctx)
+            a, api = dep.backend.adapter, ctx.native_api
+            return *(a.native_response_body(api, data, ctx) if api else a.response_body(data, ctx)), api
 
         job.call.watch_disconnect(DISCONNECT_WATCH_DELAY_S)
+        rt = job.rt
         try:
-            out, usage = await job.rt.dispatcher.run(job.rt.table, job.route, job.info, job.session(), exchange, trace)
+            out, usage, api = await rt.dispatcher.run(rt.table, job.route, job.info, job.session(), exchange, trace)
         finally:
             job.call.stop_watching()
             job.traced(trace)
@@ -238,6 +262,8 @@ class GenerationService:
         dep.breaker.success()
         if usage is not None:
             rec.prompt_tokens, rec.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        if job.native is not None:
+            job.native.answer_natively(api is not None)
         await job.call.respond(200, out, job.answer_headers(dep))
         return usage
 
@@ -280,7 +306,9 @@ class GenerationService:
 
     async def _relay(self, job: Job, dep: Deployment, resp: UpstreamResponse, ctx: CallContext) -> Usage | None:
         call, rec = job.call, job.rec
-        relay: StreamRelay = dep.backend.adapter.relay(ctx)
+        relay, cut = _relay_for(dep.backend.adapter, ctx)
+        if job.native is not None:
+            job.native.answer_natively(ctx.native_api is not None)
         headers = job.answer_headers(dep)
         headers += [
             (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -312,13 +340,12 @@ class GenerationService:
                 if relay.error is not None:
                     break
             else:
-                tail = relay.finish()
-                if tail:
+                if tail := relay.finish():
                     await call.write(tail)
         except GatewayError as e:  # the engine failed mid-body: cut, idle timeout, reset
             err = e
             if relay.error is None:
-                await call.write(e.sse_event() + DONE)
+                await call.write(cut(e))
         finally:
             rec.prompt_tokens, rec.completion_tokens, rec.usage_estimated = _usage_of(relay, job.info.prompt_tokens)
         err = err or relay.error
@@ -348,18 +375,20 @@ class _Poster:
 
     async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
         b = self._backend
-        t = b.timeouts
-        timeouts = UpstreamTimeouts(
-            min(t.connect_s, COUNT_TIMEOUTS.connect_s),
-            min(t.first_byte_s, COUNT_TIMEOUTS.first_byte_s),
-            min(t.idle_s, COUNT_TIMEOUTS.idle_s),
-            min(t.total_s, COUNT_TIMEOUTS.total_s),
-        )
+        timeouts = UpstreamTimeouts(*map(min, astuple(b.timeouts), astuple(COUNT_TIMEOUTS)))
         resp = await self._gw.upstream.send("POST", b.cfg.url + path, headers, body, timeouts)
         try:
             return resp.status, await resp.read(ERROR_BODY_LIMIT)
         finally:
             resp.close()
+
+
+def _relay_for(adapter: Adapter, ctx: CallContext) -> tuple[StreamRelay, Callable[[GatewayError], bytes]]:
+    """The call's relay, and how a failure after the first byte reaches the client in its dialect."""
+    if ctx.native_api is not None:
+        relay = adapter.native_relay(ctx.native_api, ctx)
+        return relay, relay.fail
+    return adapter.relay(ctx), lambda e: e.sse_event() + DONE
 
 
 def _usage_of(relay: StreamRelay, prompt_estimate: int) -> tuple[int, int, bool]:

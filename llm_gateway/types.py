@@ -36,6 +36,9 @@ class CallContext:
     request_id: str
     reasoning_field: str = "reasoning_content"
     embedding_b64: bool = False
+    #: the API whose own body this call passes through to the engine ("messages": Anthropic's), or
+    #: None when the call is translated to `endpoint`; chosen per attempt (a failover may change it)
+    native_api: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

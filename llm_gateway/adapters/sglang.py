@@ -7,6 +7,14 @@
   `sglang:token_usage` (KV token-pool fraction). Without metrics the probe falls back to `/get_load`.
 - `finish_reason` may be `"abort"`: the generation failed, surfaced as an error.
 - Reasoning text is `reasoning_content`. `repeat_penalty` becomes `repetition_penalty`.
+- Anthropic's Messages API is translated to chat (no `native_apis`): its own /v1/messages is not
+  faithful (sgl-project/sglang `python/sglang/srt/entrypoints/anthropic/serving.py`
+  @0198d48d21ccf1f0fc0015736b534948295b893b): the stream drops the reasoning (no thinking blocks:
+  bifrost#2446's failure) and the text of the chunk that carries the finish reason; a matched stop
+  sequence is "end_turn"; `thinking`, `output_config` and `disable_parallel_tool_use` are dropped;
+  an error of the chat handler (a prompt too long) becomes 500 "Internal processing error", which
+  would read as a failing backend; a mid-stream error is an error event after which the stream goes
+  on. The emulator has no such route either.
 """
 
 from __future__ import annotations

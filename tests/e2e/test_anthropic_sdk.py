@@ -300,7 +300,9 @@ async def test_the_sdk_reads_tool_use_answers_whole_and_streamed() -> None:
         b"data: [DONE]\n\n",
     )
     up = FakeUpstream({("POST", "http://engine-a.test/v1/chat/completions"): [FakeAnswer.json(whole), streamed]})
-    app = create_app(make_config(ONE_BACKEND.replace("embeddings]}", "embeddings, tools]}")), upstream=up, probes=False)
+    # the translated path: a generic OpenAI-compatible engine (vLLM would be asked its own /v1/messages)
+    cfg = ONE_BACKEND.replace("embeddings]}", "embeddings, tools]}").replace("engine: vllm", "engine: openai")
+    app = create_app(make_config(cfg), upstream=up, probes=False)
     http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gateway.test")
     sdk = anthropic.AsyncAnthropic(base_url="http://gateway.test", api_key=TEST_KEY, http_client=http, max_retries=0)
     try:

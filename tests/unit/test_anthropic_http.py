@@ -83,8 +83,13 @@ def assert_anthropic_error(r: httpx.Response, status: int, etype: str) -> dict[s
     return body["error"]  # type: ignore[no-any-return]
 
 
+#: these cases are the translated path: a generic OpenAI-compatible engine (vLLM serves Messages itself,
+#: see test_anthropic_native.py)
+TRANSLATED = ONE_BACKEND.replace("engine: vllm", "engine: openai")
+
+
 def config(extra_key: str = "", server: str = "{access_log: false}", backend: str = "") -> Any:
-    text = ONE_BACKEND.replace("server: {access_log: false}", f"server: {server}")
+    text = TRANSLATED.replace("server: {access_log: false}", f"server: {server}")
     if extra_key:
         text = text.replace(
             '{name: alice, sha256: "${ALICE_SHA}"}', f'{{name: alice, sha256: "${{ALICE_SHA}}", {extra_key}}}'
@@ -188,7 +193,7 @@ async def test_a_tool_call_answer_whole_and_streamed() -> None:
         }
     )
     tools = [{"name": "weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
-    cfg = make_config(ONE_BACKEND.replace("embeddings]}", "embeddings, tools]}"))
+    cfg = make_config(TRANSLATED.replace("embeddings]}", "embeddings, tools]}"))
     async with gateway_client(cfg, upstream=up) as (client, _):
         r1 = await client.post("/v1/messages", json={**MESSAGES, "tools": tools})
         r2 = await client.post("/v1/messages", json={**MESSAGES, "tools": tools, "stream": True})
@@ -247,7 +252,7 @@ async def test_limits_headers_and_usage_accounting_are_the_chat_paths() -> None:
     assert "limit" in err["message"]
     assert r3.headers["retry-after"] and r3.headers["x-ratelimit-remaining-requests"] == "0"
     assert len(up.calls_to(ENGINE_CHAT)) == 2  # the refused one never reached the engine
-    assert 'gateway_requests_total{backend="engine-a",endpoint="chat",engine="vllm",model="public-model"' in metrics
+    assert 'gateway_requests_total{backend="engine-a",endpoint="chat",engine="openai",model="public-model"' in metrics
     assert 'gateway_completion_tokens_total{backend="engine-a",model="public-model"} 4.0' in metrics
 
 
@@ -320,10 +325,18 @@ async def test_openai_routes_keep_openais_envelope() -> None:
 # -- count_tokens -------------------------------------------------------------------------------------------
 
 
+NO_ROUTE = FakeAnswer.json({"detail": "Not Found"}, 404)  # a vLLM before its Anthropic router
+
+
 async def test_count_tokens_asks_the_engines_tokenizer() -> None:
-    up = FakeUpstream({("POST", f"{ENGINE}/tokenize"): FakeAnswer.json({"count": 17, "max_model_len": 4096})})
+    up = FakeUpstream(
+        {
+            ("POST", f"{ENGINE}/v1/messages/count_tokens"): NO_ROUTE,
+            ("POST", f"{ENGINE}/tokenize"): FakeAnswer.json({"count": 17, "max_model_len": 4096}),
+        }
+    )
     body = {"model": "pm", "messages": [{"role": "user", "content": "hello"}], "system": "s"}
-    async with gateway_client(config(), upstream=up) as (client, _):
+    async with gateway_client(make_config(ONE_BACKEND), upstream=up) as (client, _):
         r = await client.post("/v1/messages/count_tokens", json=body)
     assert r.status_code == 200, r.text
     assert r.json() == {"input_tokens": 17}
@@ -338,15 +351,20 @@ async def test_count_tokens_asks_the_engines_tokenizer() -> None:
 
 
 async def test_count_tokens_falls_back_to_the_estimate_and_says_so() -> None:
-    up = FakeUpstream({("POST", f"{ENGINE}/tokenize"): FakeAnswer.json({"error": "nope"}, 404)})
-    async with gateway_client(config(), upstream=up) as (client, _):
+    up = FakeUpstream(
+        {
+            ("POST", f"{ENGINE}/v1/messages/count_tokens"): NO_ROUTE,
+            ("POST", f"{ENGINE}/tokenize"): FakeAnswer.json({"error": "nope"}, 404),
+        }
+    )
+    async with gateway_client(make_config(ONE_BACKEND), upstream=up) as (client, _):
         r = await client.post("/v1/messages/count_tokens", json={"model": "pm", "messages": MESSAGES["messages"]})
         bad = await client.post("/v1/messages/count_tokens", json={"model": "nope", "messages": MESSAGES["messages"]})
     assert r.json() == {"input_tokens": (16 + 5) // 4 + 1}
     assert r.headers["x-gateway-token-count"] == "estimate"
     assert_anthropic_error(bad, 404, "not_found_error")
-    down = FakeUpstream({("POST", f"{ENGINE}/tokenize"): refused()})
-    async with gateway_client(config(), upstream=down) as (client, _):
+    down = FakeUpstream(default=refused())
+    async with gateway_client(make_config(ONE_BACKEND), upstream=down) as (client, _):
         r = await client.post("/v1/messages/count_tokens", json={"model": "pm", "messages": MESSAGES["messages"]})
     assert r.status_code == 200 and r.headers["x-gateway-token-count"] == "estimate"
     assert len(down.calls) == 1
