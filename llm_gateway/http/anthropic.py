@@ -99,7 +99,7 @@ class AnthropicExchange:
 
 
 async def messages(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
-    rec.endpoint = "chat"
+    rec.endpoint = "messages"
     who = authenticate(call, rec, rt)
     body = await read_json_object(ctx, call)
     req = to_chat(body)

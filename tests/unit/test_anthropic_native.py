@@ -365,7 +365,7 @@ async def test_a_stream_passes_through_and_settles_the_limits_with_the_engines_u
     assert r2.headers["x-ratelimit-remaining-tokens"] == str(10000 - 16 - 106)
     assert up.calls[0].json() == {**MESSAGES, "stream": True, "model": "upstream-model"}  # no stream_options added
     assert 'gateway_completion_tokens_total{backend="vllm-a",model="public-model"} 10.0' in metrics
-    assert 'endpoint="chat",engine="vllm",model="public-model",outcome="success"' in metrics
+    assert 'endpoint="messages",engine="vllm",model="public-model",outcome="success"' in metrics
     assert "gateway_time_to_first_token_seconds_count" in metrics
 
 
