@@ -9,6 +9,34 @@ A loopback-bound Ollama answers an empty 403 to a non-local `Host`, so the reque
 one. Ollama reports no load: the gateway's own in-flight count is what routing sees. Bad option
 types and bad JSON schemas come back as 500 (`option "num_ctx" must be of type integer`): those are
 the request's fault and become 400.
+
+Prompts longer than the context window: Ollama cuts them to its `num_ctx` and answers 200 unless told
+not to, where llama-server and vLLM answer 400 `context_length_exceeded`. The gateway never lets a
+prompt be cut silently:
+- Refused up front where Ollama can be told: every chat/generate/embed request carries
+  `truncate: false` (unless the client set `truncate` itself). Ollama >= 0.12.6 then answers 400 "the
+  input length exceeds the context length" (v0.13.5 runner/llamarunner/runner.go `errorInputTooLong`),
+  or, at HEAD fb3076099 (llm/llama_server.go), the llama-server error `exceed_context_size_error`
+  wrapped in its own; /api/embed answers "input length exceeds maximum context length" from 0.5.4
+  on (server/routes.go `EmbedHandler` @2ddc32d). All of these become 400 `context_length_exceeded`,
+  as llama-server's does. A prompt whose lower-bound size (`ollama_request.min_tokens`) already
+  reaches a `num_ctx` set in the request is refused before it is sent.
+- Detected afterwards where it cannot: Ollama before 0.12.6 (the 0.5.4 of our tests included) has no
+  `truncate` for chat/generate; its runner keeps `num_ctx` tokens of a longer prompt (0.5.4
+  llama/runner/runner.go `NewSequence`: exactly `num_ctx`) and its chat handler drops whole older
+  messages first (server/prompt.go `chatPrompt`). `prompt_eval_count` is the prompt it evaluated (all
+  of it, cached or not), so an answer whose `prompt_eval_count` is below the prompt's lower bound, or
+  reaches a `num_ctx` the request set, was cut: 400 `context_length_exceeded` instead of the answer
+  (at the end of a stream, as an error event). A prompt cut by less than its lower bound's margin (at
+  most 8 bytes of text a token, blanks not counted) cannot be told from a whole one: only those pass.
+
+Logprobs: Ollama >= 0.12.11 returns them (api/types.go `ChatRequest.Logprobs`/`TopLogprobs`,
+59241c5be); the adapter learns the version from `/api/version` in its probe and refuses
+`logprobs` with a 400 on an older one (and on one that turned out to ignore them). Whole answers that
+Ollama did not finish (`done: false`, its repeated-token abort, or a `done_reason` other than stop or
+length) are a 502 `generation_failed`, like SGLang's and LMDeploy's aborts. Errors raised after a
+generation carry its usage (`ChargedError.usage`: Ollama's counts, or an estimate of the text) for the
+service to bill.
 """
 
 from __future__ import annotations
@@ -23,14 +51,68 @@ from urllib.parse import urlsplit
 import orjson
 
 from llm_gateway.adapters.base import Adapter, ProbeClient, UpstreamRequest
-from llm_gateway.adapters.error_bodies import json_object, parse_error_body, upstream_error
-from llm_gateway.adapters.ollama_request import native_body
-from llm_gateway.adapters.ollama_stream import OllamaRelay, finish_reason, openai_usage, tool_calls_to_openai
-from llm_gateway.errors import EngineErrorAnswer
+from llm_gateway.adapters.error_bodies import EngineError, json_object, parse_error_body, upstream_error
+from llm_gateway.adapters.ollama_request import PromptFacts, native_body, prompt_facts
+from llm_gateway.adapters.ollama_stream import (
+    OllamaRelay,
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    openai_usage,
+    tool_calls_to_openai,
+    unfinished,
+)
+from llm_gateway.adapters.relay_base import BYTES_PER_TOKEN
+from llm_gateway.errors import EngineErrorAnswer, GatewayError, InvalidRequest
 from llm_gateway.types import BackendInfo, CallContext, Endpoint, ProbeResult, Usage
 
 _PATHS = {"chat": "/api/chat", "completions": "/api/generate", "embeddings": "/api/embed"}
 _CLIENT_HINTS = ("must be of type", "invalid", "cannot unmarshal", "unknown option", "json schema")
+#: Ollama's words for a prompt longer than the context window, across versions (see the module docstring)
+_CONTEXT_HINTS = (
+    "exceeds the context length",
+    "exceeds maximum context length",
+    "exceeds the available context size",
+    "exceed_context_size_error",
+    "longer than the context length",
+)
+#: the first version with logprobs (59241c5be, v0.12.11); truncate came in v0.12.6 (6544e1473)
+LOGPROBS_SINCE = (0, 12, 11)
+_FACTS_KEPT = 4096  # calls built and not yet answered whose facts are kept (a bound, not a queue size)
+
+
+class ChargedError(EngineErrorAnswer):
+    """An error found in an answer after Ollama generated it: `usage` is what it spent, to be billed."""
+
+    def __init__(self, message: str, *, usage: Usage, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.usage = usage
+
+
+def parse_version(text: Any) -> tuple[int, int, int] | None:
+    """`0.5.4-ipexllm-20250407` -> (0, 5, 4); None for anything else (a dev build, no version)."""
+    if not isinstance(text, str):
+        return None
+    head = text.strip().lstrip("v").split("-", 1)[0].split(".")
+    if len(head) < 3 or not all(p.isdigit() for p in head[:3]):
+        return None
+    return int(head[0]), int(head[1]), int(head[2])
+
+
+def _context_message(message: str) -> str:
+    """The words of an Ollama error, unwrapping the llama-server JSON error that HEAD puts in its own."""
+    try:
+        inner = orjson.loads(message)
+    except orjson.JSONDecodeError:
+        return message
+    err = inner.get("error") if isinstance(inner, dict) else None
+    text = err.get("message") if isinstance(err, dict) else None
+    return text if isinstance(text, str) else message
+
+
+def _is_context_error(message: str) -> bool:
+    low = message.lower()
+    return any(h in low for h in _CONTEXT_HINTS)
 
 
 def _local_host(url: str) -> str | None:
@@ -59,16 +141,95 @@ class OllamaAdapter(Adapter):
             self.headers["Host"] = host
         if backend.api_key:  # Ollama itself has no auth; a key is for a fronting proxy
             self.headers["Authorization"] = f"Bearer {backend.api_key}"
+        #: the engine's version, from the last probe's /api/version (None: not known yet)
+        self.version: tuple[int, int, int] | None = None
+        #: set once an answer showed that this engine ignores `logprobs`
+        self.ignores_logprobs = False
+        # what each call in flight asked for, by its context (build() always comes first, with the same one)
+        self._facts: dict[int, PromptFacts] = {}
+
+    def returns_logprobs(self) -> bool | None:
+        """Does this Ollama return logprobs? None while its version is not known."""
+        if self.ignores_logprobs:
+            return False
+        return None if self.version is None else self.version >= LOGPROBS_SINCE
 
     # -- requests ----------------------------------------------------------------------------------
     def build(self, endpoint: Endpoint, body: dict[str, Any], ctx: CallContext) -> UpstreamRequest:
-        out = native_body(endpoint, body, ctx.upstream_model, ctx.stream)
+        out = native_body(endpoint, body, ctx.upstream_model, ctx.stream, self.returns_logprobs())
+        facts = prompt_facts(endpoint, body, out)
+        if facts.check_truncation and facts.num_ctx is not None and facts.floor >= facts.num_ctx:
+            raise InvalidRequest(
+                f"the prompt has at least {facts.floor} tokens, more than the context window it asks for "
+                f"(num_ctx {facts.num_ctx}); shorten the prompt or raise num_ctx",
+                param="messages" if endpoint == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        facts_by_call = self._facts
+        facts_by_call.pop(id(ctx), None)
+        if len(facts_by_call) >= _FACTS_KEPT:  # calls that never got an answer (connect failures)
+            del facts_by_call[next(iter(facts_by_call))]
+        facts_by_call[id(ctx)] = facts
         return UpstreamRequest(
             "POST", _PATHS[endpoint], {**self.headers, "X-Request-Id": ctx.request_id}, orjson.dumps(out)
         )
 
+    def _facts_of(self, ctx: CallContext) -> PromptFacts:
+        return self._facts.pop(id(ctx), None) or PromptFacts()
+
+    def verdict(
+        self, obj: dict[str, Any], facts: PromptFacts, logprobs_seen: bool, usage: Usage
+    ) -> GatewayError | None:
+        """The error a final answer object amounts to (None: it stands): a generation Ollama did not finish,
+        a prompt it cut, logprobs it ignored. Each carries the usage, to be billed."""
+        where = f"backend '{self.backend.name}' (ollama)"
+        why = unfinished(obj)
+        if why is not None:
+            return ChargedError(
+                f"{where} did not finish the generation: {why}",
+                usage=usage,
+                status=502,
+                code="generation_failed",
+                backend=self.backend.name,
+            )
+        n = usage.prompt_tokens
+        if facts.check_truncation and n > 0:
+            if n < facts.floor:
+                cut = (
+                    f"evaluated only {n} tokens of a prompt of at least {facts.floor}: it cut the prompt to its num_ctx"
+                )
+            elif facts.num_ctx is not None and n >= facts.num_ctx:
+                cut = f"evaluated {n} prompt tokens, all of the context window asked for (num_ctx {facts.num_ctx})"
+            else:
+                cut = ""
+            if cut:
+                return ChargedError(
+                    f"the prompt is longer than the model's context window: {where} {cut}; "
+                    "shorten the prompt or raise num_ctx",
+                    usage=usage,
+                    status=400,
+                    type_="invalid_request_error",
+                    code="context_length_exceeded",
+                    param="messages" if "message" in obj else "prompt",
+                    backend=self.backend.name,
+                )
+        if facts.logprobs and not logprobs_seen and usage.completion_tokens > 0:
+            self.ignores_logprobs = True
+            return ChargedError(
+                f"'logprobs' is not supported by the Ollama backend serving this model: {where} returned none "
+                "(they came in Ollama 0.12.11)",
+                usage=usage,
+                status=400,
+                type_="invalid_request_error",
+                code="unsupported_parameter",
+                param="logprobs",
+                backend=self.backend.name,
+            )
+        return None
+
     # -- responses ---------------------------------------------------------------------------------
     def response_body(self, body: bytes, ctx: CallContext) -> tuple[bytes, Usage | None]:
+        facts = self._facts_of(ctx)
         obj = json_object(body, self.backend.name, self.kind)
         if "error" in obj:
             raise self._frame_error(str(obj["error"]))
@@ -76,6 +237,14 @@ class OllamaAdapter(Adapter):
         now = int(time.time())
         if ctx.endpoint == "embeddings":
             return self._embeddings(obj, ctx), Usage(usage.prompt_tokens, 0)
+        text = (obj.get("message") or {}).get("content") if ctx.endpoint == "chat" else obj.get("response")
+        if not usage.completion_tokens and isinstance(text, str) and text:  # done: false carries no counts
+            usage = Usage(usage.prompt_tokens, -(-len(text.encode()) // BYTES_PER_TOKEN))
+        entries = obj.get("logprobs")
+        entries = entries if isinstance(entries, list) else []
+        err = self.verdict(obj, facts, bool(entries), usage)
+        if err is not None:
+            raise err
         usage_json = openai_usage(usage)
         if ctx.endpoint == "completions":
             out: dict[str, Any] = {
@@ -87,7 +256,7 @@ class OllamaAdapter(Adapter):
                     {
                         "index": 0,
                         "text": obj.get("response", ""),
-                        "logprobs": None,
+                        "logprobs": completion_logprobs(entries, 0)[0] if facts.logprobs else None,
                         "finish_reason": finish_reason(obj, False),
                     }
                 ],
@@ -107,7 +276,12 @@ class OllamaAdapter(Adapter):
             "created": now,
             "model": ctx.public_model,
             "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(obj, bool(calls))}
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": chat_logprobs(entries) if facts.logprobs else None,
+                    "finish_reason": finish_reason(obj, bool(calls)),
+                }
             ],
             "usage": usage_json,
         }
@@ -131,7 +305,7 @@ class OllamaAdapter(Adapter):
         )
 
     def relay(self, ctx: CallContext) -> OllamaRelay:
-        return OllamaRelay(ctx, self._frame_error)
+        return OllamaRelay(ctx, self._frame_error, self._facts_of(ctx), self.verdict)
 
     def stream_content_types(self) -> tuple[str, ...]:
         return ("application/x-ndjson", "application/json")
@@ -157,13 +331,21 @@ class OllamaAdapter(Adapter):
             )
         if status == 499:
             return upstream_error(name, self.kind, 499, err, retryable=False, client_error=True)
+        if status in (400, 500) and _is_context_error(err.message):
+            return self._context_error(err.message)
         if status == 500 and any(h in err.message.lower() for h in _CLIENT_HINTS):
             # Ollama answers 500 for bad option types and bad schemas: the request's fault
             return upstream_error(name, self.kind, 400, err, client_error=True)
         busy = status == 503 and "busy" in err.message  # OLLAMA_MAX_QUEUE reached
         return upstream_error(name, self.kind, status, err, retryable=status in (429, 502, 503, 504), busy=busy)
 
+    def _context_error(self, message: str) -> EngineErrorAnswer:
+        err = EngineError(_context_message(message), code="context_length_exceeded")
+        return upstream_error(self.backend.name, self.kind, 400, err, client_error=True)
+
     def _frame_error(self, message: str) -> EngineErrorAnswer:
+        if _is_context_error(message):
+            return self._context_error(message)
         return EngineErrorAnswer(
             f"backend '{self.backend.name}' (ollama) failed mid-stream: {message}",
             status=502,
@@ -173,9 +355,14 @@ class OllamaAdapter(Adapter):
 
     # -- probes ------------------------------------------------------------------------------------
     async def probe(self, client: ProbeClient) -> ProbeResult:
-        status, _ = await client.get("/api/version", self.headers)
+        status, body = await client.get("/api/version", self.headers)
         if status != 200:
             return ProbeResult("down", detail=f"/api/version answered {status}")
+        try:
+            version = orjson.loads(body).get("version")
+        except (orjson.JSONDecodeError, AttributeError):
+            version = None
+        self.version = parse_version(version)
         status, body = await client.get("/api/tags", self.headers)
         models: set[str] = set()
         if status == 200:

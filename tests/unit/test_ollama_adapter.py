@@ -68,6 +68,7 @@ def test_minimal_chat_request_maps_to_api_chat():
         "model": "qwen3:8b",
         "stream": True,
         "messages": [{"role": "user", "content": "hi"}],
+        "truncate": False,  # Ollama must refuse a prompt beyond its window, not cut it
     }
 
 
@@ -133,7 +134,7 @@ def test_openai_only_fields_are_not_forwarded():
         "user": "u-1",
         "tool_choice": "auto",
         "parallel_tool_calls": True,
-        "logit_bias": {"1": 2},
+        "logit_bias": {},  # an empty one: a non-empty one is refused (Ollama has no logit bias)
         "stream_options": {"include_usage": True},
         "service_tier": "auto",
         "store": False,
@@ -143,6 +144,7 @@ def test_openai_only_fields_are_not_forwarded():
         "model": "qwen3:8b",
         "stream": True,
         "messages": [{"role": "user", "content": "hi"}],
+        "truncate": False,
     }
 
 
@@ -292,6 +294,7 @@ def test_completions_map_to_api_generate_in_raw_mode():
         "options": {"num_predict": 5},
         "prompt": "Once upon",
         "raw": True,
+        "truncate": False,
     }
 
 
@@ -310,7 +313,7 @@ def test_completions_refuse_batched_or_token_prompts(prompt):
 def test_embeddings_map_to_api_embed_without_stream():
     req = adapter().build("embeddings", {"input": ["a", "b"], "encoding_format": "base64"}, ctx("embeddings"))
     assert req.path == "/api/embed"
-    assert orjson.loads(req.body) == {"model": "qwen3:8b", "input": ["a", "b"]}
+    assert orjson.loads(req.body) == {"model": "qwen3:8b", "truncate": False, "input": ["a", "b"]}
 
 
 def test_embeddings_refuse_token_id_input():

@@ -9,6 +9,21 @@ endpoints stream NDJSON by default; the final object has ``done: true``, ``done_
 and nanosecond durations; a mid-stream error is an ``{"error": ...}`` line with status 200.
 ``max_queue`` is OLLAMA_MAX_QUEUE (503 "server busy" beyond it). The ``/v1`` layer lives
 in ``ollama_v1``.
+
+A prompt longer than the context window (``options.num_ctx``, else ``ctx_len``) is cut
+and answered 200, its ``prompt_eval_count`` what was kept: 0.5.4 keeps exactly ``num_ctx``
+tokens (llama/runner/runner.go ``NewSequence`` @2ddc32d5c5386b28062a46ac6cfea5160cd9f600, and
+ignores ``truncate``, ``logprobs``, ``top_logprobs``: its ``ChatRequest`` has none of them); HEAD
+keeps ``contextShiftPromptLimit`` of them (llm/llama_server.go ``completionPromptForRequest``
+@fb3076099) unless ``truncate: false``, which makes a prompt of ``num_ctx`` tokens or more
+(llama-server's own limit) a 400 whose message is llama-server's ``exceed_context_size_error``
+body (the same file, ``Completion``: ``api.StatusError`` of the raw body). The emulator
+cuts tokens, not whole older messages as ``chatPrompt`` does first.
+``/api/embed`` with ``truncate: false`` refuses an input past the window in both (0.5.4
+server/routes.go ``EmbedHandler``; HEAD llm/llama_server.go ``normalizeEmbeddingError``). HEAD
+returns ``logprobs`` (``[{token, logprob, bytes, top_logprobs?}]``, api/types.go ``Logprob``;
+server/logprob.go ``toAPILogprobs``) on each stream line and, concatenated, in a whole answer;
+``top_logprobs`` outside 0..20 is a 400 (server/routes.go ``ChatHandler``/``GenerateHandler``).
 """
 
 from __future__ import annotations
@@ -34,6 +49,63 @@ DETAILS = {
     "quantization_level": "unknown",
 }
 JSON_UTF8 = "application/json; charset=utf-8"
+NUM_KEEP = 4  # api.DefaultOptions NumKeep
+
+
+def kept_prompt(prompt_tokens: int, num_ctx: int, legacy: bool) -> int:
+    """The prompt tokens Ollama evaluates of a prompt that may not fit ``num_ctx`` (when it truncates)."""
+    if legacy:
+        return min(prompt_tokens, num_ctx)  # 0.5.4: ``len(inputs) > numCtx`` keeps exactly numCtx
+    if num_ctx <= 1 or prompt_tokens <= num_ctx - 1:
+        return prompt_tokens
+    keep = max(0, min(NUM_KEEP + 1, num_ctx - 1))  # + BOS
+    return num_ctx - max((num_ctx - keep) // 2, 1)  # HEAD: contextShiftPromptLimit
+
+
+def token_logprobs(tokens: list[str], top: int) -> list[dict[str, Any]]:
+    """HEAD's ``logprobs`` entries for ``tokens`` (emulated values: the chosen token is the likeliest)."""
+    out: list[dict[str, Any]] = []
+    for t in tokens:
+        i = textgen.VOCAB.index(t) if t in textgen.VOCAB else 0
+        entry: dict[str, Any] = {"token": t, "logprob": -0.25 - (i % 5) * 0.5}
+        if t:
+            entry["bytes"] = list(t.encode())
+        if top > 0:
+            alts = [t] + [textgen.VOCAB[(i + k) % len(textgen.VOCAB)] for k in range(1, top)]
+            entry["top_logprobs"] = [
+                {"token": a, "logprob": entry["logprob"] - k, "bytes": list(a.encode())} for k, a in enumerate(alts)
+            ]
+        out.append(entry)
+    return out
+
+
+def split_tokens(text: str) -> list[str]:
+    """The emulated tokens of generated ``text`` (VOCAB in order from the first; a stop-cut rest as one)."""
+    out: list[str] = []
+    pos = i = 0
+    while pos < len(text):
+        t = textgen.token_text(i)
+        if not t or not text.startswith(t, pos):
+            out.append(text[pos:])
+            break
+        out.append(t)
+        pos += len(t)
+        i += 1
+    return out
+
+
+class LogprobStream(NativeStream):
+    """HEAD's stream lines with ``logprobs`` (after ``done``, as api.ChatResponse orders its fields)."""
+
+    def __init__(self, eng: Ollama, model: str, chat: bool, top: int) -> None:
+        super().__init__(eng, model, chat)
+        self.top = top
+
+    def token(self, delta: str) -> bytes:
+        line = super().token(delta)
+        if not delta:
+            return line
+        return line[:-2] + b',"logprobs":' + go_json(token_logprobs([delta], self.top)) + b"}\n"
 
 
 class Ollama(Engine):
@@ -120,20 +192,28 @@ class Ollama(Engine):
             await asyncio.sleep(self.cfg.load_delay_s)
         self.loaded = True
 
-    def done_object(self, model: str, chat: bool, text: str, res: Result, reason: str | None = None) -> dict[str, Any]:
+    def done_object(
+        self, model: str, chat: bool, text: str, res: Result, reason: str | None = None, top: int | None = None
+    ) -> dict[str, Any]:
+        """The final object; ``top`` (logprobs asked, HEAD): the whole answer's ``logprobs``."""
         obj: dict[str, Any] = {"model": model, "created_at": textgen.go_time()}
+        lp = token_logprobs(split_tokens(text), top) if top is not None and text else None
         if chat:
             obj["message"] = {"role": "assistant", "content": text}
             if res.reasoning:
                 obj["message"]["thinking"] = res.reasoning
             obj["done_reason"] = reason or res.finish
             obj["done"] = True
+            if lp:
+                obj["logprobs"] = lp
         else:
             obj["response"] = text
             obj["done"] = True
             obj["done_reason"] = reason or res.finish
             obj["context"] = [textgen.token_id(i) for i in range(min(res.prompt_tokens + res.completion_tokens, 64))]
         obj.update(self.durations(res))
+        if lp and not chat:
+            obj["logprobs"] = lp
         return obj
 
     @staticmethod
@@ -296,9 +376,34 @@ class Ollama(Engine):
                 obj.update({"response": "", "done": True, "done_reason": "unload" if unload else "load"})
             await self.reply(req, self.jr(200, obj))
             return
+        legacy = self.cfg.ollama_legacy
+        top: int | None = None
+        if not legacy and body.get("logprobs") is True:
+            top = body.get("top_logprobs") or 0
+            if not isinstance(top, int) or not 0 <= top <= 20:
+                await self.reply(req, self.err(400, "top_logprobs must be between 0 and 20"))
+                return
         pt = textgen.chat_prompt_tokens(body["messages"]) if chat else textgen.prompt_tokens(body.get("prompt"))
+        num_ctx = opts.get("num_ctx")
+        num_ctx = num_ctx if isinstance(num_ctx, int) and num_ctx > 0 else self.cfg.ctx_len
+        if not legacy and body.get("truncate") is False and pt >= num_ctx:
+            lcpp = {
+                "error": {
+                    "code": 400,
+                    "message": f"request ({pt} tokens) exceeds the available context size ({num_ctx} tokens), "
+                    "try increasing it",
+                    "type": "exceed_context_size_error",
+                    "n_prompt_tokens": pt,
+                    "n_ctx": num_ctx,
+                }
+            }
+            await self.reply(req, self.err(400, go_json(lcpp).decode()))
+            return
+        pt = kept_prompt(pt, num_ctx, legacy)
         stream = body.get("stream", True) is not False
-        fmt = NativeStream(self, model, chat) if stream else None
+        fmt: NativeStream | None = None
+        if stream:
+            fmt = NativeStream(self, model, chat) if top is None else LogprobStream(self, model, chat, top)
 
         def build(res: Result) -> Reply:
             if res.finish is None:  # repeat abort
@@ -306,7 +411,7 @@ class Ollama(Engine):
                 obj.update({"message": {"role": "assistant", "content": res.text}} if chat else {"response": res.text})
                 obj["done"] = False
                 return self.jr(200, obj)
-            return self.jr(200, self.done_object(model, chat, res.text, res))
+            return self.jr(200, self.done_object(model, chat, res.text, res, top=top))
 
         job = self.job(
             req,
@@ -325,6 +430,8 @@ class Ollama(Engine):
                 "temperature": opts.get("temperature"),
                 "stop": opts.get("stop"),
                 "keep_alive": body.get("keep_alive"),
+                "truncate": None if legacy else body.get("truncate"),
+                "logprobs": top,
             },
         )
         await self.generate(req, job)
@@ -346,7 +453,14 @@ class Ollama(Engine):
             return
         legacy = req.path == "/api/embeddings"
         texts = textgen.embed_inputs(body.get("prompt", "") if legacy else body.get("input", ""))
-        tokens = sum(textgen.text_tokens(t) for t in texts)
+        ctx = self.cfg.ctx_len
+        if not legacy and body.get("truncate") is False and any(textgen.text_tokens(t) > ctx for t in texts):
+            msg = "input length exceeds maximum context length"
+            await self.reply(
+                req, self.err(400, msg if self.cfg.ollama_legacy else "the input length exceeds the context length")
+            )
+            return
+        tokens = sum(min(textgen.text_tokens(t), ctx) for t in texts)
 
         def build(res: Result) -> Reply:
             if legacy:
