@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from llm_gateway.http.openapi_anthropic import anthropic_paths
+from llm_gateway.http.openapi_responses import responses_paths
 
 ERROR = {
     "type": "object",
@@ -265,6 +266,7 @@ def openapi_document() -> bytes:
                 {"description": "the metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
             ),
             "/openapi.json": _get("openapi", "This document", _json("the document", {"type": "object"})),
+            **responses_paths(),  # OpenAI's Responses API (openapi_responses.py)
             **anthropic_paths(),  # Anthropic's Messages API (openapi_anthropic.py)
         },
     }

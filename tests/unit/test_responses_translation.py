@@ -418,3 +418,47 @@ def test_codex_client_metadata_is_a_hint() -> None:
     assert "client_metadata" not in body
     with pytest.raises(InvalidRequest):
         parse({"model": "m", "input": "x", "client_metadata": "not an object"})
+
+
+# -- the OpenAPI document (llm_gateway/http/openapi_responses.py) says the same -------------------------------
+
+
+def test_the_document_lists_exactly_the_fields_parse_reads() -> None:
+    from llm_gateway.http.openapi_responses import REQUEST_PROPERTIES
+    from llm_gateway.ingress import responses_request as rr
+
+    assert set(REQUEST_PROPERTIES) == rr._FIELDS | set(rr.HINTS) | set(rr._UNSUPPORTED)
+
+
+def test_the_answers_are_what_the_document_says() -> None:
+    """Whole answers and streams held to the gateway's own document, by schemathesis's response checks."""
+    from datetime import timedelta
+
+    import httpx
+    import schemathesis
+
+    from llm_gateway.http.openapi import openapi_document
+
+    create = schemathesis.openapi.from_dict(orjson.loads(openapi_document()))["/v1/responses"]["POST"]
+    request = httpx.Request("POST", "http://gateway.test/v1/responses")
+
+    def answer(**kw: Any) -> httpx.Response:
+        r = httpx.Response(200, request=request, **kw)
+        r.elapsed = timedelta(0)  # what schemathesis reads of a response it did not send itself
+        return r
+
+    req = parse({"model": "public", "input": "hi", "tools": [TOOL], "metadata": {"k": "v"}, "user": "u"})
+    call = {"id": "call_9", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    answers: list[tuple[dict[str, Any], str]] = [
+        ({"content": "On it.", "reasoning_content": "Think.", "tool_calls": [call]}, "tool_calls"),
+        ({"content": None, "refusal": "No."}, "stop"),
+        ({"content": "cut"}, "length"),
+    ]
+    for message, finish in answers:
+        obj = to_response(chat_answer(message, finish), req, "resp_1")[0]
+        create.validate_response(answer(json=obj))
+    error = b"data: " + orjson.dumps({"error": {"message": "gone", "code": "x"}}) + b"\n\n"
+    for writes in (STREAM, [chunk({"content": "Hi"}), error], [chunk({"content": "Hi"})]):
+        s = ResponsesStream(parse({"model": "public", "input": "hi", "stream": True}), "resp_s")
+        raw = b"".join(s.feed(w) for w in writes) + s.finish()
+        create.validate_response(answer(content=raw, headers={"content-type": "text/event-stream"}))
