@@ -111,7 +111,7 @@ def main() -> None:
             [
                 py,
                 "-m",
-                "emulators",
+                "llm_gateway_emulators",
                 "vllm",
                 "--port",
                 str(fp),
@@ -128,7 +128,7 @@ def main() -> None:
             [
                 py,
                 "-m",
-                "emulators",
+                "llm_gateway_emulators",
                 "vllm",
                 "--port",
                 str(sp),

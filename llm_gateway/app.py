@@ -3,11 +3,14 @@
 The only place that knows how the pieces fit together: shared objects are created here and hung on
 the app (no module-level state), started on lifespan startup (probes, config watcher, optional
 metrics port; the database of stored responses when first needed) and closed on shutdown (after
-uvicorn has drained requests in flight).
+uvicorn has drained requests in flight). With admin keys configured (`admin.keys`) it also builds the
+admin API (llm_gateway/admin, FastAPI, imported only then), mounted under /admin or served alone on
+`server.admin_port`, and the task that keeps the runtime keys in memory in step with the database.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from typing import TYPE_CHECKING
@@ -25,7 +28,11 @@ from llm_gateway.settings import GatewayConfig
 from llm_gateway.upstream.base import UpstreamClient
 
 if TYPE_CHECKING:
+    from llm_gateway.admin.refresh import KeyRefresher
+    from llm_gateway.admin.server import AdminServer
+    from llm_gateway.state.database import Database
     from llm_gateway.state.responses import ResponseStore
+    from llm_gateway.state.usage import UsageStore
 
 log = logging.getLogger("gateway")
 GC_GEN0_THRESHOLD = 50_000
@@ -43,25 +50,54 @@ def create_app(
     prober = Prober(lambda: gw.upstream, gw.metrics)
     watcher: ConfigWatcher | None = None
     metrics_runner: web.AppRunner | None = None
+    database: Database | None = None
+    database_lock = asyncio.Lock()
+
+    async def open_database() -> Database:
+        """The gateway's database (SQLite under server.data_dir, or the shared database.url), opened once,
+        when first needed (SQLAlchemy is imported only then): stored responses, runtime keys, audit log."""
+        nonlocal database
+        from llm_gateway.state.database import Database
+
+        async with database_lock:
+            if database is None:
+                try:
+                    database = await Database.from_config(gw.runtime.config)
+                except Exception as e:  # any failure: say which (never the URL: it may hold a password)
+                    log.error("the gateway's database could not be opened: %s", type(e).__name__)
+                    raise ServiceUnavailable(
+                        "The gateway's database could not be opened; see the gateway's log.",
+                        code="database_unavailable",
+                    ) from None
+            return database
+
+    async def open_usage() -> UsageStore:
+        from llm_gateway.state.usage import UsageStore
+
+        return UsageStore(await open_database())
 
     async def open_responses() -> ResponseStore:
-        """The database of stored responses (SQLite under server.data_dir, or the shared database.url),
-        opened when a Responses request first needs it (SQLAlchemy is imported only then)."""
-        from llm_gateway.state.database import Database
         from llm_gateway.state.responses import ResponseStore
 
-        try:
-            database = await Database.from_config(gw.runtime.config)
-        except Exception as e:  # any failure: say which (never the URL: it may hold a password)
-            log.error("the database of stored responses could not be opened: %s", type(e).__name__)
-            raise ServiceUnavailable(
-                "The database of stored responses could not be opened; see the gateway's log.",
-                code="database_unavailable",
-            ) from None
-        return ResponseStore(database)
+        return ResponseStore(await open_database())
+
+    refresher: KeyRefresher | None = None
+    admin_server: AdminServer | None = None
+    admin_app = None
+    if config.admin.keys:
+        from llm_gateway.admin.app import build_admin_app
+        from llm_gateway.admin.context import AdminContext
+        from llm_gateway.admin.refresh import KeyRefresher
+
+        refresher = KeyRefresher(gw, open_database, config.admin.key_poll_s)
+        from llm_gateway.admin import status, usage
+        from llm_gateway.admin.app import ROUTERS
+
+        admin_app = build_admin_app(AdminContext(gw, open_database, refresher), (*ROUTERS, usage.router, status.router))
+        admin_app.include_router(status.page)  # the status page's HTML at /status (its data: /admin/status.json)
 
     async def startup() -> None:
-        nonlocal watcher, metrics_runner
+        nonlocal watcher, metrics_runner, admin_server
         if gw.runtime.config.auth.mode == "none":
             log.warning("auth mode is 'none': anyone who can reach this gateway can use every model")
         warm_up = getattr(gw.store, "warm_up", None)
@@ -79,6 +115,15 @@ def create_app(
             watcher.start()
         if gw.server.metrics_port is not None:
             metrics_runner = await _serve_metrics(gw, host or gw.server.host, gw.server.metrics_port)
+        if refresher is not None:
+            refresher.start()
+        if gw.usage.enabled:  # the usage ledger, written behind the request path (observability/ledger.py)
+            gw.usage.start(open_usage)
+        if admin_app is not None and gw.server.admin_port is not None:
+            from llm_gateway.admin.server import AdminServer
+
+            admin_server = AdminServer(admin_app, gw.server, host or gw.server.host, gw.server.admin_port)
+            await admin_server.start()
         # Everything built so far lives as long as the process: move it out of the collector's sight, and
         # collect the young generation less often (request objects die by refcount; measured in bench/)
         gc.collect()
@@ -94,11 +139,23 @@ def create_app(
         await prober.aclose()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
+        if admin_server is not None:
+            await admin_server.aclose()
+        if refresher is not None:
+            await refresher.aclose()
+        await gw.usage.aclose()  # the last rows of the ledger, before the database closes
         await app.responses.aclose()
+        if database is not None:
+            await database.aclose()
         await gw.aclose()
 
     app = GatewayApp(
-        gw, GenerationService(gw), StoredResponses(open_responses), on_startup=startup, on_shutdown=shutdown
+        gw,
+        GenerationService(gw),
+        StoredResponses(open_responses),
+        on_startup=startup,
+        on_shutdown=shutdown,
+        admin=admin_app if gw.server.admin_port is None else None,
     )
     return app
 

@@ -4,6 +4,10 @@ The config holds only SHA-256 digests of keys. A presented key is hashed, the di
 the match confirmed with `hmac.compare_digest`; the lookup is by digest, so its timing says nothing
 about the key itself. Keys arrive as `Authorization: Bearer <key>` or `x-api-key: <key>`, and are
 never forwarded to an engine, logged, or put in a metric label or an error message.
+Two sets of keys: the config file's (`auth.keys`, fixed for one config) and the runtime keys created
+through the admin API (held in the gateway database). The request path never reads the database: the
+runtime keys are a second, swappable table here (`set_runtime_keys`, replaced whole by the admin key
+refresher when the keys table changes); a runtime key may carry an expiry, checked on each use.
 A model outside the key's allowlist is refused with 403 (not hidden as 404: on a team gateway,
 "you may not use this model" is the more useful answer, and the model list is already public to
 anyone holding a key); `/v1/models` lists only what the key may use.
@@ -14,8 +18,11 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
+import math
 import re
 import secrets
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from llm_gateway.errors import AuthenticationFailed, PermissionDenied
@@ -42,6 +49,8 @@ class Principal:
     model_patterns: tuple[re.Pattern[str], ...]
     limits: Limits = field(default_factory=Limits)
     model_limits: tuple[tuple[re.Pattern[str], Limits], ...] = ()
+    priority: str = "default"  # queue class (settings.PRIORITY_RANKS)
+    weight: float = 1.0  # share against the other keys of its class
     _allowed: dict[str, bool] = field(default_factory=dict, repr=False)
 
     def may_use(self, model: str) -> bool:
@@ -62,13 +71,28 @@ class Principal:
 ANONYMOUS = Principal("anonymous", (re.compile(".*"),))
 
 
-def _principal(k: KeyConfig) -> Principal:
+def principal_of(k: KeyConfig) -> Principal:
     return Principal(
         name=k.name,
         model_patterns=tuple(re.compile(fnmatch.translate(g)) for g in k.models),
         limits=k.limits,
         model_limits=tuple((re.compile(fnmatch.translate(g)), lim) for g, lim in k.model_limits.items()),
+        priority=k.priority,
+        weight=k.weight,
     )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RuntimeKey:
+    """A key created at runtime (admin API): its digest, its principal, and when it stops working."""
+
+    digest: bytes
+    principal: Principal
+    expires_at: float = math.inf  # unix seconds
+
+
+def runtime_key(k: KeyConfig, expires_at: float | None = None) -> RuntimeKey:
+    return RuntimeKey(bytes.fromhex(k.sha256), principal_of(k), math.inf if expires_at is None else expires_at)
 
 
 class Authenticator:
@@ -77,7 +101,8 @@ class Authenticator:
         self._by_digest: dict[bytes, tuple[bytes, Principal]] = {}
         for k in cfg.keys:
             d = bytes.fromhex(k.sha256)
-            self._by_digest[d] = (d, _principal(k))
+            self._by_digest[d] = (d, principal_of(k))
+        self._runtime: Mapping[bytes, RuntimeKey] = {}
 
     def authenticate(self, authorization: bytes | None, x_api_key: bytes | None) -> Principal:
         if not self.enabled:
@@ -96,9 +121,27 @@ class Authenticator:
             )
         digest = hashlib.sha256(token).digest()
         found = self._by_digest.get(digest)
-        if found is None or not hmac.compare_digest(found[0], digest):
+        if found is None:
+            return self._runtime_key(digest)
+        if not hmac.compare_digest(found[0], digest):
             raise AuthenticationFailed("Incorrect API key provided.")
         return found[1]
+
+    def _runtime_key(self, digest: bytes) -> Principal:
+        rk = self._runtime.get(digest)
+        if rk is None or not hmac.compare_digest(rk.digest, digest):
+            raise AuthenticationFailed("Incorrect API key provided.")
+        if rk.expires_at <= time.time():
+            raise AuthenticationFailed("This API key has expired.", code="expired_api_key")
+        return rk.principal
+
+    @property
+    def runtime_keys(self) -> Mapping[bytes, RuntimeKey]:
+        return self._runtime
+
+    def set_runtime_keys(self, keys: Mapping[bytes, RuntimeKey]) -> None:
+        """Swap in the whole table of runtime keys (digest -> key); the caller never mutates it after."""
+        self._runtime = keys
 
     @staticmethod
     def check_model(principal: Principal, model: str) -> None:

@@ -4,6 +4,7 @@ llm-gateway serve [--config PATH] [--host H] [--port P]
 llm-gateway check-config PATH
 llm-gateway keys new NAME [--models GLOB ...] [--rpm N] [--tpm N] [--concurrency N]
 llm-gateway keys digest            (reads a key on stdin, prints its SHA-256)
+llm-gateway usage [--config PATH] [--since 7d] [--until T] [--by key,model] [--format table|csv|json]
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import yaml
 
 from llm_gateway.auth import digest_of, new_key
 from llm_gateway.config_loader import DEFAULT_CONFIG, ConfigError, load_config
 from llm_gateway.settings import GatewayConfig
+
+if TYPE_CHECKING:
+    from llm_gateway.state.usage import UsageRow
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,11 +47,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     kn.add_argument("--concurrency", type=int)
     ks.add_parser("digest", help="print the SHA-256 digest of a key read from stdin")
 
+    u = sub.add_parser("usage", help="the usage ledger aggregated (from the database the config names)")
+    u.add_argument("--config", default=os.environ.get("GATEWAY_CONFIG", DEFAULT_CONFIG))
+    u.add_argument("--since", default="7d", help="30m, 24h, 7d, 2w, or a UTC date/time (default 7d)")
+    u.add_argument("--until", help="default: now")
+    u.add_argument("--by", default="key,model", help="key, model, backend, endpoint, outcome, day (comma-separated)")
+    u.add_argument("--format", choices=("table", "csv", "json"), default="table")
+
     args = p.parse_args(argv)
     if args.cmd == "serve":
         return _serve(args.config, args.host, args.port)
     if args.cmd == "check-config":
         return _check(args.path)
+    if args.cmd == "usage":
+        return _usage(args.config, args.since, args.until, args.by, args.format)
     if args.keys_cmd == "new":
         return _new_key(args.name, args.models, args.rpm, args.tpm, args.concurrency)
     return _digest()
@@ -112,6 +126,52 @@ def _new_key(name: str, models: list[str], rpm: int | None, tpm: int | None, con
     print(f"key (shown once; give it to {name}, it is not stored anywhere):\n  {key}\n")
     print("add this under auth.keys in the config:")
     print(yaml.safe_dump([entry], sort_keys=False).rstrip())
+    return 0
+
+
+def _usage(path: str, since: str, until: str | None, by: str, fmt: str) -> int:
+    import asyncio
+    import time
+
+    import orjson
+
+    from llm_gateway.errors import DatabaseUnavailable
+    from llm_gateway.state.database import Database
+    from llm_gateway.state.usage import UsageStore, check_dimensions, parse_since, to_csv, to_table
+
+    cfg = _load(path)
+    if cfg is None:
+        return 2
+    now = time.time()
+    try:
+        since_ms = parse_since(since, now)
+        until_ms = None if until is None else parse_since(until, now)
+        dims = check_dimensions(by.split(","))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    prices = {m.name: m.price for m in cfg.models if m.price is not None}
+
+    async def report() -> list[UsageRow]:
+        db = await Database.from_config(cfg)
+        try:
+            return await UsageStore(db).report(since_ms, dims, prices, until_ms)
+        finally:
+            await db.aclose()
+
+    try:
+        rows = asyncio.run(report())
+    except DatabaseUnavailable as e:  # names the kind of failure, never the URL
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if fmt == "json":
+        print(orjson.dumps([r.as_dict() for r in rows]).decode())
+    elif fmt == "csv":
+        sys.stdout.write(to_csv(rows, dims))
+    else:
+        if not cfg.usage.ledger:
+            print("note: usage.ledger is off in this config: the gateway writes no new rows", file=sys.stderr)
+        sys.stdout.write(to_table(rows, dims) if rows else "no requests in that time\n")
     return 0
 
 

@@ -7,6 +7,10 @@ the exchange runs. A failure that is the backend's (connection refused or reset,
 engine queue full, timeout) is retried on another deployment, before any byte reached the client,
 bounded in count and time, with jittered backoff. When every deployment of a model is unavailable,
 the model's configured fallbacks are tried in order.
+A request waits in a deployment's queue with its `Ticket` (key, class, estimated tokens: see
+routing/admission.py for the order); the queue-wait budget (`queue_timeout_s`) is its own, apart from
+the engine's timeouts, and a refusal says why (`x-gateway-reject-reason`) and when to come back
+(`Retry-After`, from the queue's drain rate).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from llm_gateway.auth import Principal
 from llm_gateway.errors import (
     BackendFailure,
     ConnectFailed,
@@ -30,10 +35,13 @@ from llm_gateway.errors import (
 from llm_gateway.observability.metrics import Metrics
 from llm_gateway.request_info import RequestInfo, affinity_key
 from llm_gateway.routing import selection
+from llm_gateway.routing.admission import ANONYMOUS, Ticket
 from llm_gateway.routing.table import Deployment, ModelRoute, RoutingTable
-from llm_gateway.settings import RoutingConfig
+from llm_gateway.settings import PRIORITY_RANKS, RoutingConfig
 
 T = TypeVar("T")
+REJECT_REASON_HEADER = "x-gateway-reject-reason"  # queue_full or queue_timeout, on a 429 from the queues
+CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}
 Exchange = Callable[[Deployment, ModelRoute], Awaitable[T]]
 
 
@@ -45,6 +53,25 @@ class Trace:
     route: ModelRoute | None = None
     attempts: int = 0
     waited_s: float = 0.0  # queueing and backoff: not the gateway's own overhead
+    ticket: Ticket = ANONYMOUS  # whose request, its class and estimated tokens, for the queues
+
+
+def ticket_for(who: Principal, requested: bytes | None, cost: int, routing: RoutingConfig) -> Ticket:
+    """The queue ticket of a request: the key's class, lowered (never raised) by the priority header."""
+    if not routing.fair_queuing:
+        return ANONYMOUS  # first come, first served
+    rank = PRIORITY_RANKS.get(who.priority, 1)
+    if requested:
+        asked = PRIORITY_RANKS.get(requested.decode("latin-1").strip().lower())
+        if asked is not None:
+            rank = min(rank, asked)
+    return Ticket(who.name, rank, float(max(cost, 1)), who.weight)
+
+
+def _refused(message: str, reason: str, deps: list[Deployment]) -> Overloaded:
+    """429 queue_full, with a Retry-After from the queues' drain rate and the reason in a header."""
+    wait = min(d.admission.retry_after_s() for d in deps) if deps else 1
+    return Overloaded(message, headers={"retry-after": str(wait), REJECT_REASON_HEADER: reason})
 
 
 def eligible(route: ModelRoute, info: RequestInfo) -> list[Deployment]:
@@ -150,25 +177,36 @@ class Dispatcher:
         return [deps[i] for i in idx]
 
     async def _enter(self, ordered: list[Deployment], trace: Trace) -> Deployment:
+        ticket = trace.ticket
         for d in ordered:
-            if d.admission.try_enter():
+            if d.admission.try_enter(ticket):
+                self._admitted(ticket)
                 return d
         queueable = [d for d in ordered if d.admission.can_queue()]
         if not queueable:
-            raise Overloaded(
+            raise _refused(
                 "every deployment of this model is at its concurrency limit and its wait queue is full",
-                headers={"retry-after": "1"},
+                "queue_full",
+                ordered,
             )
         d = min(queueable, key=lambda x: x.admission.queued)
         t = time.monotonic()
-        ok = await d.admission.wait_enter(d.backend.cfg.queue_timeout_s)
-        trace.waited_s += time.monotonic() - t
+        ok = await d.admission.wait_enter(d.backend.cfg.queue_timeout_s, ticket)
+        waited = time.monotonic() - t
+        trace.waited_s += waited
+        self.metrics.child(self.metrics.queue_wait, CLASS_NAMES.get(ticket.priority, "default")).observe(waited)
         if not ok:
-            raise Overloaded(
-                f"no slot of a deployment freed up within {d.backend.cfg.queue_timeout_s:g}s",
-                headers={"retry-after": "1"},
+            raise _refused(
+                f"no slot of a deployment freed up within {d.backend.cfg.queue_timeout_s:g}s", "queue_timeout", [d]
             )
+        self._admitted(ticket)
         return d
+
+    def _admitted(self, ticket: Ticket) -> None:
+        if ticket.key:
+            self.metrics.child(
+                self.metrics.admitted_tokens, ticket.key, CLASS_NAMES.get(ticket.priority, "default")
+            ).inc(ticket.cost)
 
     async def run(
         self,

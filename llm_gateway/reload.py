@@ -3,7 +3,8 @@
 The new file is read and validated completely first; only a valid config is swapped in (one
 reference, see `Gateway.apply`), and requests in flight finish on the runtime they started with.
 An invalid file keeps the running config, logs what is wrong (file, field, line) and counts the
-failure in `gateway_config_reloads_total{result="failure"}`.
+failure in `gateway_config_reloads_total{result="failure"}`. The runtime keys (created through the
+admin API, held by the authenticator) are carried over to the new runtime in the same step.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class ConfigWatcher:
                 log.error("config reload (%s) rejected; the running config stays:\n%s", reason, e)
                 return False
             try:
+                old = self.gw.runtime
                 self.gw.apply(cfg)
+                self.gw.runtime.auth.set_runtime_keys(old.auth.runtime_keys)  # no await between: no gap
             except Exception:
                 self.gw.metrics.config_reloads.labels("failure").inc()
                 log.exception("config reload (%s) could not be applied; the running config stays", reason)

@@ -16,6 +16,7 @@ from llm_gateway.dispatch import Dispatcher
 from llm_gateway.limits.limiter import Limiter
 from llm_gateway.limits.memory import MemoryStore
 from llm_gateway.limits.store import LimitStore
+from llm_gateway.observability.ledger import UsageLedger
 from llm_gateway.observability.logs import AccessLog
 from llm_gateway.observability.metrics import Metrics
 from llm_gateway.routing.table import RoutingTable, build_table
@@ -34,6 +35,7 @@ class Runtime:
     dispatcher: Dispatcher
     session_header: bytes
     format_header: bytes
+    priority_header: bytes
 
 
 def make_store(cfg: LimitsConfig, metrics: Metrics) -> LimitStore:
@@ -71,6 +73,7 @@ class Gateway:
     ) -> None:
         self.metrics = Metrics()
         self.access = AccessLog(config.server.access_log)
+        self.usage = UsageLedger(self.metrics, config.usage)  # ledger buffer + recent activity (status page)
         self.config_path = config_path
         self.server = config.server  # fixed for the process (host, port, limits of the HTTP server)
         self._upstream = upstream
@@ -92,6 +95,7 @@ class Gateway:
             on_reject=lambda key, kind: m.ratelimit_rejections.labels(key, kind).inc(),
             on_store_error=m.ratelimit_store_errors.inc,
             lease_s=max(b.timeouts.total_s for b in config.backends) + 60 if config.backends else 3600.0,
+            prices={m.name: m.price for m in config.models if m.price is not None},
         )
         return Runtime(
             config=config,
@@ -101,6 +105,7 @@ class Gateway:
             dispatcher=Dispatcher(config.routing, m),
             session_header=config.routing.session_header.lower().encode(),
             format_header=config.routing.format_header.lower().encode(),
+            priority_header=config.routing.priority_header.lower().encode(),
         )
 
     def apply(self, config: GatewayConfig) -> Runtime:

@@ -19,24 +19,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import astuple, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from llm_gateway.adapters.base import Adapter, StreamRelay
 from llm_gateway.auth import Principal
-from llm_gateway.dispatch import Trace, eligible, release
+from llm_gateway.backend_calls import COUNT_ATTEMPTS, ERROR_BODY_LIMIT, BackendPoster
+from llm_gateway.dispatch import Trace, eligible, release, ticket_for
 from llm_gateway.errors import DONE, GatewayError, ModelNotFound, UpstreamProtocolError
 from llm_gateway.exchange import ClientExchange, Headers, NativeDialect
 from llm_gateway.limits.limiter import quota_headers
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.request_info import RequestInfo, read_request
-from llm_gateway.routing.table import Backend, Deployment, ModelRoute
+from llm_gateway.routing.table import Deployment, ModelRoute
 from llm_gateway.runtime import Gateway, Runtime
 from llm_gateway.types import CallContext, Endpoint, Usage
-from llm_gateway.upstream.base import UpstreamResponse, UpstreamTimeouts
+from llm_gateway.upstream.base import UpstreamResponse
 
-ERROR_BODY_LIMIT = 256 * 1024
 RESPONSE_LIMIT = 256 * 1024 * 1024
 DISCONNECT_WATCH_DELAY_S = 0.25
 
@@ -54,6 +54,7 @@ class Job:
     info: RequestInfo
     quota: Headers  # x-ratelimit-* for every answer
     native: NativeDialect | None = None  # the client's own body, for engines that speak its API
+    trace: Trace = field(default_factory=Trace)  # the dispatch so far; its ticket orders the queues
 
     def context(self, group: ModelRoute, dep: Deployment) -> CallContext:
         nat = self.native
@@ -116,14 +117,21 @@ class GenerationService:
         budget = info.prompt_tokens + (
             0 if endpoint == "embeddings" else (info.max_tokens or limits.default_max_tokens)
         )
-        decision, reservation = await rt.limiter.admit(who, route.name, budget, call.rid)
+        decision, reservation = await rt.limiter.admit(
+            who, route.name, budget, call.rid, prompt_tokens=info.prompt_tokens
+        )
         job = Job(call, rec, rt, endpoint, body, route, info, quota_headers(decision), native)
+        job.trace.ticket = ticket_for(who, call.header(rt.priority_header), budget, rt.config.routing)
         usage: Usage | None = None
         failed = False
         try:
             usage = await (self._stream(job) if info.stream else self._unary(job))
         except GatewayError as e:
-            failed = True  # answered with an error before any output: nothing was generated
+            failed = True  # answered with an error before any output: nothing was generated, unless the
+            spent = getattr(e, "usage", None)  # engine says it did (an unfinished whole answer): that is paid
+            if isinstance(spent, Usage):
+                rec.prompt_tokens = spent.prompt_tokens or info.prompt_tokens
+                rec.completion_tokens = spent.completion_tokens
             for k, v in job.quota:  # the quota headers go on every answer, errors included
                 e.headers.setdefault(k.decode(), v.decode())
             raise
@@ -133,7 +141,10 @@ class GenerationService:
             # settle: the real usage; 0 for a request that failed before any output; the reserved
             # estimate when the engine's count is unknown (a client that left mid-generation pays for it)
             actual = usage.total_tokens if usage else (0 if failed else None)
-            await asyncio.shield(rt.limiter.finish(reservation, actual))
+            if job.trace.deployment is not None:  # the key's fair share counts what it really used
+                job.trace.deployment.admission.settle(job.trace.ticket, actual)
+            real_prompt = usage.prompt_tokens if usage else None  # prices a cost budget's input exactly
+            await asyncio.shield(rt.limiter.finish(reservation, actual, prompt_tokens=real_prompt))
 
     def _route(
         self,
@@ -183,7 +194,7 @@ class GenerationService:
                     break
                 if not (b.routable() and dep.breaker.available(now) and dep.model_present()):
                     continue
-                a, poster, up = b.adapter, _Poster(self.gw, b), dep.upstream_model
+                a, poster, up = b.adapter, BackendPoster(self.gw.upstream, b), dep.upstream_model
                 try:
                     if native_body is not None and a.speaks_natively("count_tokens", native_body):
                         n = await a.count_native_tokens(poster, native_body, body, up)
@@ -234,7 +245,7 @@ class GenerationService:
 
     # -- whole answers ---------------------------------------------------------------------------------
     async def _unary(self, job: Job) -> Usage | None:
-        trace = Trace()
+        trace = job.trace
         rec = job.rec
 
         async def exchange(dep: Deployment, group: ModelRoute) -> tuple[bytes, Usage | None, str | None]:
@@ -269,7 +280,7 @@ class GenerationService:
 
     # -- streams -----------------------------------------------------------------------------------------
     async def _stream(self, job: Job) -> Usage | None:
-        trace = Trace()
+        trace = job.trace
 
         async def exchange(dep: Deployment, group: ModelRoute) -> tuple[UpstreamResponse, CallContext]:
             ctx = job.context(group, dep)
@@ -358,29 +369,6 @@ class GenerationService:
         call.stop_watching()
         await call.end()
         return relay.usage
-
-
-COUNT_TIMEOUTS = UpstreamTimeouts(connect_s=2.0, first_byte_s=5.0, idle_s=5.0, total_s=10.0)
-COUNT_ATTEMPTS = 2  # engines that failed to count before the estimate is answered
-
-
-class _Poster:
-    """The `TokenizeClient` an adapter counts tokens through: POSTs to one backend, with short timeouts."""
-
-    __slots__ = ("_backend", "_gw")
-
-    def __init__(self, gw: Gateway, backend: Backend) -> None:
-        self._gw = gw
-        self._backend = backend
-
-    async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
-        b = self._backend
-        timeouts = UpstreamTimeouts(*map(min, astuple(b.timeouts), astuple(COUNT_TIMEOUTS)))
-        resp = await self._gw.upstream.send("POST", b.cfg.url + path, headers, body, timeouts)
-        try:
-            return resp.status, await resp.read(ERROR_BODY_LIMIT)
-        finally:
-            resp.close()
 
 
 def _relay_for(adapter: Adapter, ctx: CallContext) -> tuple[StreamRelay, Callable[[GatewayError], bytes]]:

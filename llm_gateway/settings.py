@@ -20,6 +20,9 @@ from llm_gateway.adapters.registry import formats_for, unsupported_capabilities
 EngineKind = Literal["llama-server", "vllm", "sglang", "ollama", "tabbyapi", "lmdeploy", "openai"]
 WeightFormat = Literal["gguf", "exl2", "exl3", "awq", "gptq", "fp8", "safetensors"]
 Capability = Literal["chat", "completions", "embeddings", "tools", "vision", "json_schema"]
+PriorityClass = Literal["interactive", "default", "batch"]
+#: the queue rank of each class: higher goes first
+PRIORITY_RANKS: dict[str, int] = {"interactive": 2, "default": 1, "batch": 0}
 Strategy = Literal["least_load", "round_robin", "weighted", "priority", "prefix_affinity"]
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,127}$"  # no "@": it separates a format suffix
@@ -108,12 +111,36 @@ class ModelConfig(_Strict):
     deployments: tuple[DeploymentConfig, ...] = Field(min_length=1)
     fallbacks: tuple[Name, ...] = ()
     affinity: AffinityConfig = AffinityConfig()
+    price: Price | None = Field(None, description="for cost budgets and the usage report")
+
+
+class Budget(_Strict):
+    """Tokens and/or cost a key may spend per UTC day or calendar month (reserved up front, settled with
+    the real usage, like `tpm`); cost is in the currency of `models[].price`."""
+
+    tokens: int | None = Field(None, ge=0)
+    cost: float | None = Field(None, ge=0)
+    period: Literal["day", "month"] = "day"
+
+    @model_validator(mode="after")
+    def _something(self) -> Budget:
+        if self.tokens is None and self.cost is None:
+            raise ValueError("a budget needs tokens, cost or both")
+        return self
+
+
+class Price(_Strict):
+    """What a model's tokens cost, per million (any one currency across the config)."""
+
+    input_per_million: float = Field(ge=0)
+    output_per_million: float = Field(ge=0)
 
 
 class Limits(_Strict):
     rpm: int | None = Field(None, ge=0)
     tpm: int | None = Field(None, ge=0)
     concurrency: int | None = Field(None, ge=0)
+    budget: Budget | None = None
 
 
 class KeyConfig(_Strict):
@@ -122,6 +149,20 @@ class KeyConfig(_Strict):
     models: tuple[str, ...] = ("*",)
     limits: Limits = Limits()
     model_limits: dict[str, Limits] = Field(default_factory=dict)
+    budget: Budget | None = Field(None, description="the key's token/cost budget (the same as limits.budget)")
+    priority: PriorityClass = Field(
+        "default", description="queue class: interactive before default before batch (a request may lower it)"
+    )
+    weight: float = Field(1.0, gt=0, le=1000, description="share of the slots against other keys of its class")
+
+    @model_validator(mode="after")
+    def _budget_is_a_limit(self) -> KeyConfig:
+        if self.budget is not None:
+            if self.limits.budget is not None and self.limits.budget != self.budget:
+                raise ValueError("budget and limits.budget say different things: give one")
+            # the key's principal carries its limits, budget included (frozen: set once, here)
+            object.__setattr__(self, "limits", self.limits.model_copy(update={"budget": self.budget}))
+        return self
 
     @field_validator("sha256")
     @classmethod
@@ -139,6 +180,34 @@ class AuthConfig(_Strict):
     def _unique(self) -> AuthConfig:
         _dupes("auth.keys name", [k.name for k in self.keys])
         _dupes("auth.keys sha256", [k.sha256 for k in self.keys], show=False)
+        return self
+
+
+class AdminKeyConfig(_Strict):
+    name: Name
+    sha256: str = Field(description="hex SHA-256 digest of the admin key; the key itself is never stored")
+
+    @field_validator("sha256")
+    @classmethod
+    def _check_digest(cls, v: str) -> str:
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", v):
+            raise ValueError("must be 64 hex characters (sha256 of the admin key; see `llm-gateway keys new`)")
+        return v.lower()
+
+
+class AdminConfig(_Strict):
+    """The admin API (/admin: keys at runtime, audit log). On when at least one admin key is configured;
+    admin keys are a role of their own: never a client key, and a client key never reaches /admin."""
+
+    keys: tuple[AdminKeyConfig, ...] = ()
+    key_poll_s: float = Field(
+        1.0, gt=0, le=10, description="how often each replica checks the keys table for changes made elsewhere"
+    )
+
+    @model_validator(mode="after")
+    def _unique(self) -> AdminConfig:
+        _dupes("admin.keys name", [k.name for k in self.keys])
+        _dupes("admin.keys sha256", [k.sha256 for k in self.keys], show=False)
         return self
 
 
@@ -166,6 +235,48 @@ class RoutingConfig(_Strict):
     stale_after_probes: float = Field(3.0, gt=0, description="a load signal older than this many intervals is unknown")
     format_header: str = "x-gateway-format"
     session_header: str = "x-session-id"
+    priority_header: str = Field("x-gateway-priority", description="a request may lower its key's class with it")
+    fair_queuing: bool = Field(True, description="order queues by class and fair share; false: FIFO")
+    starvation_s: float = Field(10.0, gt=0, description="a lower class waiting this long goes before a higher one")
+    reserved_slots: dict[PriorityClass, int] = Field(
+        default_factory=dict,
+        description="per deployment with a concurrency limit: its last N slots are kept for this class and above",
+    )
+
+
+class CorsConfig(_Strict):
+    """CORS for browser clients; off (no CORS headers at all) while `allow_origins` is empty."""
+
+    allow_origins: tuple[str, ...] = Field((), description='origins allowed, e.g. "https://app.example.com"; "*": any')
+    allow_headers: tuple[str, ...] = (
+        "authorization",
+        "content-type",
+        "x-api-key",
+        "x-request-id",
+        "anthropic-version",
+        "anthropic-beta",
+        "x-session-id",
+        "x-gateway-format",
+    )
+    max_age_s: int = Field(600, ge=0, description="how long a browser may cache a preflight answer")
+
+    @field_validator("allow_origins")
+    @classmethod
+    def _check_origins(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for origin in v:
+            origin = origin.rstrip("/").lower()
+            if origin != "*":
+                parts = urlsplit(origin)
+                if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query:
+                    raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path) or '*'")
+            out.append(origin)
+        return tuple(out)
+
+    @field_validator("allow_headers")
+    @classmethod
+    def _lower(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(h.lower() for h in v)
 
 
 class ServerConfig(_Strict):
@@ -173,6 +284,10 @@ class ServerConfig(_Strict):
     port: int = Field(8080, ge=0, le=65535)
     metrics_port: int | None = Field(None, ge=0, le=65535, description="also serve /metrics on this port")
     metrics_on_main_port: bool = True
+    admin_port: int | None = Field(
+        None, ge=0, le=65535, description="serve the admin API (/admin) on this port alone, not on the main port"
+    )
+    cors: CorsConfig = CorsConfig()
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_header_bytes: int = Field(32 * 1024, ge=1024)
     header_timeout_s: float = Field(15.0, gt=0)
@@ -188,6 +303,16 @@ class ServerConfig(_Strict):
     )
     reload_poll_s: float = Field(2.0, ge=0, description="config file check interval; 0 turns watching off")
     data_dir: str = Field("data", description="where the embedded database lives (relative: to the working directory)")
+
+
+class UsageConfig(_Strict):
+    """The usage ledger: one row per generation request in the database, written in batches behind the
+    request path (a bounded buffer; past it rows are counted as dropped)."""
+
+    ledger: bool = Field(False, description="keep the ledger in the database (database.url or server.data_dir)")
+    buffer_rows: int = Field(10_000, ge=1, description="rows held while the database is slow or down")
+    batch_rows: int = Field(500, ge=1, description="rows per INSERT")
+    flush_interval_s: float = Field(1.0, gt=0)
 
 
 DATABASE_SCHEMES = ("postgresql+asyncpg", "sqlite+aiosqlite")
@@ -226,9 +351,11 @@ class GatewayConfig(BaseSettings):
 
     server: ServerConfig = ServerConfig()
     auth: AuthConfig = AuthConfig()
+    admin: AdminConfig = AdminConfig()
     limits: LimitsConfig = LimitsConfig()
     routing: RoutingConfig = RoutingConfig()
     database: DatabaseConfig = DatabaseConfig()
+    usage: UsageConfig = UsageConfig()
     backends: tuple[BackendConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
 
@@ -247,6 +374,8 @@ class GatewayConfig(BaseSettings):
     @model_validator(mode="after")
     def _cross_check(self) -> GatewayConfig:
         _dupes("backends name", [b.name for b in self.backends])
+        if {k.sha256 for k in self.admin.keys} & {k.sha256 for k in self.auth.keys}:
+            raise ValueError("admin.keys: an admin key must not also be a client key (auth.keys)")
         backends = {b.name: b for b in self.backends}
         public: list[str] = []
         for m in self.models:
@@ -274,4 +403,9 @@ class GatewayConfig(BaseSettings):
                     raise ValueError(f"models[{mi}].fallbacks: no model named {f!r}")
                 if f == m.name:
                     raise ValueError(f"models[{mi}].fallbacks: a model cannot fall back to itself")
+        if not any(m.price for m in self.models):
+            for ki, k in enumerate(self.auth.keys):
+                for lim in (k.limits, *k.model_limits.values()):
+                    if lim.budget is not None and lim.budget.cost is not None:
+                        raise ValueError(f"auth.keys[{ki}]: a cost budget needs models[].price on the models it uses")
         return self

@@ -22,6 +22,7 @@ command -v promtool >/dev/null || need+=(prometheus)
 command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v wrk >/dev/null || need+=(wrk)
+command -v chromium >/dev/null || need+=(chromium)  # tests/e2e/test_status_page.py: the status page in a real browser
 command -v gcc >/dev/null || need+=(gcc)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== apt-get install ${need[*]}"

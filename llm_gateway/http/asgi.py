@@ -7,6 +7,12 @@ routes of another API (`DIALECTS`: Anthropic's /v1/messages) that API's envelope
 gateway did not expect is logged and answered 500 with no internals in the body. Each request ends
 in exactly one `finish_record` (metrics + access log), with the status its `Call` sent. The app is
 handed the service it serves (built by the composition root, app.py), never builds it.
+
+Two optional extras cost the hot path nothing when unused. The admin API (`admin`, a FastAPI app built
+by app.py) gets every request whose path starts with `/admin` and is not a route here (one `startswith`
+for paths outside `ROUTES`; the lifespan stays here). CORS (`server.cors`, off while it names no origin:
+one attribute check) answers browsers' preflight `OPTIONS` on every route and adds
+`Access-Control-Allow-Origin` to every answer for an allowed origin, errors and streams included.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from llm_gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound
 from llm_gateway.http import anthropic, handlers, responses
 from llm_gateway.http.call import Call, Receive, Scope, Send
+from llm_gateway.http.cors import Cors
 from llm_gateway.ingress.anthropic_response import error_answer
 from llm_gateway.observability.record import RequestRecord, finish_record, outcome_of
 from llm_gateway.runtime import Gateway, Runtime
@@ -33,6 +40,7 @@ _RID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
 Handler = Callable[[handlers.HandlerContext, Call, RequestRecord, Runtime], Awaitable[None]]
 Lifecycle = Callable[[], Awaitable[None]]
 ErrorRenderer = Callable[[GatewayError, str], tuple[int, bytes]]  # (error, request id) -> (status, body)
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def _routes() -> dict[tuple[str, str], Handler]:
@@ -58,10 +66,31 @@ PATHS = {p for _, p in ROUTES}
 MODEL_PREFIXES = ("/v1/models/", "/models/")
 #: /v1/responses/{id} and /v1/responses/{id}/input_items
 RESPONSE_ROUTES: dict[str, Handler] = {"GET": responses.retrieve, "DELETE": responses.delete}
+RESPONSE_ITEMS_ROUTES: dict[str, Handler] = {"GET": responses.retrieve}
 # the `Allow` header of a 405 (RFC 9110 section 15.5.6): the methods the path does serve
 ALLOW = {path: ", ".join(sorted(m for m, p in ROUTES if p == path)) for path in PATHS}
 # the error envelope of the paths that speak another API than OpenAI's (all their errors, 404/405 included)
 DIALECTS: dict[str, ErrorRenderer] = {"/v1/messages": error_answer, "/v1/messages/count_tokens": error_answer}
+ADMIN_PREFIX = "/admin"
+STATUS_PAGE = "/status"  # the status page (llm_gateway/admin/status.py), served by the admin app too
+
+
+def _methods(path: str) -> str | None:
+    """The methods a path serves (None: no route), for a CORS preflight's answer."""
+    if path in PATHS:
+        return ALLOW[path]
+    if path.startswith(MODEL_PREFIXES):
+        return "GET"
+    if path.startswith(responses.PREFIXES):
+        return "DELETE, GET"
+    return None
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return v  # type: ignore[no-any-return]
+    return None
 
 
 class GatewayApp:
@@ -73,8 +102,11 @@ class GatewayApp:
         *,
         on_startup: Lifecycle | None = None,
         on_shutdown: Lifecycle | None = None,
+        admin: ASGIApp | None = None,
     ) -> None:
         self.gw = gw
+        self.admin = admin
+        self.cors = Cors(gw.server.cors, _methods) if gw.server.cors.allow_origins else None
         self.service = service
         self._on_startup = on_startup
         self._on_shutdown = on_shutdown
@@ -91,31 +123,40 @@ class GatewayApp:
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
+        method, path = scope["method"], scope["path"]
+        handler = ROUTES.get((method, path))
+        if handler is None and (path.startswith(ADMIN_PREFIX) or path == STATUS_PAGE) and self.admin is not None:
+            await self.admin(scope, receive, send)
+            return
         rid_in = None
         for k, v in scope["headers"]:
             if k == b"x-request-id":
                 rid_in = v
                 break
         rid = rid_in.decode() if rid_in is not None and _RID.match(rid_in) else os.urandom(12).hex()
-        method, path = scope["method"], scope["path"]
+        if self.cors is not None:
+            origin = _header(scope, b"origin")
+            if origin is not None:
+                send = self.cors.wrap(origin, send)
+                if method == "OPTIONS" and handler is None and _header(scope, b"access-control-request-method"):
+                    handler = self.cors.preflight_handler(path)
         call = Call(scope, receive, send, rid)
         rec = RequestRecord(rid, t0, method, path if path in PATHS else "other")
         rt = self.gw.runtime
         try:
-            handler = ROUTES.get((method, path))
             if handler is None:
                 if path.startswith(MODEL_PREFIXES):
                     if method != "GET":
                         raise MethodNotAllowed(f"{method} is not allowed on {path[:200]}", headers={"allow": "GET"})
                     handler = handlers.get_model
-                elif path.startswith(responses.PREFIXES):
-                    handler = RESPONSE_ROUTES.get(method)
-                    if handler is None:
-                        raise MethodNotAllowed(
-                            f"{method} is not allowed on {path[:200]}", headers={"allow": "DELETE, GET"}
-                        )
-                elif path in PATHS:
+                elif path in PATHS:  # a fixed path (/v1/responses/input_tokens too) before the prefixes
                     raise MethodNotAllowed(f"{method} is not allowed on {path}", headers={"allow": ALLOW[path]})
+                elif path.startswith(responses.PREFIXES):
+                    items = path.endswith("/input_items")  # /v1/responses/{id}/input_items serves GET only
+                    handler = (RESPONSE_ITEMS_ROUTES if items else RESPONSE_ROUTES).get(method)
+                    if handler is None:
+                        allow = "GET" if items else "DELETE, GET"
+                        raise MethodNotAllowed(f"{method} is not allowed on {path[:200]}", headers={"allow": allow})
                 else:
                     raise RouteNotFound(f"Unknown request URL: {method} {path[:200]}")
             await handler(self.context, call, rec, rt)
@@ -142,7 +183,7 @@ class GatewayApp:
         finally:
             if rec.status == 0:
                 rec.status = call.status or 200
-            finish_record(self.gw.metrics, self.gw.access, rec)
+            finish_record(self.gw.metrics, self.gw.access, rec, self.gw.usage)
 
     async def send_error(self, call: Call, e: GatewayError) -> None:
         headers = [(b"x-request-id", call.rid.encode())]

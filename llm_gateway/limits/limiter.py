@@ -2,13 +2,18 @@
 
 A key's own limits form one scope; a matching `model_limits` entry adds a second (key and model).
 `admit` reserves in the store (or raises `RateLimited` / `ServiceUnavailable`), `finish` settles.
-Headers follow OpenAI: x-ratelimit-{limit,remaining,reset}-{requests,tokens}.
+Headers follow OpenAI: x-ratelimit-{limit,remaining,reset}-{requests,tokens}; a key with a budget also
+gets x-ratelimit-{limit,remaining}-budget-{tokens,cost} and x-ratelimit-reset-budget. A spent budget is
+429 `insufficient_quota` (OpenAI's type and code for it), with Retry-After at the period's end (UTC).
+Cost is priced by the public model's `price` (per million input/output tokens): reserved at the prompt
+estimate and `max_tokens`, settled with the real usage; a model without a price costs nothing.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 
 from llm_gateway.auth import Principal
 from llm_gateway.errors import RateLimited, ServiceUnavailable
@@ -20,8 +25,13 @@ from llm_gateway.limits.store import (
     Reservation,
     ScopeLimits,
     StoreUnavailable,
+    cost_units,
     format_reset,
+    money,
+    token_cost,
+    utc_text,
 )
+from llm_gateway.settings import Limits, Price
 
 
 class Limiter:
@@ -33,8 +43,13 @@ class Limiter:
         on_reject: Callable[[str, str], None] | None = None,
         on_store_error: Callable[[], None] | None = None,
         lease_s: float = 3600.0,
+        prices: Mapping[str, Price] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
+        # public model -> (input, output) per million tokens, for cost budgets
+        self._prices = {m: (p.input_per_million, p.output_per_million) for m, p in (prices or {}).items()}
+        self._wall = wall
         self._fail_open = fail_open
         self._on_reject = on_reject
         self._on_store_error = on_store_error
@@ -48,24 +63,45 @@ class Limiter:
         if found is None:
             out = []
             lim = who.limits
-            if lim.rpm is not None or lim.tpm is not None or lim.concurrency is not None:
-                out.append(ScopeLimits(f"k:{who.name}", lim.rpm, lim.tpm, lim.concurrency, self._lease_s))
+            if _limited(lim):
+                out.append(self._scope(f"k:{who.name}", lim))
             ml = who.limits_for(model)
-            if ml is not None and (ml.rpm is not None or ml.tpm is not None or ml.concurrency is not None):
-                out.append(ScopeLimits(f"k:{who.name}:m:{model}", ml.rpm, ml.tpm, ml.concurrency, self._lease_s))
+            if ml is not None and _limited(ml):
+                out.append(self._scope(f"k:{who.name}:m:{model}", ml))
             found = tuple(out)
             if len(self._scopes) < 100_000:
                 self._scopes[key] = found
         return found
 
+    def _scope(self, name: str, lim: Limits) -> ScopeLimits:
+        b = lim.budget
+        if b is None:
+            return ScopeLimits(name, lim.rpm, lim.tpm, lim.concurrency, self._lease_s)
+        cost = None if b.cost is None else cost_units(b.cost)
+        return ScopeLimits(name, lim.rpm, lim.tpm, lim.concurrency, self._lease_s, b.tokens, cost, b.period)
+
     async def admit(
-        self, who: Principal, model: str, tokens: int, rid: str
+        self, who: Principal, model: str, tokens: int, rid: str, *, prompt_tokens: int | None = None
     ) -> tuple[Decision | None, Reservation | None]:
+        """Reserve `tokens` (the prompt estimate plus max_tokens) in every scope of the key; with a cost
+        budget, `prompt_tokens` (the prompt estimate) prices the two parts apart (without it, all of
+        `tokens` is priced at the dearer rate)."""
         scopes = self.scopes(who, model)
         if not scopes:
             return None, None
+        price = self._prices.get(model)
+        cost = 0
+        if price is not None and any(s.budget_cost is not None for s in scopes):
+            if prompt_tokens is None:
+                cost = _dearer(price, tokens)
+            else:
+                prompt = min(prompt_tokens, tokens)
+                cost = token_cost(price, prompt, tokens - prompt)
         try:
-            decision, res = await self.store.reserve(rid, scopes, tokens)
+            if cost:
+                decision, res = await self.store.reserve(rid, scopes, tokens, cost)
+            else:
+                decision, res = await self.store.reserve(rid, scopes, tokens)
         except StoreUnavailable:
             if self._on_store_error:
                 self._on_store_error()
@@ -84,16 +120,50 @@ class Limiter:
             headers = {"retry-after": str(max(1, math.ceil(decision.retry_after_s)))}
             for name, value in quota_headers(decision):
                 headers[name.decode()] = value.decode()
+            if kind == "budget":
+                resets = utc_text(round(self._wall() + decision.retry_after_s))  # periods end on whole seconds
+                raise RateLimited(
+                    f"{decision.message} (key '{who.name}'). The budget resets at {resets} "
+                    f"(in {headers['retry-after']}s).",
+                    type_="insufficient_quota",
+                    code="insufficient_quota",
+                    headers=headers,
+                )
             raise RateLimited(
                 f"{decision.message} (key '{who.name}'). Retry after {headers['retry-after']}s.",
                 type_="tokens" if kind == "tokens" else "requests",
                 headers=headers,
             )
+        if cost:
+            res.price, res.prompt_estimate = price, prompt_tokens
         return decision, res
 
-    async def finish(self, res: Reservation | None, actual_tokens: int | None) -> None:
-        if res is not None and res.active:
+    async def finish(
+        self, res: Reservation | None, actual_tokens: int | None, *, prompt_tokens: int | None = None
+    ) -> None:
+        """Settle with the real total (None: keep the estimate); with a cost budget, `prompt_tokens`
+        (the real prompt) prices the settlement exactly (without it: the prompt estimate of `admit`)."""
+        if res is None or not res.active:
+            return
+        if res.price is None or actual_tokens is None:
             await self.store.finish(res, actual_tokens)
+            return
+        prompt = prompt_tokens if prompt_tokens is not None else res.prompt_estimate
+        if prompt is None:  # no split known: the dearer rate, as reserved
+            cost = _dearer(res.price, actual_tokens)
+        else:
+            prompt = min(prompt, actual_tokens)
+            cost = token_cost(res.price, prompt, actual_tokens - prompt)
+        await self.store.finish(res, actual_tokens, cost)
+
+
+def _dearer(price: tuple[float, float], tokens: int) -> int:
+    """`tokens` priced at the dearer of the two rates: an upper bound when the split is unknown."""
+    return token_cost(price, 0, tokens) if price[1] >= price[0] else token_cost(price, tokens, 0)
+
+
+def _limited(lim: Limits) -> bool:
+    return lim.rpm is not None or lim.tpm is not None or lim.concurrency is not None or lim.budget is not None
 
 
 def quota_headers(d: Decision | None) -> Headers:
@@ -102,6 +172,16 @@ def quota_headers(d: Decision | None) -> Headers:
     out: Headers = []
     _add(out, b"requests", d.requests)
     _add(out, b"tokens", d.tokens)
+    bt, bc = d.budget_tokens, d.budget_cost
+    if bt is not None:
+        out.append((b"x-ratelimit-limit-budget-tokens", str(bt.limit).encode()))
+        out.append((b"x-ratelimit-remaining-budget-tokens", str(max(0, bt.remaining)).encode()))
+    if bc is not None:
+        out.append((b"x-ratelimit-limit-budget-cost", money(bc.limit).encode()))
+        out.append((b"x-ratelimit-remaining-budget-cost", money(max(0, bc.remaining)).encode()))
+    reset = bt or bc
+    if reset is not None:
+        out.append((b"x-ratelimit-reset-budget", format_reset(reset.reset_s).encode()))
     return out
 
 

@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from llm_gateway.limits.store import WINDOW_S, Decision, Quota, Reservation, ScopeLimits
+from llm_gateway.limits.store import WINDOW_S, Decision, Quota, Reservation, ScopeLimits, budget_message, period_of
 
 
 class _Window:
@@ -63,26 +63,89 @@ class _Window:
         return self.reset_after(now) if free < need else 0.0
 
 
-class MemoryStore:
-    """Exact, in-process. The clock is injectable (monotonic by default) for tests."""
+class _Budget:
+    """One scope's budget counters: used tokens and cost per period id, for the current period and the
+    one before it (whose requests may still be settling)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    __slots__ = ("cost", "current", "tokens")
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, int] = {}
+        self.cost: dict[str, int] = {}
+        self.current: str | None = None
+
+    def enter(self, pid: str) -> None:
+        """The first charge of a new period drops the counters of every period but the last one."""
+        if pid == self.current:
+            return
+        keep = {pid, self.current}
+        for counters in (self.tokens, self.cost):
+            for old in [k for k in counters if k not in keep]:
+                del counters[old]
+        self.current = pid
+
+
+class MemoryStore:
+    """Exact, in-process. The clocks are injectable for tests: `clock` (monotonic) for the windows,
+    `wall` (unix time) for the UTC periods of budgets."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self._clock = clock
+        self._wall = wall
         self._ids = itertools.count()
         self._req: dict[str, _Window] = {}
         self._tok: dict[str, _Window] = {}
         self._conc: dict[str, dict[str, float]] = {}
+        self._budgets: dict[str, _Budget] = {}
 
-    async def reserve(self, rid: str, scopes: Sequence[ScopeLimits], tokens: int) -> tuple[Decision, Reservation]:
-        return self.reserve_now(rid, scopes, tokens)
+    async def reserve(
+        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0
+    ) -> tuple[Decision, Reservation]:
+        return self.reserve_now(rid, scopes, tokens, cost)
 
-    def reserve_now(self, rid: str, scopes: Sequence[ScopeLimits], tokens: int) -> tuple[Decision, Reservation]:
+    def _budget_check(
+        self, scopes: Sequence[ScopeLimits], tokens: int, cost: int, res: Reservation
+    ) -> tuple[Decision | None, Quota | None, Quota | None]:
+        """The budgets of every scope: a refusal (None: they all fit) and the first budgeted scope's quotas."""
+        wall = self._wall()
+        refusal: Decision | None = None
+        bt: Quota | None = None
+        bc: Quota | None = None
+        for s in scopes:
+            if not s.has_budget:
+                continue
+            pid, end = period_of(s.period, wall)
+            res.periods[s.scope] = pid
+            b = self._budgets.setdefault(s.scope, _Budget())
+            reset = max(end - wall, 0.001)
+            if s.budget_tokens is not None:
+                used = b.tokens.get(pid, 0)
+                if refusal is None and used + tokens > s.budget_tokens:
+                    refusal = Decision(False, "budget", reset, budget_message("tokens", s, used, tokens))
+                if bt is None:
+                    bt = Quota(s.budget_tokens, max(0, s.budget_tokens - used), reset)
+            if s.budget_cost is not None:
+                used = b.cost.get(pid, 0)
+                if refusal is None and used + cost > s.budget_cost:
+                    refusal = Decision(False, "budget", reset, budget_message("cost", s, used, cost))
+                if bc is None:
+                    bc = Quota(s.budget_cost, max(0, s.budget_cost - used), reset)
+        return refusal, bt, bc
+
+    def reserve_now(
+        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0
+    ) -> tuple[Decision, Reservation]:
         now = self._clock()
         horizon = now - WINDOW_S
-        res = Reservation(f"{rid}#{next(self._ids)}", tuple(scopes), tokens)  # unique even if rid repeats
+        res = Reservation(f"{rid}#{next(self._ids)}", tuple(scopes), tokens, cost=cost)  # unique even if rid repeats
         first_req: Quota | None = None
         first_tok: Quota | None = None
         refusal: Decision | None = None
+        bt: Quota | None = None
+        bc: Quota | None = None
+        if any(s.has_budget for s in scopes):
+            # a spent budget refuses first: its wait (the period's end) is the one that matters
+            refusal, bt, bc = self._budget_check(scopes, tokens, cost, res)
         for s in scopes:
             if s.rpm is not None:
                 w = self._req.setdefault(s.scope, _Window())
@@ -120,9 +183,18 @@ class MemoryStore:
                     )
         if refusal is not None:
             refusal.requests, refusal.tokens = first_req, first_tok
+            refusal.budget_tokens, refusal.budget_cost = bt, bc
             res.active = False
             return refusal, res
         for s in scopes:
+            pid = res.periods.get(s.scope)
+            if pid is not None:
+                b = self._budgets[s.scope]
+                b.enter(pid)
+                if s.budget_tokens is not None:
+                    b.tokens[pid] = b.tokens.get(pid, 0) + tokens
+                if s.budget_cost is not None:
+                    b.cost[pid] = b.cost.get(pid, 0) + cost
             if s.rpm is not None:
                 self._req[s.scope].add(now, 1.0)
             if s.tpm is not None:
@@ -138,12 +210,16 @@ class MemoryStore:
             first_tok.remaining = max(0, first_tok.remaining - tokens)
             if first_tok.reset_s <= 0:
                 first_tok.reset_s = WINDOW_S
-        return Decision(True, requests=first_req, tokens=first_tok), res
+        if bt is not None:
+            bt.remaining = max(0, bt.remaining - tokens)
+        if bc is not None:
+            bc.remaining = max(0, bc.remaining - cost)
+        return Decision(True, requests=first_req, tokens=first_tok, budget_tokens=bt, budget_cost=bc), res
 
-    async def finish(self, res: Reservation, actual_tokens: int | None) -> None:
-        self.finish_now(res, actual_tokens)
+    async def finish(self, res: Reservation, actual_tokens: int | None, actual_cost: int | None = None) -> None:
+        self.finish_now(res, actual_tokens, actual_cost)
 
-    def finish_now(self, res: Reservation, actual_tokens: int | None) -> None:
+    def finish_now(self, res: Reservation, actual_tokens: int | None, actual_cost: int | None = None) -> None:
         if not res.active:
             return
         res.active = False
@@ -152,6 +228,15 @@ class MemoryStore:
                 assert isinstance(handle, tuple)
                 window, seq = handle
                 window.adjust(seq, float(actual_tokens))
+        for s in res.scopes:  # the period the reservation was charged to, even if a new one began since
+            pid = res.periods.get(s.scope)
+            b = self._budgets.get(s.scope)
+            if pid is None or b is None:
+                continue
+            if s.budget_tokens is not None and actual_tokens is not None and pid in b.tokens:
+                b.tokens[pid] += actual_tokens - res.tokens
+            if s.budget_cost is not None and actual_cost is not None and pid in b.cost:
+                b.cost[pid] += actual_cost - res.cost
         for s in res.scopes:
             if s.concurrency is not None:
                 self._conc.get(s.scope, {}).pop(res.request_id, None)

@@ -17,32 +17,96 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from llm_gateway.limits.store import WINDOW_S, Decision, Quota, Reservation, ScopeLimits, StoreUnavailable
+from llm_gateway.limits.store import (
+    WINDOW_S,
+    Decision,
+    Quota,
+    Reservation,
+    ScopeLimits,
+    StoreUnavailable,
+    budget_message,
+)
 
 log = logging.getLogger("gateway.limits")
 
-_RESERVE = """
+PERIODS = """
+-- the UTC day and calendar month of Redis's clock (H. Hinnant's civil-date algorithms), and their ends
+local day = math.floor(secs / 86400)
+local function civil(z)
+  z = z + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+local function first_day(y, m)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local doy = math.floor((153 * ((m + 9) % 12) + 2) / 5)
+  return era * 146097 + yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy - 719468
+end
+local y, m = civil(day)
+local month = y * 12 + m - 1
+local ny, nm = y, m + 1
+if nm > 12 then ny, nm = y + 1, 1 end
+local ends = {(day + 1) * 86400000, first_day(ny, nm) * 86400000}
+local ids = {'d' .. day, 'm' .. month}
+"""
+
+_RESERVE = (
+    """
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local secs = tonumber(t[1])
+local now = secs * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rid, tokens, window, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local cost = tonumber(ARGV[5])
 local horizon = now - window
 local kind, retry = 0, 0
-local rq, tq = {-1, -1, -1}, {-1, -1, -1}
+local rq, tq, bt, bc = {-1, -1, -1}, {-1, -1, -1}, {-1, -1, -1}, {-1, -1, -1}
 local function oldest_reset(k)
   local o = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
   if #o > 0 then return tonumber(o[2]) + window - now end
   return 0
 end
+"""
+    + PERIODS
+    + """
+-- budgets first: a spent budget refuses whatever the windows say (its wait, the period's end, is longer)
+local bkind, bretry, bi, bused = 0, 0, -1, 0
 for i = 0, n - 1 do
-  local a = 5 + i * 4
-  local rpm, tpm, conc, lease = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local rk, tk, tw, ts, ck = KEYS[i * 5 + 1], KEYS[i * 5 + 2], KEYS[i * 5 + 3], KEYS[i * 5 + 4], KEYS[i * 5 + 5]
+  local a = 6 + i * 7
+  local btok, bcost, per = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]) + 1
+  if btok >= 0 or bcost >= 0 then
+    local bk, pid, reset = KEYS[i * 6 + 6], ids[per], ends[per] - now
+    if btok >= 0 then
+      local used = tonumber(redis.call('HGET', bk, 't' .. pid) or '0')
+      if bkind == 0 and used + tokens > btok then bkind = 4; bretry = reset; bi = i; bused = used end
+      if bt[1] < 0 then bt = {btok, btok - used, reset} end
+    end
+    if bcost >= 0 then
+      local used = tonumber(redis.call('HGET', bk, 'c' .. pid) or '0')
+      if bkind == 0 and used + cost > bcost then bkind = 5; bretry = reset; bi = i; bused = used end
+      if bc[1] < 0 then bc = {bcost, bcost - used, reset} end
+    end
+  end
+end
+for i = 0, n - 1 do
+  local a = 6 + i * 7
+  local rpm, tpm, conc = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local rk, tk, tw, ts, ck = KEYS[i * 6 + 1], KEYS[i * 6 + 2], KEYS[i * 6 + 3], KEYS[i * 6 + 4], KEYS[i * 6 + 5]
   if rpm >= 0 then
     redis.call('ZREMRANGEBYSCORE', rk, '-inf', horizon)
     local count = redis.call('ZCARD', rk)
@@ -83,11 +147,14 @@ for i = 0, n - 1 do
     if kind == 0 and redis.call('ZCARD', ck) + 1 > conc then kind = 3; retry = 1000 end
   end
 end
-if kind ~= 0 then return {0, kind, retry, rq[1], rq[2], rq[3], tq[1], tq[2], tq[3]} end
+if bkind ~= 0 then kind = bkind; retry = bretry end
+local tail = {rq[1], rq[2], rq[3], tq[1], tq[2], tq[3], bt[1], bt[2], bt[3], bc[1], bc[2], bc[3], day, month, bi, bused}
+if kind ~= 0 then return {0, kind, retry, unpack(tail)} end
 for i = 0, n - 1 do
-  local a = 5 + i * 4
+  local a = 6 + i * 7
   local rpm, tpm, conc, lease = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local rk, tk, tw, ts, ck = KEYS[i * 5 + 1], KEYS[i * 5 + 2], KEYS[i * 5 + 3], KEYS[i * 5 + 4], KEYS[i * 5 + 5]
+  local btok, bcost, per = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]) + 1
+  local rk, tk, tw, ts, ck = KEYS[i * 6 + 1], KEYS[i * 6 + 2], KEYS[i * 6 + 3], KEYS[i * 6 + 4], KEYS[i * 6 + 5]
   if rpm >= 0 then
     redis.call('ZADD', rk, now, rid)
     redis.call('PEXPIRE', rk, window * 2)
@@ -104,14 +171,32 @@ for i = 0, n - 1 do
     redis.call('ZADD', ck, now + lease, rid)
     redis.call('PEXPIRE', ck, lease + window)
   end
+  if btok >= 0 or bcost >= 0 then
+    local bk, pid = KEYS[i * 6 + 6], ids[per]
+    local cur = redis.call('HGET', bk, 'cur')
+    if cur ~= pid then -- the first charge of a new period: drop the counters of all periods but the last
+      for _, f in ipairs(redis.call('HKEYS', bk)) do
+        local fp = string.sub(f, 2)
+        if f ~= 'cur' and fp ~= pid and fp ~= cur then redis.call('HDEL', bk, f) end
+      end
+      redis.call('HSET', bk, 'cur', pid)
+    end
+    if btok >= 0 then redis.call('HINCRBY', bk, 't' .. pid, tokens) end
+    if bcost >= 0 then redis.call('HINCRBY', bk, 'c' .. pid, cost) end
+    -- kept past the period's end for the settlements of requests still running then (and the lease)
+    redis.call('PEXPIRE', bk, ends[per] - now + 2 * 86400000 + lease)
+  end
 end
-return {1, 0, 0, rq[1], rq[2], rq[3], tq[1], tq[2], tq[3]}
+return {1, 0, 0, unpack(tail)}
 """
+)
 
 _FINISH = """
-local rid, actual, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local rid, actual, n, dt, dc = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 for i = 0, n - 1 do
-  local tw, ts, ck = KEYS[i * 3 + 1], KEYS[i * 3 + 2], KEYS[i * 3 + 3]
+  local tw, ts, ck, bk = KEYS[i * 4 + 1], KEYS[i * 4 + 2], KEYS[i * 4 + 3], KEYS[i * 4 + 4]
+  local a = 6 + i * 3
+  local btok, bcost, pid = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   if actual >= 0 then
     local old = redis.call('HGET', tw, rid)
     if old then
@@ -120,11 +205,20 @@ for i = 0, n - 1 do
     end
   end
   redis.call('ZREM', ck, rid)
+  -- budgets: the correction goes to the period the reservation was charged to, while its counter exists
+  if pid ~= '' then
+    if btok == '1' and dt ~= 0 and redis.call('HEXISTS', bk, 't' .. pid) == 1 then
+      redis.call('HINCRBY', bk, 't' .. pid, dt)
+    end
+    if bcost == '1' and dc ~= 0 and redis.call('HEXISTS', bk, 'c' .. pid) == 1 then
+      redis.call('HINCRBY', bk, 'c' .. pid, dc)
+    end
+  end
 end
 return 1
 """
 
-_KINDS = {1: "requests", 2: "tokens", 3: "concurrency"}
+_KINDS = {1: "requests", 2: "tokens", 3: "concurrency", 4: "budget", 5: "budget"}
 
 
 class RedisStore:
@@ -202,39 +296,56 @@ class RedisStore:
             log.error("rate-limit store unreachable (%s); applying the on_store_error policy", why)
         self._mark(False)
 
-    async def reserve(self, rid: str, scopes: Sequence[ScopeLimits], tokens: int) -> tuple[Decision, Reservation]:
+    async def reserve(
+        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0
+    ) -> tuple[Decision, Reservation]:
         member = uuid.uuid4().hex  # unique even when a client reuses its x-request-id
-        res = Reservation(member, tuple(scopes), tokens)
+        res = Reservation(member, tuple(scopes), tokens, cost=cost)
         keys: list[str] = []
-        args: list[object] = [member, tokens, int(WINDOW_S * 1000), len(scopes)]
+        args: list[object] = [member, tokens, int(WINDOW_S * 1000), len(scopes), cost]
         for s in scopes:
-            keys += self._keys(s.scope, "req", "tok", "tokw", "toksum", "conc")
+            keys += self._keys(s.scope, "req", "tok", "tokw", "toksum", "conc", "budget")
             args += [_n(s.rpm), _n(s.tpm), _n(s.concurrency), int(s.lease_s * 1000)]
+            args += [_n(s.budget_tokens), _n(s.budget_cost), 0 if s.period == "day" else 1]
         out = await self._call(self._reserve, keys, args)
         allowed, kind, retry_ms = out[0], out[1], out[2]
         rq = Quota(out[3], max(0, out[4] - allowed), (out[5] or 60000) / 1000) if out[3] >= 0 else None
         tq = Quota(out[6], max(0, out[7] - tokens * allowed), (out[8] or 60000) / 1000) if out[6] >= 0 else None
+        bt = Quota(out[9], max(0, out[10] - tokens * allowed), out[11] / 1000) if out[9] >= 0 else None
+        bc = Quota(out[12], max(0, out[13] - cost * allowed), out[14] / 1000) if out[12] >= 0 else None
+        for s in scopes:
+            if s.has_budget:
+                res.periods[s.scope] = f"d{out[15]}" if s.period == "day" else f"m{out[16]}"
         if allowed:
-            return Decision(True, requests=rq, tokens=tq), res
+            return Decision(True, requests=rq, tokens=tq, budget_tokens=bt, budget_cost=bc), res
         res.active = False
         k = _KINDS[kind]
-        msg = {
-            "requests": f"Rate limit reached for requests: {rq.limit if rq else '?'} per minute",
-            "tokens": f"Rate limit reached for tokens: {tq.limit if tq else '?'} per minute",
-            "concurrency": "Too many concurrent requests for this key",
-        }[k]
-        if k == "tokens" and tq is not None and tokens > tq.limit:
-            msg = f"Request too large: it needs {tokens} tokens, more than the limit of {tq.limit} per minute"
-        return Decision(False, k, max(retry_ms, 1) / 1000, msg, rq, tq), res  # type: ignore[arg-type]
+        if kind in (4, 5):
+            what: Literal["tokens", "cost"] = "tokens" if kind == 4 else "cost"
+            msg = budget_message(what, scopes[out[17]], out[18], tokens if kind == 4 else cost)
+        else:
+            msg = {
+                "requests": f"Rate limit reached for requests: {rq.limit if rq else '?'} per minute",
+                "tokens": f"Rate limit reached for tokens: {tq.limit if tq else '?'} per minute",
+                "concurrency": "Too many concurrent requests for this key",
+            }[k]
+            if k == "tokens" and tq is not None and tokens > tq.limit:
+                msg = f"Request too large: it needs {tokens} tokens, more than the limit of {tq.limit} per minute"
+        decision = Decision(False, k, max(retry_ms, 1) / 1000, msg, rq, tq)  # type: ignore[arg-type]
+        decision.budget_tokens, decision.budget_cost = bt, bc
+        return decision, res
 
-    async def finish(self, res: Reservation, actual_tokens: int | None) -> None:
+    async def finish(self, res: Reservation, actual_tokens: int | None, actual_cost: int | None = None) -> None:
         if not res.active:
             return
         res.active = False
         keys: list[str] = []
+        dt = 0 if actual_tokens is None else actual_tokens - res.tokens
+        dc = 0 if actual_cost is None else actual_cost - res.cost
+        args: list[object] = [res.request_id, -1 if actual_tokens is None else actual_tokens, len(res.scopes), dt, dc]
         for s in res.scopes:
-            keys += self._keys(s.scope, "tokw", "toksum", "conc")
-        args: list[object] = [res.request_id, -1 if actual_tokens is None else actual_tokens, len(res.scopes)]
+            keys += self._keys(s.scope, "tokw", "toksum", "conc", "budget")
+            args += [int(s.budget_tokens is not None), int(s.budget_cost is not None), res.periods.get(s.scope, "")]
         try:
             await self._call(self._finish, keys, args)
         except StoreUnavailable:

@@ -7,20 +7,31 @@ the configured default) and settled with the real usage when the request ends (a
 aborts pays for what was generated). Concurrency is a lease per request, released at the end and
 expiring on its own if a replica dies. All scopes of a request are checked and taken atomically.
 
+Budgets (tokens and/or cost per UTC day or calendar month) are one more dimension of a scope, taken in
+the same atomic step: a counter per scope and period, reserved with the same estimate as `tpm` (cost:
+the estimate priced by the model's `price`) and corrected by the settlement. A reservation remembers the
+period it was charged to, so a request that ends after midnight settles the day it started in. The
+counter of a new period starts at zero: the budget resets at the period boundary (UTC). Cost is counted
+in integer units of 1e-9 of the price's currency (`COST_UNITS`), so both stores add exactly.
+
 This module holds the vocabulary both stores share (scopes, decisions, reservations, the store
-protocol and `StoreUnavailable`); `MemoryStore` (memory.py) is for one process, `RedisStore`
-(redis_store.py, imported only when configured) shares state across replicas.
+protocol and `StoreUnavailable`) and the UTC periods of budgets; `MemoryStore` (memory.py) is for one
+process, `RedisStore` (redis_store.py, imported only when configured) shares state across replicas.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 WINDOW_S = 60.0
-LimitKind = Literal["requests", "tokens", "concurrency"]
+LimitKind = Literal["requests", "tokens", "concurrency", "budget"]
+Period = Literal["day", "month"]
+#: cost budgets are counted in these units per unit of the price's currency (integers add exactly)
+COST_UNITS = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +43,13 @@ class ScopeLimits:
     tpm: int | None
     concurrency: int | None
     lease_s: float = 3600.0
+    budget_tokens: int | None = None
+    budget_cost: int | None = None  # in COST_UNITS
+    period: Period = "day"
+
+    @property
+    def has_budget(self) -> bool:
+        return self.budget_tokens is not None or self.budget_cost is not None
 
 
 @dataclass(slots=True)
@@ -52,6 +70,8 @@ class Decision:
     requests: Quota | None = None
     tokens: Quota | None = None
     store_error: bool = False
+    budget_tokens: Quota | None = None  # the first budgeted scope's, as the headers report it
+    budget_cost: Quota | None = None  # limit and remaining in COST_UNITS
 
 
 @dataclass(slots=True)
@@ -61,14 +81,21 @@ class Reservation:
     tokens: int
     handles: list[object] = field(default_factory=list)  # store-specific
     active: bool = True
+    cost: int = 0  # reserved against cost budgets, in COST_UNITS
+    periods: dict[str, str] = field(default_factory=dict)  # scope -> the budget period it was charged to
+    # what the limiter needs to price the settlement: (input, output) per million, and the prompt estimate
+    price: tuple[float, float] | None = None
+    prompt_estimate: int | None = None
 
 
 class LimitStore(Protocol):
-    async def reserve(self, rid: str, scopes: Sequence[ScopeLimits], tokens: int) -> tuple[Decision, Reservation]: ...
+    async def reserve(
+        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0
+    ) -> tuple[Decision, Reservation]: ...
 
-    async def finish(self, res: Reservation, actual_tokens: int | None) -> None:
-        """Settle the token reservation with the real count (None: keep the estimate) and release
-        the concurrency lease."""
+    async def finish(self, res: Reservation, actual_tokens: int | None, actual_cost: int | None = None) -> None:
+        """Settle the token (and cost) reservation with the real count (None: keep the estimate) and
+        release the concurrency lease."""
         ...
 
     async def aclose(self) -> None: ...
@@ -83,7 +110,57 @@ def format_reset(seconds: float) -> str:
     tenths = math.ceil(round(seconds * 10, 6))
     m, t = divmod(tenths, 600)
     text = f"{t / 10:g}s"
+    if m >= 60:  # budgets reset in hours or days: "13h5m0s"
+        h, m = divmod(m, 60)
+        return f"{h}h{m}m{text}"
     return f"{m}m{text}" if m else text
+
+
+def cost_units(amount: float) -> int:
+    """An amount of the price's currency in COST_UNITS, rounded up (never less than the real cost)."""
+    return max(0, math.ceil(round(amount * COST_UNITS, 3)))
+
+
+def token_cost(price: tuple[float, float], prompt: int, completion: int) -> int:
+    """What `prompt` input and `completion` output tokens cost at (input, output) per million, in COST_UNITS."""
+    return cost_units((prompt * price[0] + completion * price[1]) / 1_000_000)
+
+
+def period_of(period: Period, now_s: float) -> tuple[str, float]:
+    """The budget period holding unix time `now_s` (UTC): its id ("d<days since 1970>", "m<months since
+    year 0>": the same ids the Redis script computes) and the unix time it ends."""
+    day = math.floor(now_s / 86400)
+    if period == "day":
+        return f"d{day}", (day + 1) * 86400.0
+    d = dt.datetime.fromtimestamp(day * 86400, dt.UTC)
+    y, m = (d.year + 1, 1) if d.month == 12 else (d.year, d.month + 1)
+    return f"m{d.year * 12 + d.month - 1}", dt.datetime(y, m, 1, tzinfo=dt.UTC).timestamp()
+
+
+def money(units: int) -> str:
+    """COST_UNITS as an amount of the currency: "12.5", "0.000123"."""
+    return f"{units / COST_UNITS:.9f}".rstrip("0").rstrip(".") or "0"
+
+
+def budget_message(what: Literal["tokens", "cost"], s: ScopeLimits, used: int, need: int) -> str:
+    """Why a budget refuses a request that needs `need` (tokens, or COST_UNITS) with `used` spent."""
+    per = "per day" if s.period == "day" else "per month"
+    if what == "tokens":
+        limit = s.budget_tokens or 0
+        if need > limit:
+            return f"Request too large for the token budget: it needs {need} tokens, the budget is {limit} {per}"
+        return f"Token budget exhausted: {limit} tokens {per}, {max(0, limit - used)} left, this request needs {need}"
+    limit = s.budget_cost or 0
+    if need > limit:
+        return f"Request too large for the cost budget: it may cost {money(need)}, the budget is {money(limit)} {per}"
+    return (
+        f"Cost budget exhausted: {money(limit)} {per}, {money(max(0, limit - used))} left, "
+        f"this request may cost {money(need)}"
+    )
+
+
+def utc_text(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class StoreUnavailable(Exception):

@@ -25,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llm_gateway.routing.breaker import STATE_VALUE
+from llm_gateway.settings import PRIORITY_RANKS
 
 if TYPE_CHECKING:
     from llm_gateway.routing.table import RoutingTable
@@ -123,7 +124,39 @@ class Metrics:
         )
         self.config_last_reload.set(time.time())
         self.probes = Counter("gateway_backend_probes", "Backend probes, by result.", ["backend", "result"], registry=r)
+        # the usage ledger (observability/ledger.py): rows buffered behind the request path, written, dropped
+        self.usage_rows_buffered = Gauge(
+            "gateway_usage_rows_buffered", "Usage-ledger rows waiting to be written to the database.", registry=r
+        )
+        self.usage_rows_written = Counter(
+            "gateway_usage_rows_written", "Usage-ledger rows written to the database.", registry=r
+        )
+        self.usage_rows_dropped = Counter(
+            "gateway_usage_rows_dropped",
+            "Usage-ledger rows lost: the buffer was full (database down or slow too long), or unwritten at shutdown.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("buffer_full", "shutdown"):
+            self.usage_rows_dropped.labels(reason)
+        self.usage_flush_errors = Counter(
+            "gateway_usage_flush_errors", "Usage-ledger writes that failed (the rows stay buffered).", registry=r
+        )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # fair sharing of the queues (routing/admission.py): key names are the config's and the admin API's
+        self.queue_wait = Histogram(
+            "gateway_queue_wait_seconds",
+            "Time requests waited in a deployment's queue, by priority class (those that waited at all).",
+            ["priority"],
+            registry=r,
+            buckets=DURATION_BUCKETS,
+        )
+        self.admitted_tokens = Counter(
+            "gateway_queue_admitted_tokens",
+            "Estimated tokens (prompt + max output) admitted to deployments, by key and class: the fair share.",
+            ["key", "priority"],
+            registry=r,
+        )
         self._state = _StateCollector()
         r.register(self._state)
 
@@ -203,12 +236,26 @@ class _StateCollector(Collector):
         queue = GaugeMetricFamily(
             "gateway_deployment_queue_length", "Requests waiting for a free slot of the deployment.", labels=labels
         )
+        by_class = GaugeMetricFamily(
+            "gateway_queue_length",
+            "Requests waiting for a free slot, by priority class (all deployments).",
+            labels=["priority"],
+        )
+        waiting_by_class = dict.fromkeys(CLASS_NAMES.values(), 0)
         for m in table.models:
             for d in m.deployments:
                 key = [m.name, d.backend.name, d.upstream_model]
                 breaker.add_metric(key, float(STATE_VALUE[d.breaker.state]))
                 queue.add_metric(key, float(d.admission.queued))
-        yield from (up, state, inflight, waiting, running, kv, age, breaker, queue)
+                for rank, n in d.admission.queued_by_class().items():
+                    name = CLASS_NAMES.get(rank, "default")
+                    waiting_by_class[name] = waiting_by_class.get(name, 0) + n
+        for name, n in waiting_by_class.items():
+            by_class.add_metric([name], float(n))
+        yield from (up, state, inflight, waiting, running, kv, age, breaker, queue, by_class)
+
+
+CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}
 
 
 def _num(v: float | None) -> float:

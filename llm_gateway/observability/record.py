@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from llm_gateway.observability.logs import AccessLog
 from llm_gateway.observability.metrics import Metrics
@@ -59,10 +59,18 @@ def outcome_of(status: int, error_code: str | None) -> str:
     return "client_error"
 
 
-def finish_record(metrics: Metrics, access: AccessLog, rec: RequestRecord) -> None:
+class UsageSink(Protocol):
+    """The usage ledger and recent activity (observability/ledger.py): one non-blocking call per request."""
+
+    def record(self, rec: RequestRecord, duration_s: float) -> None: ...
+
+
+def finish_record(metrics: Metrics, access: AccessLog, rec: RequestRecord, usage: UsageSink | None = None) -> None:
     duration = time.perf_counter() - rec.t0
     if rec.endpoint == "other":  # health, metrics, models listing: not counted as traffic
         return
+    if usage is not None:
+        usage.record(rec, duration)
     sc = f"{rec.status // 100}xx" if rec.status else "none"
     child = metrics.child
     child(metrics.requests, rec.model, rec.backend, rec.engine, rec.endpoint, sc, rec.outcome).inc()

@@ -10,9 +10,14 @@ the slot straight to the next waiter, chosen so:
    Models", OSDI 2024): each key's counter grows by the tokens it is admitted with (prompt + max
    output at admission, divided by its weight) and is corrected by `settle` with the real usage when
    the request ends; the waiting key with the smallest counter goes next (ties: the oldest). A key that
-   starts waiting has its counter lifted to the smallest counter of the keys already waiting, so idle
-   time is not banked into a burst later. A key that floods gets its share of the slots, not all of them;
-3. one key's own requests stay first in, first out.
+   starts waiting has its counter lifted to just below the smallest counter of the keys already
+   waiting (it goes next, then takes its turns): idle time is not banked into a burst later. A key
+   that floods gets its share of the slots, not all of them;
+3. one key's own requests stay first in, first out;
+4. optional reserved slots (`reserved`: rank -> n): the last n slots of the limit are kept for that class
+   and the ones above it, so an interactive request never waits behind a batch that filled every slot
+   (it still waits for a slot of its own class to free). This is what a work-conserving queue cannot give:
+   without it a newcomer always waits for the next release.
 A waiter whose client goes away (its task cancelled) or whose wait times out leaves the queue at once.
 The queue's drain rate (slots handed over or freed per second, over the last `DRAIN_WINDOW`) gives
 the `Retry-After` of a refusal. With one key and one class this is exactly the FIFO it replaces.
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 DRAIN_WINDOW = 32  # releases remembered for the drain rate
 MAX_COUNTERS = 4096  # keys whose counter is kept while they do not wait (others restart at the floor)
 DEFAULT_STARVATION_S = 10.0
+LIFT_MARGIN = 0.5  # tokens below the floor a key that starts waiting is lifted to
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +72,7 @@ class Admission:
         "in_flight",
         "limit",
         "max_queue",
+        "reserved",
         "starvation_s",
     )
 
@@ -75,9 +82,12 @@ class Admission:
         max_queue: int,
         *,
         starvation_s: float = DEFAULT_STARVATION_S,
+        reserved: dict[int, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limit = limit
+        #: slots kept for a class rank and those above it: a lower class may not take the last ones
+        self.reserved: dict[int, int] = dict(reserved or {})
         self.max_queue = max_queue
         self.starvation_s = starvation_s
         self.in_flight = 0
@@ -122,8 +132,19 @@ class Admission:
         return max(1, min(600, math.ceil((self._queued + 1) / rate)))
 
     # -- entering and leaving --------------------------------------------------------------------------
+    def cap(self, priority: int) -> int | None:
+        """The slots a class may fill: the limit less what is reserved for higher classes."""
+        if self.limit is None:
+            return None
+        held = sum(n for rank, n in self.reserved.items() if rank > priority)
+        return max(1, self.limit - held)
+
+    def _fits(self, priority: int) -> bool:
+        cap = self.cap(priority) if self.reserved else self.limit
+        return cap is None or self.in_flight < cap
+
     def try_enter(self, ticket: Ticket = ANONYMOUS) -> bool:
-        if self.limit is None or self.in_flight < self.limit:
+        if self._fits(ticket.priority):
             self.in_flight += 1
             self._charge(ticket)
             return True
@@ -156,14 +177,17 @@ class Admission:
 
     def leave(self) -> None:
         self._releases.append(self._clock())
+        self.in_flight -= 1
         while self._queued:
             w = self._next()
+            if w is None:
+                return  # only classes that may not take a reserved slot are waiting
             self._drop(w)
             if not w.fut.done():
+                self.in_flight += 1
                 self._charge(w.ticket)
-                w.fut.set_result(None)  # the slot passes to this waiter; in_flight is unchanged
+                w.fut.set_result(None)  # the slot passes to this waiter
                 return
-        self.in_flight -= 1
 
     def settle(self, ticket: Ticket, actual_tokens: int | None) -> None:
         """Correct a key's counter with the tokens its request really used (None: keep the estimate)."""
@@ -188,7 +212,9 @@ class Admission:
     def _join(self, fut: asyncio.Future[None], ticket: Ticket) -> _Waiter:
         keys = self._classes.setdefault(ticket.priority, {})
         if not any(ticket.key in ks for ks in self._classes.values()):
-            floor = self._floor()  # a key that starts waiting banks no idle time
+            # a key that starts waiting banks no idle time: lifted to just below the least-served key waiting
+            # (half a token), so that it goes next but never more than its share from then on
+            floor = self._floor() - LIFT_MARGIN
             self._counters[ticket.key] = max(self._counters.get(ticket.key, floor), floor)
         self._seq += 1
         w = _Waiter(fut, ticket, self._clock(), self._seq)
@@ -208,16 +234,15 @@ class Admission:
             if not keys:
                 del self._classes[w.ticket.priority]
 
-    def _next(self) -> _Waiter:
-        """The waiter the next slot goes to."""
+    def _next(self) -> _Waiter | None:
+        """The waiter the next slot goes to (None: no waiting class may take it)."""
         now = self._clock()
-        top = max(self._classes)
+        classes = [p for p in self._classes if self._fits(p)]
+        if not classes:
+            return None
+        top = max(classes)
         starved = [
-            q[0]
-            for p, keys in self._classes.items()
-            if p != top
-            for q in keys.values()
-            if now - q[0].since > self.starvation_s
+            q[0] for p in classes if p != top for q in self._classes[p].values() if now - q[0].since > self.starvation_s
         ]
         if starved:
             return min(starved, key=lambda w: w.seq)
@@ -228,14 +253,17 @@ class Admission:
         """Every waiter in the order it would be served if nothing changed (for queue positions)."""
         saved = {p: {k: deque(q) for k, q in keys.items()} for p, keys in self._classes.items()}
         counters = dict(self._counters)
-        queued = self._queued
+        queued, in_flight = self._queued, self.in_flight
         out: list[_Waiter] = []
         try:
             while self._queued:
                 w = self._next()
+                if w is None:  # the rest wait for a slot their class may take: in the order they would get one
+                    self.in_flight = 0
+                    continue
                 self._drop(w)
                 self._counters[w.ticket.key] = self._counters.get(w.ticket.key, 0.0) + w.ticket.cost / w.ticket.weight
                 out.append(w)
         finally:
-            self._classes, self._counters, self._queued = saved, counters, queued
+            self._classes, self._counters, self._queued, self.in_flight = saved, counters, queued, in_flight
         return out

@@ -15,7 +15,7 @@ from llm_gateway.adapters.base import Adapter
 from llm_gateway.adapters.registry import adapter_for
 from llm_gateway.routing.admission import Admission
 from llm_gateway.routing.breaker import Breaker
-from llm_gateway.settings import BackendConfig, DeploymentConfig, GatewayConfig, ModelConfig
+from llm_gateway.settings import PRIORITY_RANKS, BackendConfig, DeploymentConfig, GatewayConfig, ModelConfig
 from llm_gateway.types import BackendInfo, LoadSnapshot
 from llm_gateway.upstream.base import UpstreamTimeouts
 
@@ -138,6 +138,7 @@ def build_table(cfg: GatewayConfig, previous: RoutingTable | None = None) -> Rou
     routes: dict[str, ModelRoute] = {}
     models: list[ModelRoute] = []
     r = cfg.routing
+    reserved = {PRIORITY_RANKS[c]: n for c, n in r.reserved_slots.items()}
     for mc in cfg.models:
         deps = []
         for dc in mc.deployments:
@@ -148,6 +149,8 @@ def build_table(cfg: GatewayConfig, previous: RoutingTable | None = None) -> Rou
             if prev is not None and prev.backend is b:
                 prev.cfg = dc
                 prev.admission.limit, prev.admission.max_queue = limit, b.cfg.max_queue
+                prev.admission.starvation_s = r.starvation_s
+                prev.admission.reserved = reserved
                 prev.breaker.threshold, prev.breaker.cooldown_s = r.breaker_failures, r.breaker_cooldown_s
                 deps.append(prev)
             else:
@@ -156,7 +159,7 @@ def build_table(cfg: GatewayConfig, previous: RoutingTable | None = None) -> Rou
                         mc.name,
                         b,
                         dc,
-                        Admission(limit, b.cfg.max_queue),
+                        Admission(limit, b.cfg.max_queue, starvation_s=r.starvation_s, reserved=reserved),
                         Breaker(r.breaker_failures, r.breaker_cooldown_s),
                         key,
                     )

@@ -200,10 +200,24 @@ async def _migrate(engine: AsyncEngine, *, postgres: bool) -> None:
             await conn.run_sync(_upgrade_to_head)
 
 
-def _upgrade_to_head(connection: Connection) -> None:
+def _alembic_config() -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
     config.set_main_option("path_separator", "os")
+    return config
+
+
+def schema_head() -> str:
+    """The revision the migrations lead to (what an opened database's version table holds)."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    assert head is not None, "no migrations"
+    return head
+
+
+def _upgrade_to_head(connection: Connection) -> None:
+    config = _alembic_config()
     config.attributes["connection"] = connection  # env.py runs on it, inside our transaction
     command.upgrade(config, "head")
 

@@ -47,3 +47,65 @@ responses = sa.Table(
     sa.Column("conversation", JsonText(), nullable=False),
     sa.Index("ix_responses_owner_created_at", "owner", "created_at"),
 )
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("name", sa.String(), primary_key=True),
+    # only the SHA-256 digest of the key: the key itself is shown once, when it is created or rotated
+    sa.Column("sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("models", JsonText(), nullable=False),  # list of model globs
+    sa.Column("limits", JsonText(), nullable=False),  # {"rpm", "tpm", "concurrency"}
+    sa.Column("model_limits", JsonText(), nullable=False),  # {glob: limits}
+    sa.Column("expires_at", sa.BigInteger(), nullable=True),  # unix seconds
+    sa.Column("revoked_at", sa.BigInteger(), nullable=True),  # unix seconds; a revoked key stays listed
+    sa.Column("created_at", sa.BigInteger(), nullable=False),
+    sa.Column("updated_at", sa.BigInteger(), nullable=False),
+)
+
+# one row (id 1) whose revision every change of api_keys bumps in the same transaction: the replicas poll
+# it (one primary-key read) and reload the keys only when it moved; a deletion moves it too
+api_keys_revision = sa.Table(
+    "api_keys_revision",
+    metadata,
+    sa.Column("id", sa.Integer(), primary_key=True, autoincrement=False),
+    sa.Column("revision", sa.BigInteger(), nullable=False),
+)
+
+# every admin action: who (the admin key's name), what (action, target key, changed fields), when; never a
+# secret or a digest
+audit_log = sa.Table(
+    "audit_log",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("at", sa.BigInteger(), nullable=False),  # unix seconds
+    sa.Column("actor", sa.String(), nullable=False),
+    sa.Column("action", sa.String(), nullable=False),
+    sa.Column("target", sa.String(), nullable=True),
+    sa.Column("changes", JsonText(), nullable=True),
+    sa.Index("ix_audit_log_at", "at"),
+)
+
+# the usage ledger: one row per generation request, written in batches behind the request path
+# (llm_gateway.observability.ledger); aggregated per key, model and day by `llm-gateway usage` and /admin/usage
+usage_ledger = sa.Table(
+    "usage_ledger",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("at_ms", sa.BigInteger(), nullable=False),  # unix milliseconds when the request arrived
+    sa.Column("day", sa.String(10), nullable=False),  # its UTC date, YYYY-MM-DD (groups the same on both databases)
+    sa.Column("request_id", sa.String(), nullable=False),
+    sa.Column("key", sa.String(), nullable=False),  # the key's name, never the key
+    sa.Column("model", sa.String(), nullable=False),  # the public model
+    sa.Column("backend", sa.String(), nullable=False),
+    sa.Column("endpoint", sa.String(), nullable=False),
+    sa.Column("status", sa.Integer(), nullable=False),
+    sa.Column("outcome", sa.String(), nullable=False),
+    sa.Column("prompt_tokens", sa.Integer(), nullable=False),
+    sa.Column("completion_tokens", sa.Integer(), nullable=False),
+    sa.Column("usage_estimated", sa.Boolean(), nullable=False),  # the engine never reported usage (a cut stream)
+    sa.Column("ttft_ms", sa.Float(), nullable=True),
+    sa.Column("duration_ms", sa.Float(), nullable=False),
+    sa.Index("ix_usage_ledger_at_ms", "at_ms"),
+    sa.Index("ix_usage_ledger_key_at_ms", "key", "at_ms"),
+)

@@ -17,7 +17,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from llm_gateway.errors import DatabaseUnavailable
-from llm_gateway.state.database import Database
+from llm_gateway.state.database import Database, schema_head
 from llm_gateway.state.migrations import VERSION_TABLE
 from llm_gateway.state.responses import ResponseStore, StoredResponse
 from llm_gateway.state.tables import metadata
@@ -92,7 +92,7 @@ async def test_replicas_opening_together_migrate_once_to_exactly_the_tables(post
 
         async with replicas[0].begin() as conn:
             versions = (await conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}"))).scalars().all()
-            assert versions == ["0001"]
+            assert versions == [schema_head()]
             assert await conn.run_sync(differences) == []
     finally:
         for replica in replicas:

@@ -252,7 +252,8 @@ async def test_limits_headers_and_usage_accounting_are_the_chat_paths() -> None:
     assert "limit" in err["message"]
     assert r3.headers["retry-after"] and r3.headers["x-ratelimit-remaining-requests"] == "0"
     assert len(up.calls_to(ENGINE_CHAT)) == 2  # the refused one never reached the engine
-    assert 'gateway_requests_total{backend="engine-a",endpoint="messages",engine="openai",model="public-model"' in metrics
+    series = 'gateway_requests_total{backend="engine-a",endpoint="messages",engine="openai",model="public-model"'
+    assert series in metrics
     assert 'gateway_completion_tokens_total{backend="engine-a",model="public-model"} 4.0' in metrics
 
 

@@ -26,10 +26,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("config_loader", "auth", "routing"),  # loading config, keys, routing state and pure decisions
     ("limits", "state"),  # rate-limit stores and the limiter (reads the key's principal); the database
     ("observability",),  # metrics (reads the routing table at scrape time), access log, records
-    ("dispatch", "prober"),  # retries/failover over the table; health and load probes
+    ("dispatch", "prober", "backend_calls"),  # retries/failover over the table; health and load probes
     ("runtime",),  # the process's shared objects and the swappable per-config part
     ("service", "reload"),  # the steps of one request; config hot reload
     ("http",),  # the data plane's HTTP surface over the service
+    ("admin",),  # the control plane: FastAPI admin API (runtime keys, audit log), mounted by the app
     ("app",),  # the composition root
     ("cli",),  # the command line
     ("__main__", "__init__"),  # `python -m llm_gateway`; the package itself imports nothing

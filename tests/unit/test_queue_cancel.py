@@ -120,7 +120,7 @@ async def queue(
     client: httpx.AsyncClient, app: GatewayApp, tag: str, waiting: int, stream: bool = False
 ) -> asyncio.Task[httpx.Response]:
     t = asyncio.create_task(client.post("/v1/chat/completions", json=chat(tag, stream)))
-    await until(lambda: len(deployment(app).admission.waiters) == waiting)
+    await until(lambda: deployment(app).admission.queued == waiting)
     return t
 
 
@@ -134,18 +134,18 @@ async def test_a_queued_request_whose_client_leaves_is_dropped_from_the_queue_at
         a = await hold_the_slot(client, engine)
         b = await queue(client, app, "B", waiting=1)
         c = await queue(client, app, "C", waiting=2)
-        assert (adm.in_flight, len(adm.waiters), queue_metric(app)) == (1, 2, 2.0)
+        assert (adm.in_flight, adm.queued, queue_metric(app)) == (1, 2, 2.0)
 
         b.cancel()  # B's client goes away while B waits, ahead of C
         with pytest.raises(asyncio.CancelledError):
             await b
         # at once: no waiting for a timeout or for the slot
-        assert (len(adm.waiters), queue_metric(app)) == (1, 1.0)
+        assert (adm.queued, queue_metric(app)) == (1, 1.0)
         assert engine.seen() == ["A"]
 
         engine.release.set()  # A ends: its slot goes to C, the next in the queue
         ra, rc = await settled(a), await settled(c)
-        assert (adm.in_flight, len(adm.waiters), queue_metric(app)) == (0, 0, 0.0)
+        assert (adm.in_flight, adm.queued, queue_metric(app)) == (0, 0, 0.0)
         assert deployment(app).backend.in_flight == 0
     assert (ra.status_code, rc.status_code) == (200, 200), (ra.text, rc.text)
     assert ra.json()["choices"][0]["message"]["content"] == "A"
@@ -201,13 +201,13 @@ async def test_a_queued_request_whose_client_disconnects_is_dropped_counted_as_c
             "server": ("gateway.test", 80),
         }
         b = asyncio.create_task(app(scope, receive, send))
-        await until(lambda: len(adm.waiters) == 1)
+        await until(lambda: adm.queued == 1)
         c = await queue(client, app, "C", waiting=2)
 
         gone.set()  # B's client disconnects
         await settled(b)  # the handler ends on its own, without an exception
         assert sent == []  # nothing is answered to a client that left
-        assert (len(adm.waiters), queue_metric(app)) == (1, 1.0)
+        assert (adm.queued, queue_metric(app)) == (1, 1.0)
         metrics = app.gw.metrics.render().decode()
         assert re.search(r'^gateway_requests_total\{[^}]*outcome="cancelled"[^}]*\} 1\.0$', metrics, re.M), metrics
 
@@ -227,7 +227,7 @@ async def test_a_queued_stream_whose_client_leaves_is_dropped_and_the_next_strea
         b.cancel()
         with pytest.raises(asyncio.CancelledError):
             await b
-        assert len(adm.waiters) == 1
+        assert adm.queued == 1
         engine.release.set()
         ra, rc = await settled(a), await settled(c)
     assert ra.status_code == 200 and rc.status_code == 200
@@ -256,7 +256,7 @@ async def test_a_request_beyond_max_queue_is_429_queue_full_with_retry_after_and
         b = await queue(client, app, "B", waiting=1)
         full = await client.post("/v1/chat/completions", json=chat("C"))
         full_stream = await client.post("/v1/chat/completions", json=chat("D", stream=True))
-        assert len(deployment(app).admission.waiters) == 1  # the refused ones never queued
+        assert deployment(app).admission.queued == 1  # the refused ones never queued
         engine.release.set()
         ra, rb = await settled(a), await settled(b)
     msg = "every deployment of this model is at its concurrency limit and its wait queue is full"
@@ -282,7 +282,7 @@ async def test_a_request_queued_past_queue_timeout_s_is_429_queue_full_and_leave
     async with gateway_client(config(queue_timeout_s=0.2), upstream=engine.up) as (client, app):
         a = await hold_the_slot(client, engine)
         r = await client.post("/v1/chat/completions", json=chat("B"))  # A holds the slot all along
-        assert len(deployment(app).admission.waiters) == 0
+        assert deployment(app).admission.queued == 0
         engine.release.set()
         ra = await settled(a)
         assert deployment(app).admission.in_flight == 0

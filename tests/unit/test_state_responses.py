@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from llm_gateway.config_loader import ConfigError, parse_config
 from llm_gateway.errors import DatabaseUnavailable
 from llm_gateway.settings import GatewayConfig
-from llm_gateway.state.database import DB_FILE, Database, database_url
+from llm_gateway.state.database import DB_FILE, Database, database_url, schema_head
 from llm_gateway.state.migrations import VERSION_TABLE
 from llm_gateway.state.responses import ResponseStore, StoredResponse
 from llm_gateway.state.tables import metadata
@@ -106,7 +106,7 @@ async def test_opening_again_and_together_migrates_once(url: str):
     try:
         async with replicas[0].begin() as conn:
             versions = (await conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}"))).scalars().all()
-        assert versions == ["0001"]
+        assert versions == [schema_head()]
         await ResponseStore(replicas[1]).save(_response())
         assert await ResponseStore(replicas[2]).load("resp_1", "alice") == _response()
     finally:

@@ -1,0 +1,119 @@
+"""Keeps the runtime keys in memory in step with the keys table, on every replica.
+
+The request path never queries the database: `Authenticator` holds the runtime keys as a table of its
+own, swapped whole. This task polls the one-row revision counter every `admin.key_poll_s` (a
+primary-key read; every change of a key bumps it in the same transaction, deletions included) and
+reloads all keys only when it moved; the replica that made a change refreshes at once. So a key
+created, changed, revoked or deleted anywhere takes effect on every replica within one poll interval
+plus a query (1 s by default). Unchanged keys keep their `Principal` object across reloads, so the
+limiter's per-principal caches stay warm. A revoked key is left out; an expired one stays in the table
+and is refused by its expiry, checked on each use. A database that cannot answer keeps the last keys
+(logged once per outage, never with its URL) and is tried again at the next poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from llm_gateway.admin.store import KeyRow, KeyStore
+from llm_gateway.auth import RuntimeKey, runtime_key
+from llm_gateway.runtime import Gateway
+from llm_gateway.settings import KeyConfig, Limits
+from llm_gateway.state.database import Database
+
+log = logging.getLogger("gateway.admin")
+
+Fingerprint = tuple[Any, ...]
+
+
+def key_config(row: KeyRow) -> KeyConfig:
+    return KeyConfig(
+        name=row.name,
+        sha256=row.sha256,
+        models=row.models,
+        limits=Limits(**row.limits),
+        model_limits={g: Limits(**v) for g, v in row.model_limits.items()},
+    )
+
+
+def _fingerprint(row: KeyRow) -> Fingerprint:
+    return (row.sha256, row.models, sorted(row.limits.items()), repr(sorted(row.model_limits.items())), row.expires_at)
+
+
+class KeyRefresher:
+    def __init__(self, gw: Gateway, database: Callable[[], Awaitable[Database]], poll_s: float) -> None:
+        self.gw = gw
+        self._database = database
+        self.poll_s = poll_s
+        self.revision: int | None = None  # of the keys installed; None: none loaded yet
+        self._table: dict[bytes, RuntimeKey] = {}
+        self._by_name: dict[str, tuple[Fingerprint, RuntimeKey]] = {}
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="admin-key-refresh")
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception as e:  # the database is down or slow: keep the keys we have, try again
+                if not self._failing:
+                    log.warning("runtime keys could not be refreshed (%s); the last keys stay", type(e).__name__)
+                    self._failing = True
+            else:
+                if self._failing:
+                    log.warning("runtime keys are refreshed again")
+                    self._failing = False
+            await asyncio.sleep(self.poll_s)
+
+    async def refresh(self) -> bool:
+        """Reload the keys when the table's revision moved; True when it did. Also puts the table back on
+        a runtime that lacks it (one swapped in by a config reload that did not carry it over)."""
+        async with self._lock:
+            store = KeyStore(await self._database())
+            if self.revision is not None and await store.revision() == self.revision:
+                self._install()
+                return False
+            revision, rows = await store.snapshot()
+            self._build(rows)
+            self.revision = revision
+            self._install()
+            return True
+
+    def _build(self, rows: list[KeyRow]) -> None:
+        by_name: dict[str, tuple[Fingerprint, RuntimeKey]] = {}
+        for row in rows:
+            if row.revoked_at is not None:
+                continue
+            fp = _fingerprint(row)
+            known = self._by_name.get(row.name)
+            if known is not None and known[0] == fp:
+                by_name[row.name] = known  # unchanged: the same principal
+                continue
+            try:
+                rk = runtime_key(key_config(row), row.expires_at)
+            except ValueError:  # a row this version cannot read: leave it out, say which (no secret in it)
+                log.error("runtime key %r is malformed in the database; it is refused", row.name)
+                continue
+            by_name[row.name] = (fp, rk)
+        self._by_name = by_name
+        self._table = {rk.digest: rk for _, rk in by_name.values()}
+
+    def _install(self) -> None:
+        auth = self.gw.runtime.auth
+        if auth.runtime_keys is not self._table:
+            auth.set_runtime_keys(self._table)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

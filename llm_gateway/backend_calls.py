@@ -1,0 +1,38 @@
+"""Short calls to one backend outside a generation: the POSTs an adapter counts prompt tokens through.
+
+`BackendPoster` is the `TokenizeClient` of adapters/base.py for one backend: its own URL and short
+timeouts (never longer than the backend's), the body read up to `ERROR_BODY_LIMIT`, the response
+always closed. Counting is a courtesy: at most `COUNT_ATTEMPTS` engines are asked before the
+gateway's estimate is answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import astuple
+
+from llm_gateway.routing.table import Backend
+from llm_gateway.upstream.base import UpstreamClient, UpstreamTimeouts
+
+ERROR_BODY_LIMIT = 256 * 1024
+COUNT_TIMEOUTS = UpstreamTimeouts(connect_s=2.0, first_byte_s=5.0, idle_s=5.0, total_s=10.0)
+COUNT_ATTEMPTS = 2  # engines that failed to count before the estimate is answered
+
+
+class BackendPoster:
+    """POSTs to one backend, with short timeouts."""
+
+    __slots__ = ("_backend", "_upstream")
+
+    def __init__(self, upstream: UpstreamClient, backend: Backend) -> None:
+        self._upstream = upstream
+        self._backend = backend
+
+    async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
+        b = self._backend
+        timeouts = UpstreamTimeouts(*map(min, astuple(b.timeouts), astuple(COUNT_TIMEOUTS)))
+        resp = await self._upstream.send("POST", b.cfg.url + path, headers, body, timeouts)
+        try:
+            return resp.status, await resp.read(ERROR_BODY_LIMIT)
+        finally:
+            resp.close()
