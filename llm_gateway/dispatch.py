@@ -54,17 +54,23 @@ class Trace:
     attempts: int = 0
     waited_s: float = 0.0  # queueing and backoff: not the gateway's own overhead
     ticket: Ticket = ANONYMOUS  # whose request, its class and estimated tokens, for the queues
+    rank: int = 1  # the request's class rank (for engines that schedule by priority)
 
 
-def ticket_for(who: Principal, requested: bytes | None, cost: int, routing: RoutingConfig) -> Ticket:
-    """The queue ticket of a request: the key's class, lowered (never raised) by the priority header."""
-    if not routing.fair_queuing:
-        return ANONYMOUS  # first come, first served
+def priority_rank(who: Principal, requested: bytes | None) -> int:
+    """The request's class rank: the key's class, lowered (never raised) by the priority header."""
     rank = PRIORITY_RANKS.get(who.priority, 1)
     if requested:
         asked = PRIORITY_RANKS.get(requested.decode("latin-1").strip().lower())
         if asked is not None:
             rank = min(rank, asked)
+    return rank
+
+
+def ticket_for(who: Principal, rank: int, cost: int, routing: RoutingConfig) -> Ticket:
+    """The queue ticket of a request (anonymous, so first come first served, without fair queuing)."""
+    if not routing.fair_queuing:
+        return ANONYMOUS
     return Ticket(who.name, rank, float(max(cost, 1)), who.weight)
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from llm_gateway.adapters.base import Adapter, StreamRelay
 from llm_gateway.auth import Principal
 from llm_gateway.backend_calls import COUNT_ATTEMPTS, ERROR_BODY_LIMIT, BackendPoster
-from llm_gateway.dispatch import Trace, eligible, release, ticket_for
+from llm_gateway.dispatch import Trace, eligible, priority_rank, release, ticket_for
 from llm_gateway.errors import DONE, GatewayError, ModelNotFound, UpstreamProtocolError
 from llm_gateway.exchange import ClientExchange, Headers, NativeDialect
 from llm_gateway.limits.limiter import quota_headers
@@ -68,6 +68,7 @@ class Job:
             self.rt.config.server.reasoning_field,
             self.body.get("encoding_format") == "base64",
             nat.native_api if nat and dep.backend.adapter.speaks_natively(nat.native_api, nat.native_body) else None,
+            self.trace.rank if dep.cfg.engine_priority else None,
         )
 
     def session(self) -> str | None:
@@ -121,7 +122,8 @@ class GenerationService:
             who, route.name, budget, call.rid, prompt_tokens=info.prompt_tokens
         )
         job = Job(call, rec, rt, endpoint, body, route, info, quota_headers(decision), native)
-        job.trace.ticket = ticket_for(who, call.header(rt.priority_header), budget, rt.config.routing)
+        job.trace.rank = priority_rank(who, call.header(rt.priority_header))
+        job.trace.ticket = ticket_for(who, job.trace.rank, budget, rt.config.routing)
         usage: Usage | None = None
         failed = False
         try:

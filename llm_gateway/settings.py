@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from llm_gateway.adapters.registry import formats_for, unsupported_capabilities
+from llm_gateway.adapters.registry import formats_for, schedules_by_priority, unsupported_capabilities
 
 EngineKind = Literal["llama-server", "vllm", "sglang", "ollama", "tabbyapi", "lmdeploy", "openai"]
 WeightFormat = Literal["gguf", "exl2", "exl3", "awq", "gptq", "fp8", "safetensors"]
@@ -97,6 +97,9 @@ class DeploymentConfig(_Strict):
     weight: float = Field(1.0, gt=0)
     priority: int = 0
     max_concurrency: int | None = Field(None, ge=1)
+    engine_priority: bool = Field(
+        False, description="pass the request's class to the engine's scheduler (vLLM/SGLang priority scheduling)"
+    )
 
 
 class AffinityConfig(_Strict):
@@ -398,6 +401,8 @@ class GatewayConfig(BaseSettings):
                 bad = d.capabilities & unsupported_capabilities(b.engine)
                 if bad:
                     raise ValueError(f"{where}.capabilities: engine {b.engine!r} cannot serve {', '.join(sorted(bad))}")
+                if d.engine_priority and not schedules_by_priority(b.engine):
+                    raise ValueError(f"{where}.engine_priority: engine {b.engine!r} does not schedule by priority")
             for f in m.fallbacks:
                 if f not in names:
                     raise ValueError(f"models[{mi}].fallbacks: no model named {f!r}")

@@ -39,6 +39,9 @@ class CallContext:
     #: the API whose own body this call passes through to the engine ("messages": Anthropic's), or
     #: None when the call is translated to `endpoint`; chosen per attempt (a failover may change it)
     native_api: str | None = None
+    #: the request's class rank, for an engine that schedules by priority (the deployment's
+    #: `engine_priority`); None: not passed on
+    priority_rank: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

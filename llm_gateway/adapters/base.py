@@ -101,6 +101,13 @@ class Adapter(ABC):
     ignores_model_name: ClassVar[bool] = False
     #: capabilities a deployment on this engine can never have
     unsupported_capabilities: ClassVar[frozenset[str]] = frozenset()
+    #: does the engine's scheduler read a request `priority` (deployments may pass the key's class on)?
+    schedules_by_priority: ClassVar[bool] = False
+
+    def engine_priority(self, rank: int) -> int:
+        """The engine's `priority` value for a gateway class rank (higher rank: sooner)."""
+        raise NotImplementedError(f"{self.kind} does not schedule by priority")
+
     #: APIs besides OpenAI's that the engine serves faithfully itself, passed through rather than
     #: translated to chat: "messages" (Anthropic's /v1/messages, whole and streamed), "count_tokens"
     #: (/v1/messages/count_tokens). Declared only where the contract suite checked the real engine.

@@ -92,6 +92,8 @@ class OpenAICompatAdapter(Adapter):
     def build(self, endpoint: Endpoint, body: dict[str, Any], ctx: CallContext) -> UpstreamRequest:
         b = dict(body)
         b["model"] = ctx.upstream_model
+        if ctx.priority_rank is not None and "priority" not in b:
+            b["priority"] = self.engine_priority(ctx.priority_rank)
         if ctx.stream:
             include_usage(b)
         if endpoint == "chat":

@@ -37,3 +37,7 @@ def formats_for(kind: str) -> frozenset[str] | None:
 
 def unsupported_capabilities(kind: str) -> frozenset[str]:
     return ADAPTERS[kind].unsupported_capabilities
+
+
+def schedules_by_priority(kind: str) -> bool:
+    return ADAPTERS[kind].schedules_by_priority

@@ -38,6 +38,12 @@ class SGLangAdapter(OpenAICompatAdapter):
     ignores_model_name: ClassVar[bool] = True
     error_finish_reasons: ClassVar[tuple[str, ...]] = ("abort",)
     renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
+    #: `--enable-priority-scheduling` reads the request's `priority`, higher values first unless
+    #: `--schedule-low-priority-values-first` (sglang srt/managers/schedule_policy.py `priority_sign`)
+    schedules_by_priority: ClassVar[bool] = True
+
+    def engine_priority(self, rank: int) -> int:
+        return rank  # interactive 2, default 1, batch 0
 
     async def probe_load(self, client: ProbeClient) -> LoadSnapshot | None:
         snap = await super().probe_load(client)

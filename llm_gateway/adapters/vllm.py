@@ -54,6 +54,12 @@ class VLLMAdapter(MessagesNativeAdapter):
     reasoning_key: ClassVar[str | None] = "reasoning"
     renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
     refused_blocks: ClassVar[frozenset[str]] = frozenset({"document"})  # not in its AnthropicContentBlock types
+    #: `--scheduling-policy priority` reads the request's `priority`, lower values first (vLLM
+    #: entrypoints/openai/chat_completion/protocol.py `priority`, v1/core/sched/scheduler.py)
+    schedules_by_priority: ClassVar[bool] = True
+
+    def engine_priority(self, rank: int) -> int:
+        return 2 - rank  # interactive 0, default 1, batch 2
 
     def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
         guided = [k for k in _GUIDED if k in body]
