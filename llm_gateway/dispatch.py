@@ -16,6 +16,7 @@ the engine's timeouts, and a refusal says why (`x-gateway-reject-reason`) and wh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -55,6 +56,9 @@ class Trace:
     waited_s: float = 0.0  # queueing and backoff: not the gateway's own overhead
     ticket: Ticket = ANONYMOUS  # whose request, its class and estimated tokens, for the queues
     rank: int = 1  # the request's class rank (for engines that schedule by priority)
+    #: told (position, eta_s) when the request starts waiting in a queue and then every `progress_s`
+    progress: Callable[[int, float | None], Awaitable[None]] | None = None
+    progress_s: float = 1.0
 
 
 def priority_rank(who: Principal, requested: bytes | None) -> int:
@@ -72,6 +76,26 @@ def ticket_for(who: Principal, rank: int, cost: int, routing: RoutingConfig) -> 
     if not routing.fair_queuing:
         return ANONYMOUS
     return Ticket(who.name, rank, float(max(cost, 1)), who.weight)
+
+
+async def _wait_reporting(d: Deployment, trace: Trace) -> bool:
+    """`wait_enter`, telling `trace.progress` the waiter's place when it queues and every `progress_s`."""
+    assert trace.progress is not None
+    joined: list[asyncio.Future[None]] = []
+    task = asyncio.ensure_future(d.admission.wait_enter(d.backend.cfg.queue_timeout_s, trace.ticket, joined.append))
+    try:
+        await asyncio.sleep(0)  # let it queue (or enter)
+        while not task.done():
+            pos = d.admission.position(joined[0]) if joined else None
+            if pos is not None:
+                await trace.progress(pos, d.admission.eta_s(pos))
+            await asyncio.wait({task}, timeout=trace.progress_s)
+        return task.result()
+    except BaseException:
+        task.cancel()  # the client left (or the report failed): out of the queue at once
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise
 
 
 def _refused(message: str, reason: str, deps: list[Deployment]) -> Overloaded:
@@ -197,7 +221,10 @@ class Dispatcher:
             )
         d = min(queueable, key=lambda x: x.admission.queued)
         t = time.monotonic()
-        ok = await d.admission.wait_enter(d.backend.cfg.queue_timeout_s, ticket)
+        if trace.progress is None:
+            ok = await d.admission.wait_enter(d.backend.cfg.queue_timeout_s, ticket)
+        else:
+            ok = await _wait_reporting(d, trace)
         waited = time.monotonic() - t
         trace.waited_s += waited
         self.metrics.child(self.metrics.queue_wait, CLASS_NAMES.get(ticket.priority, "default")).observe(waited)

@@ -7,7 +7,8 @@ the engine for usage (the extra chunk is stripped unless the client asked); if t
 (a cut stream, a client that left), the completion is estimated from what was relayed
 (`RelayBase.completion_estimate`), so an aborted stream still pays for what was generated.
 Another API (Anthropic's /v1/messages) is a translating `ClientExchange` around the same steps, and
-`count_prompt_tokens` counts a chat prompt with an engine's own tokenizer where it has one. With the
+`count_prompt_tokens` counts a chat prompt with an engine's own tokenizer where it has one. A request
+queues with its key's ticket (dispatch.Trace); a stream that waits hears its place (queue_progress). With the
 client's own body beside it (`NativeDialect`), each attempt asks its deployment's adapter whether the
 engine speaks that API itself: then the body passes through and the exchange is told so
 (`answer_natively`); all else (limits, retries, failover, breaker, metrics, usage) is the same path.
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm_gateway.adapters.base import Adapter, StreamRelay
+from llm_gateway.adapters.relay_base import usage_or_estimate
 from llm_gateway.auth import Principal
 from llm_gateway.backend_calls import COUNT_ATTEMPTS, ERROR_BODY_LIMIT, BackendPoster
 from llm_gateway.dispatch import Trace, eligible, priority_rank, release, ticket_for
@@ -31,6 +33,7 @@ from llm_gateway.errors import DONE, GatewayError, ModelNotFound, UpstreamProtoc
 from llm_gateway.exchange import ClientExchange, Headers, NativeDialect
 from llm_gateway.limits.limiter import quota_headers
 from llm_gateway.observability.record import RequestRecord
+from llm_gateway.queue_progress import QueueProgress
 from llm_gateway.request_info import RequestInfo, read_request
 from llm_gateway.routing.table import Deployment, ModelRoute
 from llm_gateway.runtime import Gateway, Runtime
@@ -55,6 +58,7 @@ class Job:
     quota: Headers  # x-ratelimit-* for every answer
     native: NativeDialect | None = None  # the client's own body, for engines that speak its API
     trace: Trace = field(default_factory=Trace)  # the dispatch so far; its ticket orders the queues
+    early: QueueProgress | None = None  # a stream whose answer started while it waited in a queue
 
     def context(self, group: ModelRoute, dep: Deployment) -> CallContext:
         nat = self.native
@@ -297,11 +301,20 @@ class GenerationService:
             return resp, ctx
 
         job.call.watch_disconnect()
+        progress = None
+        if job.native is None and job.rt.config.routing.queue_progress_s > 0:  # a native dialect chooses later
+            progress = trace.progress = QueueProgress(job.call, [(b"x-request-id", job.call.rid.encode()), *job.quota])
+            trace.progress_s = job.rt.config.routing.queue_progress_s
+        job.early = progress
         try:
             try:
                 resp, ctx = await job.rt.dispatcher.run(
                     job.rt.table, job.route, job.info, job.session(), exchange, trace
                 )
+            except GatewayError as e:
+                if progress is not None and progress.started:
+                    await progress.fail(e)  # the 200 went out while it waited: the error ends the stream
+                raise
             finally:
                 job.traced(trace)
             dep = trace.deployment
@@ -328,7 +341,8 @@ class GenerationService:
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
         ]
-        await call.start(200, headers)
+        if job.early is None or not job.early.started:
+            await call.start(200, headers)
         itl = self.gw.metrics.child(self.gw.metrics.itl, dep.model, dep.backend.name)
         first = True
         last = time.perf_counter()
@@ -360,7 +374,9 @@ class GenerationService:
             if relay.error is None:
                 await call.write(cut(e))
         finally:
-            rec.prompt_tokens, rec.completion_tokens, rec.usage_estimated = _usage_of(relay, job.info.prompt_tokens)
+            rec.prompt_tokens, rec.completion_tokens, rec.usage_estimated = usage_or_estimate(
+                relay, job.info.prompt_tokens
+            )
         err = err or relay.error
         if err is None or err.status < 500:
             dep.breaker.success()
@@ -379,11 +395,3 @@ def _relay_for(adapter: Adapter, ctx: CallContext) -> tuple[StreamRelay, Callabl
         relay = adapter.native_relay(ctx.native_api, ctx)
         return relay, relay.fail
     return adapter.relay(ctx), lambda e: e.sse_event() + DONE
-
-
-def _usage_of(relay: StreamRelay, prompt_estimate: int) -> tuple[int, int, bool]:
-    u = relay.usage
-    if u is not None:
-        return u.prompt_tokens, u.completion_tokens, False
-    # the engine never reported usage (cut stream, or the client left): estimate what was generated
-    return prompt_estimate, relay.completion_estimate(), True

@@ -241,6 +241,9 @@ class RoutingConfig(_Strict):
     priority_header: str = Field("x-gateway-priority", description="a request may lower its key's class with it")
     fair_queuing: bool = Field(True, description="order queues by class and fair share; false: FIFO")
     starvation_s: float = Field(10.0, gt=0, description="a lower class waiting this long goes before a higher one")
+    queue_progress_s: float = Field(
+        1.0, ge=0, description="a queued stream gets an SSE comment with its place this often; 0: never"
+    )
     reserved_slots: dict[PriorityClass, int] = Field(
         default_factory=dict,
         description="per deployment with a concurrency limit: its last N slots are kept for this class and above",

@@ -24,6 +24,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
+from llm_gateway.adapters.base import StreamRelay
 from llm_gateway.errors import DONE, GatewayError, UpstreamProtocolError
 from llm_gateway.types import CallContext, Usage
 
@@ -97,3 +98,12 @@ class RelayBase(ABC):
     @abstractmethod
     def _end(self) -> bytes:
         """The end of the body on a relay that has not ended yet: `[DONE]`, or an error event."""
+
+
+def usage_or_estimate(relay: StreamRelay, prompt_estimate: int) -> tuple[int, int, bool]:
+    """(prompt, completion, estimated) of a finished stream: the engine's usage, or when it never reported
+    one (a cut stream, a client that left) the prompt estimate and what was relayed."""
+    u = relay.usage
+    if u is not None:
+        return u.prompt_tokens, u.completion_tokens, False
+    return prompt_estimate, relay.completion_estimate(), True

@@ -150,14 +150,29 @@ class Admission:
             return True
         return False
 
-    async def wait_enter(self, timeout_s: float, ticket: Ticket = ANONYMOUS) -> bool:
-        """Queue for a slot; False when the queue is full or the wait timed out."""
+    def eta_s(self, position: int) -> float | None:
+        """Seconds until a waiter at this position is likely served, from the drain rate (None: unknown)."""
+        r = self._releases
+        if len(r) < 2 or r[-1] <= r[0]:
+            return None
+        return (position + 1) * (r[-1] - r[0]) / (len(r) - 1)
+
+    async def wait_enter(
+        self,
+        timeout_s: float,
+        ticket: Ticket = ANONYMOUS,
+        joined: Callable[[asyncio.Future[None]], None] | None = None,
+    ) -> bool:
+        """Queue for a slot; False when the queue is full or the wait timed out. `joined` is told the
+        waiter's future once it queues (for `position`)."""
         if self._queued == 0 and self.try_enter(ticket):
             return True  # (with waiters, a newcomer never takes a slot before them: leave() hands it over)
         if self._queued >= self.max_queue:
             return False
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         w = self._join(fut, ticket)
+        if joined is not None:
+            joined(fut)
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout_s)
             return True

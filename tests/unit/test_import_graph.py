@@ -26,7 +26,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("config_loader", "auth", "routing"),  # loading config, keys, routing state and pure decisions
     ("limits", "state"),  # rate-limit stores and the limiter (reads the key's principal); the database
     ("observability",),  # metrics (reads the routing table at scrape time), access log, records
-    ("dispatch", "prober", "backend_calls"),  # retries/failover over the table; health and load probes
+    (
+        "dispatch",
+        "prober",
+        "backend_calls",
+        "queue_progress",
+    ),  # retries/failover over the table; health and load probes
     ("runtime",),  # the process's shared objects and the swappable per-config part
     ("service", "reload"),  # the steps of one request; config hot reload
     ("http",),  # the data plane's HTTP surface over the service

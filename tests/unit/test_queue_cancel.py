@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import openai
 import orjson
 import pytest
 from multidict import CIMultiDict
@@ -204,9 +205,15 @@ async def test_a_queued_request_whose_client_disconnects_is_dropped_counted_as_c
         await until(lambda: adm.queued == 1)
         c = await queue(client, app, "C", waiting=2)
 
+        before = list(sent)  # a queued stream has had its answer started, with its place as a comment
+        if stream:
+            assert [m["type"] for m in before] == ["http.response.start", "http.response.body"]
+            assert before[1]["body"].startswith(b": queued position=0")  # none goes before it
+        else:
+            assert before == []
         gone.set()  # B's client disconnects
         await settled(b)  # the handler ends on its own, without an exception
-        assert sent == []  # nothing is answered to a client that left
+        assert sent == before  # nothing more is answered to a client that left
         assert (adm.queued, queue_metric(app)) == (1, 1.0)
         metrics = app.gw.metrics.render().decode()
         assert re.search(r'^gateway_requests_total\{[^}]*outcome="cancelled"[^}]*\} 1\.0$', metrics, re.M), metrics
@@ -288,3 +295,55 @@ async def test_a_request_queued_past_queue_timeout_s_is_429_queue_full_and_leave
         assert deployment(app).admission.in_flight == 0
     assert_queue_full(r, "no slot of a deployment freed up within 0.2s")
     assert ra.status_code == 200 and engine.seen() == ["A"]
+
+
+# -- a queued stream hears its place -------------------------------------------------------------------------
+
+
+async def test_a_queued_stream_gets_its_place_as_sse_comments_then_its_answer() -> None:
+    engine = Engine()
+    async with gateway_client(config(), upstream=engine.up) as (client, app):
+        a = await hold_the_slot(client, engine)
+        b = await queue(client, app, "B", waiting=1)
+        c = await queue(client, app, "C", waiting=2, stream=True)
+        engine.release.set()
+        ra, rb, rc = await settled(a), await settled(b), await settled(c)
+    assert (ra.status_code, rb.status_code, rc.status_code) == (200, 200, 200)
+    assert rc.headers["content-type"].startswith("text/event-stream")
+    lines = [x for x in rc.text.split("\n\n") if x]
+    assert lines[0].startswith(": queued position=1")  # B goes before it
+    assert '"content":"C"' in rc.text and lines[-1] == "data: [DONE]"
+    assert engine.seen() == ["A", "B", "C"]
+
+
+async def test_the_openai_sdk_reads_a_queued_stream_comments_and_all() -> None:
+    engine = Engine()
+    async with gateway_client(config(), upstream=engine.up) as (client, app):
+        sdk = openai.AsyncOpenAI(base_url="http://gateway.test/v1", api_key=TEST_KEY, http_client=client, max_retries=0)
+        a = await hold_the_slot(client, engine)
+
+        async def streamed() -> list[str]:
+            stream = await sdk.chat.completions.create(
+                model="solo", messages=[{"role": "user", "content": "C"}], stream=True
+            )
+            return [ch.choices[0].delta.content or "" async for ch in stream if ch.choices]
+
+        c = asyncio.create_task(streamed())
+        await until(lambda: deployment(app).admission.queued == 1)  # C waits (and has had its comment)
+        engine.release.set()
+        await settled(a)
+        assert await settled(c) == ["C"]
+
+
+async def test_a_queued_stream_whose_wait_times_out_ends_with_the_error_event() -> None:
+    engine = Engine()
+    async with gateway_client(config(queue_timeout_s=0.2), upstream=engine.up) as (client, _):
+        a = await hold_the_slot(client, engine)
+        r = await client.post("/v1/chat/completions", json=chat("B", stream=True))
+        engine.release.set()
+        await settled(a)
+    assert r.status_code == 200  # the answer had started while it waited
+    events = [x for x in r.text.split("\n\n") if x]
+    assert events[0].startswith(": queued position=0")
+    assert orjson.loads(events[-2].removeprefix("data: "))["error"]["code"] == "queue_full"
+    assert events[-1] == "data: [DONE]" and engine.seen() == ["A"]
