@@ -60,6 +60,9 @@ class ProbeResult:
     load: LoadSnapshot | None = None
     models: frozenset[str] | None = None
     detail: str = ""
+    #: the context window (prompt plus output tokens, per sequence) of each served model, as the
+    #: engine reports it; None: the probe did not learn it (the last known stays)
+    context_lengths: dict[str, int] | None = None
 
 
 @dataclass(slots=True)

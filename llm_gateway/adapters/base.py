@@ -103,6 +103,10 @@ class Adapter(ABC):
     unsupported_capabilities: ClassVar[frozenset[str]] = frozenset()
     #: does the engine's scheduler read a request `priority` (deployments may pass the key's class on)?
     schedules_by_priority: ClassVar[bool] = False
+    #: does the engine refuse a request whose prompt plus `max_tokens` exceeds its context window (vLLM,
+    #: SGLang), rather than only one whose prompt does, cutting the generation at the window's end
+    #: (llama-server)? Read by selection's fit check (dispatch.fits); False never refuses a valid request.
+    window_counts_output: ClassVar[bool] = False
 
     def engine_priority(self, rank: int) -> int:
         """The engine's `priority` value for a gateway class rank (higher rank: sooner)."""
@@ -141,7 +145,7 @@ class Adapter(ABC):
 
     @abstractmethod
     async def probe(self, client: ProbeClient) -> ProbeResult:
-        """Readiness, served models and load, from cheap endpoints only."""
+        """Readiness, served models, their context windows and load, from cheap endpoints only."""
 
     # -- native APIs (only called for an API in `native_apis`) -----------------------------------------
     def build_native(self, api: str, body: dict[str, Any], ctx: CallContext) -> UpstreamRequest:

@@ -13,6 +13,9 @@
 - Load (metrics on by default; `/metrics` needs the key): `lmdeploy:num_requests_running`,
   `lmdeploy:num_requests_waiting` plus `lmdeploy:num_api_requests_waiting` (the API layer's queue),
   `lmdeploy:gpu_cache_usage_perc`.
+- Context window: not learned. Its `/v1/models` cards carry `id`, `owned_by`, `root`, `parent`,
+  `permission` and no length (reference.md, LM endpoints/models.py); set `context_length` on the
+  deployment to have the gateway check fit.
 - `/v1/embeddings` always answers 400 "Unsupported by turbomind.": deployments on LMDeploy cannot
   declare the `embeddings` capability. `finish_reason` "error"/"abort" fail the generation and
   "parse_error" becomes "stop".

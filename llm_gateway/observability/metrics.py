@@ -151,6 +151,8 @@ class Metrics:
             registry=r,
             buckets=DURATION_BUCKETS,
         )
+        for name in PRIORITY_RANKS:  # every class has its series from the start (a panel shows 0, not nothing)
+            self.queue_wait.labels(name)
         self.admitted_tokens = Counter(
             "gateway_queue_admitted_tokens",
             "Estimated tokens (prompt + max output) admitted to deployments, by key and class: the fair share.",
