@@ -1,8 +1,11 @@
 """Getting one request onto a deployment: candidates, selection, admission, retries, failover.
 
 Candidates are the model's deployments that can serve the request at all (format constraint,
-capabilities), then those that are routable now (backend not down or loading, breaker not open,
-model present). Selection orders them; admission takes a slot (or queues for one, bounded);
+capabilities), whose context window, where it is known, the request fits (`fits`: a lower bound of
+the prompt's tokens, plus `max_tokens` where the engine counts it; a 400 `context_length_exceeded`
+before any engine is called when no deployment of the model or its fallbacks fits), then those that
+are routable now (backend not down or loading, breaker not open, model present). Selection orders
+them; admission takes a slot (or queues for one, bounded);
 the exchange runs. A failure that is the backend's (connection refused or reset, 502/503/504,
 engine queue full, timeout) is retried on another deployment, before any byte reached the client,
 bounded in count and time, with jittered backoff. When every deployment of a model is unavailable,
@@ -137,6 +140,38 @@ def explain_ineligible(route: ModelRoute, info: RequestInfo) -> InvalidRequest:
     )
 
 
+def output_counted(d: Deployment, info: RequestInfo) -> int:
+    """The output tokens the fit check adds to the prompt: `max_tokens` where the deployment's engine
+    refuses a prompt plus `max_tokens` over its window; 0 where it cuts the generation at the window's
+    end, or when the request sets none (the engines then fill what is left)."""
+    return (info.max_tokens or 0) if d.backend.adapter.window_counts_output else 0
+
+
+def fits(d: Deployment, info: RequestInfo) -> bool:
+    """Can the request fit the deployment's context window? An unknown window fits (no refusal on a
+    guess), and the prompt counts at its lower bound (request_info `prompt_floor`), so a request the
+    engine would take is never kept from it: one in between is the engine's to refuse."""
+    window = d.context_length
+    return window is None or info.prompt_floor + output_counted(d, info) <= window
+
+
+def explain_too_long(route: ModelRoute, deps: list[Deployment], info: RequestInfo) -> InvalidRequest:
+    """400 `context_length_exceeded` (OpenAI's code), naming the window that came nearest and the count."""
+    nearest = max(deps, key=lambda d: (d.context_length or 0) - output_counted(d, info))
+    window, out = nearest.context_length, output_counted(nearest, info)
+    need = f"at least {info.prompt_floor + out} tokens"
+    if out:
+        need += f" ({info.prompt_floor} of prompt and max_tokens {out})"
+    return InvalidRequest(
+        f"This model's maximum context length is {window} tokens (model '{route.name}'"
+        + (", its largest deployment" if len(deps) > 1 else "")
+        + f"). However, this request needs {need}, by the gateway's estimate (a lower bound of the prompt's "
+        "tokens). Please reduce the length of the prompt" + (" or max_tokens." if out else "."),
+        param="messages" if "chat" in info.needs else "prompt" if "completions" in info.needs else "input",
+        code="context_length_exceeded",
+    )
+
+
 # the engine lacks this route or model: a config mismatch for one endpoint, not ill health (its chat may
 # work fine), so it must not open the breaker for every endpoint
 ENDPOINT_MISMATCH = frozenset({"upstream_model_not_found", "upstream_not_supported"})
@@ -262,6 +297,9 @@ class Dispatcher:
             static = eligible(group, info)
             if gi == 0 and not static:
                 raise explain_ineligible(group, info)
+            if gi == 0 and not any(fits(d, info) for g in groups for d in eligible(g, info)):
+                raise explain_too_long(group, static, info)
+            static = [d for d in static if fits(d, info)]
             while True:
                 now = time.monotonic()
                 live = [
@@ -327,7 +365,7 @@ def _more_to_try(
     for d in static:
         if id(d) not in tried and d.backend.routable() and d.breaker.available(now) and d.model_present():
             return True
-    return any(id(d) not in tried for g in groups[gi + 1 :] for d in eligible(g, info))
+    return any(id(d) not in tried and fits(d, info) for g in groups[gi + 1 :] for d in eligible(g, info))
 
 
 def _why_unavailable(route: ModelRoute, now: float) -> str:

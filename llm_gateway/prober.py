@@ -3,7 +3,8 @@
 Each probe asks the backend's adapter for readiness, served models and load (never a generation
 that would load a model). Its result becomes the backend's state (`ready`, `loading`, `down`), the
 load snapshot that selection reads (stamped with the gateway's own in-flight count at that moment,
-so selection can tell the engine's other work from ours), and the served-model list. A probe that
+so selection can tell the engine's other work from ours), the served-model list and the context
+window of each served model (selection's fit check, `/v1/models`). A probe that
 fails to read load leaves the old snapshot to go stale: stale means unknown, never idle.
 """
 
@@ -66,6 +67,8 @@ async def probe_once(upstream: UpstreamClient, b: Backend, metrics: Metrics | No
         b.load, b.own_at_probe = res.load, own
     if res.models is not None:
         b.models = res.models
+    if res.context_lengths is not None:
+        b.context_lengths = res.context_lengths
     if metrics is not None:
         metrics.probes.labels(b.name, res.state).inc()
     return res

@@ -3,7 +3,17 @@
 The body is parsed once (orjson) into a dict that is passed on; only the fields that routing,
 limits and error messages need are checked here: `model`, `stream`, the endpoint's required field,
 the capabilities the request calls for (vision, tools, json_schema), a token estimate for rate
-limits, and the affinity key for prefix-aware routing. Everything else passes through to the engine.
+limits, a lower bound of the prompt's tokens for the context-window fit check (`prompt_floor`), and
+the affinity key for prefix-aware routing. Everything else passes through to the engine.
+
+The two token numbers differ on purpose. `prompt_tokens` (characters / 4, plus a little per message
+and image) is a typical count, for reservations that are settled later. `prompt_floor` is what the
+prompt's text cannot be less than under any tokenizer in use: its UTF-8 bytes that are not blanks,
+at most `FLOOR_BYTES_PER_TOKEN` (8) a token (prose runs 3 to 5 bytes a token, CJK 2 to 4, code and
+base64 less; vocabularies hold long runs of blanks as one token), with chat templates, images, tools
+and tool-call arguments not counted at all, and for a batch (a list of prompts or inputs) the
+largest one. A request is refused for its size only when even this floor does not fit, so the
+gateway never refuses what the engine would take: a request between the two is the engine's to judge.
 """
 
 from __future__ import annotations
@@ -28,6 +38,9 @@ class RequestInfo:
     prompt_tokens: int  # estimate
     max_tokens: int | None
     affinity_text: str
+    #: a lower bound of the prompt's tokens (of the largest prompt of a batch); 0 when the request asks
+    #: the engine to cut its prompt (`truncate_prompt_tokens`)
+    prompt_floor: int = 0
 
 
 def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
@@ -63,23 +76,49 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
         raise InvalidRequest("'max_tokens' must be a non-negative integer", param="max_tokens")
     if endpoint == "chat":
-        chars, affinity = _messages(value, needs)
+        chars, affinity, floor = _messages(value, needs)
         if body.get("tools") or body.get("functions"):
             needs.add("tools")
         rf = body.get("response_format")
         if isinstance(rf, dict) and rf.get("type") == "json_schema":
             needs.add("json_schema")
     elif endpoint == "completions":
-        chars, affinity = _text_size(value, "prompt"), _prefix_text(value)
+        chars, affinity, floor = _text_size(value, "prompt"), _prefix_text(value), _largest_floor(value)
     else:
-        chars, affinity = _text_size(value, "input"), ""
-    return RequestInfo(model, fmt, stream, wants_usage, frozenset(needs), chars // 4 + 1, max_tokens, affinity)
+        chars, affinity, floor = _text_size(value, "input"), "", _largest_floor(value)
+    if body.get("truncate_prompt_tokens") is not None:
+        floor = 0  # vLLM cuts the prompt to fit: its length is no reason to refuse
+    return RequestInfo(model, fmt, stream, wants_usage, frozenset(needs), chars // 4 + 1, max_tokens, affinity, floor)
 
 
-def _messages(messages: Any, needs: set[str]) -> tuple[int, str]:
+#: the most UTF-8 bytes of non-blank text a token averages under any tokenizer in use (the rule of
+#: adapters/ollama_request.min_tokens, which the Ollama adapter checks answers with)
+FLOOR_BYTES_PER_TOKEN = 8
+_BLANKS = (" ", "\n", "\t", "\r")
+
+
+def min_tokens(text: str) -> int:
+    """A lower bound of the tokens of `text`: its non-blank UTF-8 bytes over FLOOR_BYTES_PER_TOKEN."""
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return (size - sum(text.count(b) for b in _BLANKS)) // FLOOR_BYTES_PER_TOKEN
+
+
+def _largest_floor(value: Any) -> int:
+    """The floor of the largest prompt of a completions prompt or embeddings input (a string, a list of
+    strings, token ids, or lists of token ids: each id is one token)."""
+    if isinstance(value, str):
+        return min_tokens(value)
+    if isinstance(value, list) and value:
+        if all(isinstance(v, int) for v in value):
+            return len(value)
+        return max((min_tokens(v) if isinstance(v, str) else len(v) if isinstance(v, list) else 0) for v in value)
+    return 0
+
+
+def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int]:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty array", param="messages")
-    chars = 0
+    chars = floor = 0
     head: list[str] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -91,6 +130,7 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str]:
         content = m.get("content")
         if isinstance(content, str):
             chars += len(content)
+            floor += min_tokens(content)
             if len(head) < 4:
                 head.append(content)
         elif isinstance(content, list):
@@ -103,11 +143,12 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str]:
                     chars += 1024
                 elif isinstance(part.get("text"), str):
                     chars += len(part["text"])
+                    floor += min_tokens(part["text"])
                     if len(head) < 4:
                         head.append(part["text"])
         elif content is not None and role != "assistant":
             raise InvalidRequest(f"messages[{i}].content must be a string or an array", param=f"messages[{i}].content")
-    return chars, "\x00".join(head)
+    return chars, "\x00".join(head), floor
 
 
 def _text_size(value: Any, name: str) -> int:

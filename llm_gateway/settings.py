@@ -100,6 +100,9 @@ class DeploymentConfig(_Strict):
     engine_priority: bool = Field(
         False, description="pass the request's class to the engine's scheduler (vLLM/SGLang priority scheduling)"
     )
+    context_length: int | None = Field(
+        None, ge=1, description="the context window in tokens, over what the engine reports (None: as probed)"
+    )
 
 
 class AffinityConfig(_Strict):

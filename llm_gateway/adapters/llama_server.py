@@ -6,6 +6,12 @@
 - Load: `llamacpp:requests_processing` and `llamacpp:requests_deferred` from `/metrics` (only with
   `--metrics`; otherwise 501), and slot occupancy from `/slots` as the KV-pressure signal
   (`llamacpp:kv_cache_*` are documented but not emitted; never relied on).
+- Context window: `GET /props` `default_generation_settings.n_ctx`, the context of one slot (`-c` over
+  `-np`: captures/llamacpp/http/03_props.txt says 2048 for `-c 4096 -np 2`, server-main.log
+  `n_ctx_slot = 2048`; LC server.cpp `get_props`). Only a prompt over it is refused (400
+  `exceed_context_size_error`, captures/llamacpp/http/18_err_prompt_too_long.txt); a `max_tokens` beyond
+  it is cut at the window's end (200, finish "length": 24_max_tokens_over_ctx.txt), so output is not
+  counted in the fit check (no `window_counts_output`).
 - Chat-body parse errors (bad `response_format`, `n` != 1 on older builds, tools without `--jinja`)
   come back as 500 `server_error`: a 500 whose message is about the request is a client error (400).
 - `exceed_context_size_error` becomes OpenAI's `context_length_exceeded`.
@@ -43,7 +49,7 @@ import orjson
 
 from llm_gateway.adapters.base import ProbeClient, TokenizeClient
 from llm_gateway.adapters.error_bodies import EngineError, upstream_error
-from llm_gateway.adapters.openai_compat import OpenAICompatAdapter, json_field, prompt_fields
+from llm_gateway.adapters.openai_compat import OpenAICompatAdapter, json_field, prompt_fields, window_size
 from llm_gateway.errors import EngineErrorAnswer, InvalidRequest
 from llm_gateway.types import Endpoint, LoadSnapshot
 
@@ -113,6 +119,15 @@ class LlamaServerAdapter(OpenAICompatAdapter):
         status, data = await client.post("/tokenize", orjson.dumps(req), self.headers)
         tokens = json_field(data, "tokens") if status == 200 else None
         return len(tokens) if isinstance(tokens, list) else None
+
+    async def probe_catalog(self, client: ProbeClient) -> tuple[frozenset[str] | None, dict[str, int] | None]:
+        models, _ = await super().probe_catalog(client)
+        if not models:
+            return models, None
+        status, body = await client.get("/props", self.auth_headers())
+        settings = json_field(body, "default_generation_settings") if status == 200 else None
+        n_ctx = window_size(settings.get("n_ctx")) if isinstance(settings, dict) else None
+        return models, None if n_ctx is None else dict.fromkeys(models, n_ctx)
 
     async def probe_load(self, client: ProbeClient) -> LoadSnapshot | None:
         snap = await super().probe_load(client)  # None when --metrics is off (501)

@@ -30,6 +30,11 @@ prompt be cut silently:
   (at the end of a stream, as an error event). A prompt cut by less than its lower bound's margin (at
   most 8 bytes of text a token, blanks not counted) cannot be told from a whole one: only those pass.
 
+Context window: none is reported to routing. The window Ollama runs a model with is its `num_ctx` (a
+request option, the Modelfile's parameter, `OLLAMA_CONTEXT_LENGTH`, or its default), not the trained
+length `/api/show` gives (`model_info["<arch>.context_length"]`: 4096 in captures/ollama/api-show.txt,
+where the Modelfile runs it with `num_ctx 512`), and over-long prompts are handled here as above.
+
 Logprobs: Ollama >= 0.12.11 returns them (api/types.go `ChatRequest.Logprobs`/`TopLogprobs`,
 59241c5be); the adapter learns the version from `/api/version` in its probe and refuses
 `logprobs` with a 400 on an older one (and on one that turned out to ignore them). Whole answers that

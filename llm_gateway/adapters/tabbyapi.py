@@ -4,6 +4,10 @@
 - Errors are mostly `{"detail": ...}`; validation errors are 422, mapped to 400.
 - `/health` stays 200 with no model loaded: readiness is `GET /v1/model` (authenticated), which
   answers 503 "No models are currently loaded." until a model is in.
+- Context window: `/v1/model`'s `parameters.max_seq_len` (TB endpoints/core/types/model.py
+  `ModelCardParameters`, reference.md). Tabby refuses an oversized prompt with 400
+  `context_length_exceeded` (`check_context_length`); whether its output counts is not checked here,
+  so only the prompt is (no `window_counts_output`).
 - No metrics and no queue counters: load is the gateway's own in-flight count.
 - Streams use CRLF event separators and `: ping` comments (handled by the shared SSE relay); a
   mid-stream error is `data: {"error": {"message", "trace"}}` with no `[DONE]`.
@@ -24,7 +28,12 @@ import orjson
 
 from llm_gateway.adapters.base import ProbeClient
 from llm_gateway.adapters.error_bodies import EngineError
-from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, OpenAICompatAdapter, include_usage
+from llm_gateway.adapters.openai_compat import (
+    TO_REPETITION_PENALTY,
+    OpenAICompatAdapter,
+    include_usage,
+    window_size,
+)
 from llm_gateway.errors import EngineErrorAnswer
 from llm_gateway.types import Endpoint, ProbeState
 
@@ -68,12 +77,17 @@ class TabbyAPIAdapter(OpenAICompatAdapter):
             )
         return "down", f"/v1/model answered {status}"
 
-    async def probe_models(self, client: ProbeClient) -> frozenset[str] | None:
+    async def probe_catalog(self, client: ProbeClient) -> tuple[frozenset[str] | None, dict[str, int] | None]:
         status, body = await client.get("/v1/model", self.auth_headers())
         if status != 200:
-            return None
+            return None, None
         try:
-            mid = orjson.loads(body).get("id")
+            card = orjson.loads(body)
+            mid = card.get("id")
         except (orjson.JSONDecodeError, AttributeError):
-            return None
-        return frozenset({str(mid)}) if mid else None
+            return None, None
+        if not mid:
+            return None, None
+        params = card.get("parameters")
+        n = window_size(params.get("max_seq_len")) if isinstance(params, dict) else None
+        return frozenset({str(mid)}), None if n is None else {str(mid): n}

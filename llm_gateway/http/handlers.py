@@ -36,6 +36,7 @@ from llm_gateway.http.call import Call
 from llm_gateway.http.openapi import openapi_document
 from llm_gateway.observability.metrics import Metrics
 from llm_gateway.observability.record import RequestRecord
+from llm_gateway.routing.table import ModelRoute
 from llm_gateway.runtime import Runtime
 from llm_gateway.service import GenerationService
 from llm_gateway.settings import ServerConfig
@@ -141,17 +142,25 @@ async def embeddings(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Ru
     await _generation(ctx, call, rec, rt, "embeddings")
 
 
-def _card(name: str, created: int, canonical: str) -> dict[str, Any]:
+def _card(name: str, created: int, route: ModelRoute, now: float) -> dict[str, Any]:
+    """OpenAI's model object, plus `context_length` (OpenRouter's field: the smallest window known of the
+    model's deployments, absent when none is known) and `ready` (a deployment's backend is live and
+    lists the model)."""
     card: dict[str, Any] = {"id": name, "object": "model", "created": created, "owned_by": "llm-gateway"}
-    if name != canonical:
-        card["root"] = canonical
+    if name != route.name:
+        card["root"] = route.name
+    windows = [n for d in route.deployments if (n := d.context_length) is not None]
+    if windows:
+        card["context_length"] = min(windows)
+    card["ready"] = any(d.backend.health(now) in ("ready", "busy") and d.model_present() for d in route.deployments)
     return card
 
 
 async def list_models(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     who = authenticate(call, rec, rt)
+    now = time.monotonic()
     data = [
-        _card(name, ctx.started_at, route.name)
+        _card(name, ctx.started_at, route, now)
         for name, route in rt.table.public_names()
         if who.may_use(route.name) or who.may_use(name)
     ]
@@ -167,7 +176,9 @@ async def get_model(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Run
             "The requested model does not exist; GET /v1/models lists the models this key may use.", param="model"
         )
     await call.respond(
-        200, orjson.dumps(_card(name, ctx.started_at, route.name)), [(b"x-request-id", call.rid.encode())]
+        200,
+        orjson.dumps(_card(name, ctx.started_at, route, time.monotonic())),
+        [(b"x-request-id", call.rid.encode())],
     )
 
 

@@ -105,6 +105,11 @@ MODEL_CARD = {
         "created": {"type": "integer"},
         "owned_by": {"type": "string"},
         "root": {"type": "string", "description": "the canonical name, when `id` is an alias"},
+        "context_length": {
+            "type": "integer",
+            "description": "the smallest context window (tokens) known of the model's deployments; absent: none known",
+        },
+        "ready": {"type": "boolean", "description": "a deployment's backend is live and serves the model"},
     },
 }
 

@@ -238,6 +238,12 @@ class _StateCollector(Collector):
         queue = GaugeMetricFamily(
             "gateway_deployment_queue_length", "Requests waiting for a free slot of the deployment.", labels=labels
         )
+        window = GaugeMetricFamily(
+            "gateway_deployment_context_length",
+            "The deployment's context window in tokens (configured, else as its engine reports it); no series"
+            " while it is not known.",
+            labels=labels,
+        )
         by_class = GaugeMetricFamily(
             "gateway_queue_length",
             "Requests waiting for a free slot, by priority class (all deployments).",
@@ -249,12 +255,14 @@ class _StateCollector(Collector):
                 key = [m.name, d.backend.name, d.upstream_model]
                 breaker.add_metric(key, float(STATE_VALUE[d.breaker.state]))
                 queue.add_metric(key, float(d.admission.queued))
+                if (n := d.context_length) is not None:
+                    window.add_metric(key, float(n))
                 for rank, n in d.admission.queued_by_class().items():
                     name = CLASS_NAMES.get(rank, "default")
                     waiting_by_class[name] = waiting_by_class.get(name, 0) + n
         for name, n in waiting_by_class.items():
             by_class.add_metric([name], float(n))
-        yield from (up, state, inflight, waiting, running, kv, age, breaker, queue, by_class)
+        yield from (up, state, inflight, waiting, running, kv, age, breaker, queue, window, by_class)
 
 
 CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}

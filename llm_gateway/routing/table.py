@@ -32,6 +32,8 @@ class Backend:
     load: LoadSnapshot | None = None
     own_at_probe: int = 0
     models: frozenset[str] | None = None
+    #: the context window of each served model, as last probed (None: not known)
+    context_lengths: dict[str, int] | None = None
     in_flight: int = 0
     busy_until: float = 0.0
 
@@ -74,6 +76,20 @@ class Deployment:
     @property
     def capacity(self) -> int:
         return self.admission.limit or self.backend.cfg.capacity
+
+    @property
+    def context_length(self) -> int | None:
+        """The deployment's context window in tokens: the configured one, else the engine's for this model
+        (for an engine that serves whatever it has loaded, its one model's), else None (not known)."""
+        if self.cfg.context_length is not None:
+            return self.cfg.context_length
+        known = self.backend.context_lengths
+        if not known:
+            return None
+        found = known.get(self.cfg.model)
+        if found is None and self.backend.adapter.ignores_model_name and len(known) == 1:
+            return next(iter(known.values()))
+        return found
 
     def model_present(self) -> bool:
         models = self.backend.models

@@ -20,10 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llm_gateway.adapters.ollama import OllamaAdapter
-from llm_gateway.adapters.relay_base import BYTES_PER_TOKEN
+from llm_gateway.adapters.relay_base import BYTES_PER_TOKEN, usage_or_estimate
 from llm_gateway.adapters.sse_relay import SSERelay, text_bytes
 from llm_gateway.errors import EngineErrorAnswer
-from llm_gateway.service import _usage_of
 from llm_gateway.types import BackendInfo, CallContext, Usage
 from llm_gateway_emulators import VOCAB
 
@@ -203,6 +202,6 @@ def test_ollama_counts_the_utf8_bytes_of_its_deltas():
 def test_the_service_bills_the_engines_usage_when_it_came_and_the_estimate_when_not():
     r = relay()
     r.feed(event({"content": "Hello, this is a test"}))  # 21 bytes in one event
-    assert _usage_of(r, 7) == (7, 6, True)
+    assert usage_or_estimate(r, 7) == (7, 6, True)
     r.feed(event({}, "length", usage={"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14}))
-    assert _usage_of(r, 7) == (9, 5, False)
+    assert usage_or_estimate(r, 7) == (9, 5, False)

@@ -389,7 +389,9 @@ async def test_tabbyapi_healthy_without_a_model_is_loading():
 async def test_tabbyapi_ready_reports_the_loaded_model_and_no_load():
     client = FakeClient({"/health": (200, b'{"status":"healthy","issues":[]}'), "/v1/model": TABBY_MODEL})
     res = await TabbyAPIAdapter(backend()).probe(client)
-    assert res == ProbeResult("ready", load=None, models=frozenset({"Qwen3-8B-exl3"}))
+    assert res == ProbeResult(
+        "ready", load=None, models=frozenset({"Qwen3-8B-exl3"}), context_lengths={"Qwen3-8B-exl3": 32768}
+    )
     assert client.headers_for("/v1/model") == {"x-api-key": "engine-secret"}
     assert client.headers_for("/health") == {}
 
