@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from llm_gateway.exchange import JSON, Headers
-from llm_gateway.http.call import Call
+from llm_gateway.http.call import Call, CallExchange
 from llm_gateway.http.handlers import HandlerContext, authenticate, read_json_object
 from llm_gateway.ingress.anthropic_request import MessagesRequest, to_chat
 from llm_gateway.ingress.anthropic_response import message_bytes
@@ -34,35 +34,23 @@ from llm_gateway.runtime import Runtime
 TOKEN_COUNT_HEADER = b"x-gateway-token-count"  # "engine" (its own tokenizer) or "estimate" (the gateway's)
 
 
-class AnthropicExchange:
+class AnthropicExchange(CallExchange):
     """The service's `ClientExchange` (and `NativeDialect`) for one Anthropic request: answers go out in
     Anthropic's dialect, passed through when the engine answered natively, else translated."""
 
-    __slots__ = ("_call", "_native", "_req", "_stream", "native_body", "rid")
+    __slots__ = ("_native", "_req", "_stream", "native_body")
 
     native_api = "messages"
 
     def __init__(self, call: Call, req: MessagesRequest, body: dict[str, Any]) -> None:
-        self._call = call
+        super().__init__(call)
         self._req = req
         self._stream: StreamTranslator | None = None
         self._native = False
         self.native_body = body
-        self.rid = call.rid
 
     def answer_natively(self, native: bool) -> None:
         self._native = native
-
-    @property
-    def status(self) -> int:
-        return self._call.status
-
-    @status.setter
-    def status(self, value: int) -> None:
-        self._call.status = value
-
-    def header(self, name: bytes) -> bytes | None:
-        return self._call.header(name)
 
     async def respond(self, status: int, body: bytes, headers: Headers, content_type: bytes = JSON) -> None:
         if 200 <= status < 300 and content_type == JSON and not self._native:
@@ -90,12 +78,6 @@ class AnthropicExchange:
             if tail:
                 await self._call.write(tail)
         await self._call.end()
-
-    def watch_disconnect(self, delay_s: float = 0.0) -> None:
-        self._call.watch_disconnect(delay_s)
-
-    def stop_watching(self) -> None:
-        self._call.stop_watching()
 
 
 async def messages(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:

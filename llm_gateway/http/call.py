@@ -144,3 +144,31 @@ class Call:
 
     async def end(self) -> None:
         await self.send({"type": "http.response.body", "body": b""})
+
+
+class CallExchange:
+    """Base of the exchanges that answer in another API's shape over a `Call` (Anthropic's, the Responses
+    API's): the status, the request headers and the disconnect watch are the call's own."""
+
+    __slots__ = ("_call", "rid")
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self.rid = call.rid
+
+    @property
+    def status(self) -> int:
+        return self._call.status
+
+    @status.setter
+    def status(self, value: int) -> None:
+        self._call.status = value
+
+    def header(self, name: bytes) -> bytes | None:
+        return self._call.header(name)
+
+    def watch_disconnect(self, delay_s: float = 0.0) -> None:
+        self._call.watch_disconnect(delay_s)
+
+    def stop_watching(self) -> None:
+        self._call.stop_watching()

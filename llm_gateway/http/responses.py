@@ -31,7 +31,7 @@ import orjson
 
 from llm_gateway.errors import GatewayError, InvalidRequest
 from llm_gateway.exchange import JSON, Headers
-from llm_gateway.http.call import Call
+from llm_gateway.http.call import Call, CallExchange
 from llm_gateway.http.handlers import HandlerContext, authenticate, read_json_object
 from llm_gateway.ingress.responses_request import ResponsesRequest, new_id, parse
 from llm_gateway.ingress.responses_response import to_response
@@ -48,10 +48,10 @@ TOKEN_COUNT_HEADER = b"x-gateway-token-count"  # "engine" (its own tokenizer) or
 PREFIXES = ("/v1/responses/", "/responses/")
 
 
-class ResponsesExchange:
+class ResponsesExchange(CallExchange):
     """The service's `ClientExchange` for one Responses request: answers go out as the Responses API's."""
 
-    __slots__ = ("_call", "_earlier", "_owner", "_req", "_saved", "_store", "_stream", "id", "rid")
+    __slots__ = ("_earlier", "_owner", "_req", "_saved", "_store", "_stream", "id")
 
     def __init__(
         self,
@@ -61,26 +61,14 @@ class ResponsesExchange:
         store: ResponseStore | None,
         owner: str,
     ) -> None:
-        self._call = call
+        super().__init__(call)
         self._req = req
         self._earlier = earlier
         self._store = store if req.store else None
         self._saved = not req.store  # nothing to store counts as done
         self._owner = owner
         self._stream: ResponsesStream | None = None
-        self.rid = call.rid
         self.id = new_id("resp_")
-
-    @property
-    def status(self) -> int:
-        return self._call.status
-
-    @status.setter
-    def status(self, value: int) -> None:
-        self._call.status = value
-
-    def header(self, name: bytes) -> bytes | None:
-        return self._call.header(name)
 
     async def respond(self, status: int, body: bytes, headers: Headers, content_type: bytes = JSON) -> None:
         if 200 <= status < 300 and content_type == JSON:
@@ -111,12 +99,6 @@ class ResponsesExchange:
             if tail:
                 await self._call.write(tail)
         await self._call.end()
-
-    def watch_disconnect(self, delay_s: float = 0.0) -> None:
-        self._call.watch_disconnect(delay_s)
-
-    def stop_watching(self) -> None:
-        self._call.stop_watching()
 
     async def _save(self, resp: dict[str, Any], turn: dict[str, Any]) -> bool:
         """Store the finished response (when asked); False if the store failed."""

@@ -34,7 +34,6 @@ The env the CLI gets is in ``tests/support/agent_cli.py`` (``claude_code_env``),
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -46,12 +45,15 @@ from llm_gateway_emulators import EmulatorConfig, EmulatorThread, expected_text
 from tests.conftest import require
 from tests.support.agent_cli import (
     AgentCliMissing,
+    access_log,
     bring_loopback_up,
     claude_code_binary,
     claude_code_env,
     loopback_only_argv,
     namespaces_unavailable,
     network_interfaces,
+    run_cli,
+    tail,
 )
 from tests.support.gateway_process import GatewayProcess
 from tests.support.real_engines import REPO_ROOT
@@ -165,51 +167,11 @@ def inside(workdir: Path, binary: Path) -> None:
             )
             env["CLAUDE_CODE_EXTRA_BODY"] = json.dumps({"stop_sequences": [STOP]})
             argv = [str(binary), "-p", PROMPT, "--output-format", "json", "--model", MODEL]
-            result.update(run_cli(argv, env, project))
+            result.update(run_cli(argv, env, project, CLI_TIMEOUT_S))
         result["engine_inference_requests"] = emu.stats.requests_total
         last = emu.stats.last_request
         result["engine_body"] = last["json"] if last is not None else None
     (workdir / "result.json").write_text(json.dumps(result))
-
-
-def run_cli(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=CLI_TIMEOUT_S)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own process group: the CLI and whatever it started
-        stdout, stderr = proc.communicate()
-        timed_out = True
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-    return {"rc": proc.returncode, "stdout": stdout, "stderr": stderr, "timed_out": timed_out}
-
-
-def tail(path: Path, chars: int = 4000) -> str:
-    return path.read_text(errors="replace")[-chars:]
-
-
-def access_log(path: Path) -> list[dict[str, Any]]:
-    """The gateway's access records (JSON lines of the ``gateway.access`` logger in its output)."""
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            rec = json.loads(line)
-            if rec.get("logger") == "gateway.access":
-                records.append(rec)
-    return records
 
 
 if __name__ == "__main__":

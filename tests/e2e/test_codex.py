@@ -49,7 +49,6 @@ The config and env the CLI gets are in ``tests/support/agent_cli.py`` (``write_c
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -61,12 +60,15 @@ from llm_gateway_emulators import EmulatorConfig, EmulatorThread, expected_text
 from tests.conftest import require
 from tests.support.agent_cli import (
     AgentCliMissing,
+    access_log,
     bring_loopback_up,
     codex_binary,
     codex_env,
     loopback_only_argv,
     namespaces_unavailable,
     network_interfaces,
+    run_cli,
+    tail,
     write_codex_home,
 )
 from tests.support.gateway_process import GatewayProcess
@@ -205,52 +207,12 @@ def inside(workdir: Path, binary: Path) -> None:
                 MODEL,
                 PROMPT,
             ]
-            result.update(run_cli(argv, env, project))
+            result.update(run_cli(argv, env, project, CLI_TIMEOUT_S))
             result["last_message"] = last.read_text() if last.exists() else None
         result["engine_inference_requests"] = emu.stats.requests_total
         last_request = emu.stats.last_request
         result["engine_body"] = last_request["json"] if last_request is not None else None
     (workdir / "result.json").write_text(json.dumps(result))
-
-
-def run_cli(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=CLI_TIMEOUT_S)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own process group: the CLI and whatever it started
-        stdout, stderr = proc.communicate()
-        timed_out = True
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-    return {"rc": proc.returncode, "stdout": stdout, "stderr": stderr, "timed_out": timed_out}
-
-
-def tail(path: Path, chars: int = 4000) -> str:
-    return path.read_text(errors="replace")[-chars:]
-
-
-def access_log(path: Path) -> list[dict[str, Any]]:
-    """The gateway's access records (JSON lines of the ``gateway.access`` logger in its output)."""
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            rec = json.loads(line)
-            if rec.get("logger") == "gateway.access":
-                records.append(rec)
-    return records
 
 
 if __name__ == "__main__":

@@ -24,12 +24,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
 import sys
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from tests.support.real_engines import SCRIPTS_DIR, cache_dir
 
@@ -296,3 +298,47 @@ __all__ = [
     "network_interfaces",
     "write_codex_home",
 ]
+
+
+# -- running a CLI and reading what the gateway saw ------------------------------------------------------
+
+
+def run_cli(argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float) -> dict[str, Any]:
+    """Run the CLI in its own process group, killed whole when it outlasts `timeout_s`."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own process group: the CLI and whatever it started
+        stdout, stderr = proc.communicate()
+        timed_out = True
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return {"rc": proc.returncode, "stdout": stdout, "stderr": stderr, "timed_out": timed_out}
+
+
+def tail(path: Path, chars: int = 4000) -> str:
+    return path.read_text(errors="replace")[-chars:]
+
+
+def access_log(path: Path) -> list[dict[str, Any]]:
+    """The gateway's access records (JSON lines of the ``gateway.access`` logger in its output)."""
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            if rec.get("logger") == "gateway.access":
+                records.append(rec)
+    return records
