@@ -222,6 +222,7 @@ class Dispatcher:
                 d.backend.own_at_probe,
                 d.cfg.weight,
                 d.cfg.priority,
+                d.resident,
             )
             for d in deps
         ]

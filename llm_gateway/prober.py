@@ -3,8 +3,9 @@
 Each probe asks the backend's adapter for readiness, served models and load (never a generation
 that would load a model). Its result becomes the backend's state (`ready`, `loading`, `down`), the
 load snapshot that selection reads (stamped with the gateway's own in-flight count at that moment,
-so selection can tell the engine's other work from ours), the served-model list and the context
-window of each served model (selection's fit check, `/v1/models`). A probe that
+so selection can tell the engine's other work from ours), the served-model list, the context
+window of each served model (selection's fit check, `/v1/models`) and which models are loaded
+(residency: selection prefers a loaded model to a cold load; unknown when the probe cannot tell). A probe that
 fails to read load leaves the old snapshot to go stale: stale means unknown, never idle.
 """
 
@@ -69,6 +70,7 @@ async def probe_once(upstream: UpstreamClient, b: Backend, metrics: Metrics | No
         b.models = res.models
     if res.context_lengths is not None:
         b.context_lengths = res.context_lengths
+    b.resident = res.resident  # it changes from probe to probe: what this one could not tell is unknown
     if metrics is not None:
         metrics.probes.labels(b.name, res.state).inc()
     return res

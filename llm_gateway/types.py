@@ -63,6 +63,9 @@ class ProbeResult:
     #: the context window (prompt plus output tokens, per sequence) of each served model, as the
     #: engine reports it; None: the probe did not learn it (the last known stays)
     context_lengths: dict[str, int] | None = None
+    #: whether each served model is loaded and can answer without a cold load (True) or not (False: a
+    #: model Ollama has not loaded, a sleeping vLLM); None: the engine cannot tell (unknown, as before)
+    resident: dict[str, bool] | None = None
 
 
 @dataclass(slots=True)

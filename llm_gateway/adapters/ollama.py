@@ -35,6 +35,10 @@ request option, the Modelfile's parameter, `OLLAMA_CONTEXT_LENGTH`, or its defau
 length `/api/show` gives (`model_info["<arch>.context_length"]`: 4096 in captures/ollama/api-show.txt,
 where the Modelfile runs it with `num_ctx 512`), and over-long prompts are handled here as above.
 
+Residency: Ollama loads a model on its first request (seconds to minutes) and unloads it after
+`keep_alive`; each probe reads `/api/ps` for the loaded ones, so routing prefers a deployment whose
+model is already loaded (`_probe_loaded`).
+
 Logprobs: Ollama >= 0.12.11 returns them (api/types.go `ChatRequest.Logprobs`/`TopLogprobs`,
 59241c5be); the adapter learns the version from `/api/version` in its probe and refuses
 `logprobs` with a 400 on an older one (and on one that turned out to ignore them). Whole answers that
@@ -379,4 +383,28 @@ class OllamaAdapter(Adapter):
                         models.add(name[: -len(":latest")])
             except (orjson.JSONDecodeError, AttributeError):
                 pass
-        return ProbeResult("ready", models=frozenset(models) if status == 200 else None)
+        listed = frozenset(models) if status == 200 else None
+        return ProbeResult("ready", models=listed, resident=await self._probe_loaded(client, listed))
+
+    async def _probe_loaded(self, client: ProbeClient, listed: frozenset[str] | None) -> dict[str, bool] | None:
+        """Which models are loaded, from `/api/ps` (every model in the scheduler's `loaded` map, one still
+        loading included; PsHandler in server/routes.go, `ProcessModelResponse` in api/types.go @fb30760:
+        captures/ollama/api-ps-loaded.txt, api-ps-empty.txt): a listed model is resident, a pulled one
+        it does not list is cold. `size_vram` 0 (on the CPU) is loaded all the same, and `expires_at`
+        is when keep_alive unloads it, which the next probe sees. None when `/api/ps` gives no list."""
+        status, body = await client.get("/api/ps", self.headers)
+        if status != 200:
+            return None
+        try:
+            loaded = orjson.loads(body).get("models")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        if not isinstance(loaded, list):
+            return None
+        out = dict.fromkeys(listed or (), False)
+        for m in loaded:
+            if isinstance(m, dict) and (name := str(m.get("name") or m.get("model") or "")):
+                out[name] = True
+                if name.endswith(":latest"):
+                    out[name[: -len(":latest")]] = True
+        return out

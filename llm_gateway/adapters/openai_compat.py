@@ -82,9 +82,13 @@ class OpenAICompatAdapter(Adapter):
     #: the model-card field of `models_path` that holds the model's context window (vLLM, SGLang:
     #: `max_model_len`); None: the cards do not say
     window_field: ClassVar[str | None] = None
+    #: a ready engine has its models loaded (one loaded model, served until it stops): True for the
+    #: engines here; False for an unknown OpenAI-compatible server (it may load on demand): not told
+    resident_when_ready: ClassVar[bool] = True
 
     def __init__(self, backend: BackendInfo) -> None:
         super().__init__(backend)
+        self.metrics_body: bytes | None = None  # the last probe's metrics page (vLLM's sleep state)
         self.headers = {"Content-Type": "application/json", **self.auth_headers()}
         self._finish_errors = tuple(b'"finish_reason":"' + r.encode() + b'"' for r in self.error_finish_reasons)
         self._finish_renames = tuple(
@@ -203,8 +207,15 @@ class OpenAICompatAdapter(Adapter):
         if state != "ready":
             return ProbeResult(state, detail=detail)
         models, windows = await self.probe_catalog(client)
+        self.metrics_body = None
         load = await self.probe_load(client) if self.load_metrics else None
-        return ProbeResult("ready", load=load, models=models, detail=detail, context_lengths=windows)
+        return ProbeResult(
+            "ready", load=load, models=models, detail=detail, context_lengths=windows, resident=self.residency(models)
+        )
+
+    def residency(self, models: frozenset[str] | None) -> dict[str, bool] | None:
+        """Which of a ready engine's models are loaded: all of them (`resident_when_ready`), else unknown."""
+        return dict.fromkeys(models, True) if models and self.resident_when_ready else None
 
     async def probe_ready(self, client: ProbeClient) -> tuple[ProbeState, str]:
         if self.health_path is None:
@@ -244,6 +255,7 @@ class OpenAICompatAdapter(Adapter):
         status, body = await client.get(self.metrics_path, self.auth_headers())
         if status != 200:
             return None
+        self.metrics_body = body
         samples = parse_samples(body)
         running_names, waiting_names, kv_names = self.load_metrics
         return LoadSnapshot(

@@ -17,3 +17,4 @@ class GenericOpenAIAdapter(OpenAICompatAdapter):
     kind: ClassVar[str] = "openai"
     formats: ClassVar[frozenset[str] | None] = None
     health_path: ClassVar[str | None] = None
+    resident_when_ready: ClassVar[bool] = False  # any server (llama-swap, LM Studio) may load on demand

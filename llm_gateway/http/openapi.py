@@ -110,6 +110,11 @@ MODEL_CARD = {
             "description": "the smallest context window (tokens) known of the model's deployments; absent: none known",
         },
         "ready": {"type": "boolean", "description": "a deployment's backend is live and serves the model"},
+        "resident": {
+            "type": "boolean",
+            "description": "a deployment has the model loaded (false: the next request loads it cold); absent: no"
+            " engine of the model can tell",
+        },
     },
 }
 

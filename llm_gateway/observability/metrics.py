@@ -244,6 +244,12 @@ class _StateCollector(Collector):
             " while it is not known.",
             labels=labels,
         )
+        resident = GaugeMetricFamily(
+            "gateway_deployment_resident",
+            "1 while the deployment's model is loaded on its engine, 0 while a request would load it cold; no"
+            " series while the engine cannot tell.",
+            labels=labels,
+        )
         by_class = GaugeMetricFamily(
             "gateway_queue_length",
             "Requests waiting for a free slot, by priority class (all deployments).",
@@ -257,12 +263,14 @@ class _StateCollector(Collector):
                 queue.add_metric(key, float(d.admission.queued))
                 if (n := d.context_length) is not None:
                     window.add_metric(key, float(n))
+                if (r := d.resident) is not None:
+                    resident.add_metric(key, 1.0 if r else 0.0)
                 for rank, n in d.admission.queued_by_class().items():
                     name = CLASS_NAMES.get(rank, "default")
                     waiting_by_class[name] = waiting_by_class.get(name, 0) + n
         for name, n in waiting_by_class.items():
             by_class.add_metric([name], float(n))
-        yield from (up, state, inflight, waiting, running, kv, age, breaker, queue, window, by_class)
+        yield from (up, state, inflight, waiting, running, kv, age, breaker, queue, window, resident, by_class)
 
 
 CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}

@@ -9,6 +9,10 @@ the failover order). Strategies:
   nearly full. A signal that is missing or older than `stale_s` is *unknown*: it costs a full slot
   of load, so a backend that says nothing never looks idle next to one that says it is idle.
   Engines that report nothing at all (Ollama, TabbyAPI) are judged by the gateway's count alone.
+  Residency: a deployment whose model is not loaded (`resident` False: a cold load ahead) counts
+  `COLD_LOAD`, one full capacity's worth, on top, so the order is resident and idle, resident and
+  busy, cold, and a warm deployment keeps the work until it is saturated; unknown (None) adds
+  nothing. Every strategy that orders by load (all but `round_robin`) sees it.
 - `round_robin`: rotate through the candidates.
 - `weighted`: pick at random in proportion to `weight`; failover by load.
 - `priority`: lowest `priority` value first (ordered fallback), load breaks ties.
@@ -28,6 +32,7 @@ from llm_gateway.types import LoadSnapshot
 
 UNKNOWN_LOAD = 1.0  # slots of load assumed for an engine whose load signal is missing or stale
 KV_KNEE = 0.85  # KV-cache fill above which new work starts to evict or queue
+COLD_LOAD = 1.0  # slots of load a cold load counts as (a resident model is preferred until saturated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +47,15 @@ class CandidateView:
     own_at_probe: int  # the gateway's in-flight count when `load` was read
     weight: float = 1.0
     priority: int = 0
+    resident: bool | None = None  # the model is loaded (True), would load cold (False), unknown (None)
 
 
 def load_score(c: CandidateView, now: float, stale_s: float) -> float:
+    cold = COLD_LOAD if c.resident is False else 0.0
+    return _live_score(c, now, stale_s) + cold
+
+
+def _live_score(c: CandidateView, now: float, stale_s: float) -> float:
     cap = max(c.capacity, 1)
     load = c.load
     if load is not None and now - load.at <= stale_s:

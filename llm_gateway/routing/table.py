@@ -34,6 +34,8 @@ class Backend:
     models: frozenset[str] | None = None
     #: the context window of each served model, as last probed (None: not known)
     context_lengths: dict[str, int] | None = None
+    #: which served models are loaded (resident), as the last probe said; None: the engine cannot tell
+    resident: dict[str, bool] | None = None
     in_flight: int = 0
     busy_until: float = 0.0
 
@@ -84,6 +86,18 @@ class Deployment:
         if self.cfg.context_length is not None:
             return self.cfg.context_length
         known = self.backend.context_lengths
+        if not known:
+            return None
+        found = known.get(self.cfg.model)
+        if found is None and self.backend.adapter.ignores_model_name and len(known) == 1:
+            return next(iter(known.values()))
+        return found
+
+    @property
+    def resident(self) -> bool | None:
+        """Is the deployment's model loaded on its engine (no cold load ahead)? None: the engine cannot tell.
+        Looked up like the context window: by the upstream model's name, else an engine's one model."""
+        known = self.backend.resident
         if not known:
             return None
         found = known.get(self.cfg.model)

@@ -366,7 +366,10 @@ class Target:
             return EngineError("m", {}, 400)
         if self.engine == "ollama":  # Ollama answers 500 for a bad option type: a client error
             return EngineError("m", {"options": {"num_ctx": "not-a-number"}}, 400, None, "num_ctx")
-        huge = "word " * 40000  # past the context of both engines (16,384 and 32,768 tokens)
+        # past the context of both engines (16,384 and 32,768 tokens: the tiny models take about one token per
+        # byte here), but not past the gateway's own fit check, a lower bound (non-blank bytes / 8): the
+        # engine's own refusal is what is under test
+        huge = "a " * 40000
         body = {"messages": [{"role": "user", "content": huge}]}
         if self.engine == "llama-server":
             return EngineError("m", body, 400, "context_length_exceeded", "context")

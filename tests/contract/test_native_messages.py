@@ -150,9 +150,9 @@ def test_an_engine_error_is_anthropics_envelope(client: anthropic.Anthropic, tar
     if target.emulator is not None:
         e = target.engine_error()  # the emulator refuses the next request with a 400
         messages = USER
-    else:  # past the context of both engines (16,384 and 32,768 tokens)
+    else:  # past the context of both engines (16,384 and 32,768 tokens), within the gateway's lower bound
         e = None
-        messages = [{"role": "user", "content": "word " * 40000}]
+        messages = [{"role": "user", "content": "a " * 40000}]
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(model="m", max_tokens=8, messages=messages)
     body = err.value.body

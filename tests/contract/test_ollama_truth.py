@@ -5,7 +5,8 @@ real Ollama (0.5.4, bigdl-core-cpp's `ollama-lib`, the tiny model, num_ctx 4096)
 - A prompt far longer than the context window is a 400 `context_length_exceeded`, whole and streamed,
   as from llama-server and vLLM: the real 0.5.4 cuts it and answers 200 (it has no `truncate` for chat),
   so the gateway reads the cut from `prompt_eval_count`; HEAD refuses it itself on `truncate: false`.
-  An ordinary prompt still gets its answer.
+  An ordinary prompt still gets its answer, and after one the model is resident (`/api/ps`), as the
+  `gateway_deployment_resident` gauge and `/v1/models` say.
 - `logprobs` come back in OpenAI's shape from HEAD (whole and streamed) and are a 400
   `unsupported_parameter` naming `logprobs` on 0.5.4, which returns none.
 - A whole answer Ollama did not finish is a 502 `generation_failed`: the real Ollama aborts a generation
@@ -122,6 +123,17 @@ def test_real_ollama_long_prompt_is_context_length_exceeded_whole_and_streamed(r
     with pytest.raises(openai.BadRequestError) as ec:
         c.completions.create(model="tiny-public", prompt=LONG, max_tokens=5)
     assert ec.value.code == "context_length_exceeded"
+
+
+def test_real_ollama_model_is_resident_after_a_request(real_gw: GatewayProcess) -> None:
+    # after an answer the model stays loaded for keep_alive (5 min by default): the probes read it from
+    # /api/ps. Whether it was cold before depends on earlier tests, so only the loaded side is shown.
+    r = client(real_gw).chat.completions.create(model="tiny-public", messages=HI, max_tokens=2, temperature=0)
+    assert r.choices[0].message.content is not None
+    gauge = 'gateway_deployment_resident{backend="ol",model="tiny-public",upstream_model="tiny"} 1.0'
+    wait_until(lambda: gauge in httpx.get(real_gw.url + "/metrics", timeout=5).text, what="the resident gauge at 1")
+    card = httpx.get(real_gw.url + "/v1/models/tiny-public", timeout=5).json()
+    assert card["resident"] is True and card["ready"] is True
 
 
 def test_real_ollama_ordinary_prompt_still_answers(real_gw: GatewayProcess) -> None:

@@ -37,7 +37,7 @@ models:
     strategy: priority
     deployments:
       - {{backend: engine-b, model: up-b, format: awq, priority: 0}}
-      - {{backend: engine-a, model: up-a, format: safetensors, priority: 1}}
+      - {{backend: engine-a, model: up-a, format: safetensors, priority: 1, context_length: 8192}}
   - name: broken-model
     deployments:
       - {{backend: engine-c, model: up-c, format: gguf}}

@@ -96,7 +96,10 @@ async def test_llama_server_ready_with_metrics_and_slots():
     )
     res = await LlamaServerAdapter(backend()).probe(client)
     assert res == ProbeResult(
-        "ready", load=LoadSnapshot(running=2.0, waiting=1.0, kv=0.5, at=NOW), models=frozenset({"tiny-llama"})
+        "ready",
+        load=LoadSnapshot(running=2.0, waiting=1.0, kv=0.5, at=NOW),
+        models=frozenset({"tiny-llama"}),
+        resident={"tiny-llama": True},
     )
 
 
@@ -274,7 +277,10 @@ async def test_sglang_load_from_metrics():
     client = FakeClient({"/health": (200, b""), "/v1/models": SGLANG_MODELS, "/metrics": SGLANG_METRICS})
     res = await SGLangAdapter(backend()).probe(client)
     assert res == ProbeResult(
-        "ready", load=LoadSnapshot(running=7.0, waiting=0.0, kv=0.18, at=NOW), models=frozenset({"qwen3-8b"})
+        "ready",
+        load=LoadSnapshot(running=7.0, waiting=0.0, kv=0.18, at=NOW),
+        models=frozenset({"qwen3-8b"}),
+        resident={"qwen3-8b": True},
     )
     assert "/get_load" not in client.paths
 
@@ -390,7 +396,11 @@ async def test_tabbyapi_ready_reports_the_loaded_model_and_no_load():
     client = FakeClient({"/health": (200, b'{"status":"healthy","issues":[]}'), "/v1/model": TABBY_MODEL})
     res = await TabbyAPIAdapter(backend()).probe(client)
     assert res == ProbeResult(
-        "ready", load=None, models=frozenset({"Qwen3-8B-exl3"}), context_lengths={"Qwen3-8B-exl3": 32768}
+        "ready",
+        load=None,
+        models=frozenset({"Qwen3-8B-exl3"}),
+        context_lengths={"Qwen3-8B-exl3": 32768},
+        resident={"Qwen3-8B-exl3": True},
     )
     assert client.headers_for("/v1/model") == {"x-api-key": "engine-secret"}
     assert client.headers_for("/health") == {}

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from llm_gateway.routing.selection import KV_KNEE, UNKNOWN_LOAD, CandidateView, load_score, order
+from llm_gateway.routing.selection import COLD_LOAD, KV_KNEE, UNKNOWN_LOAD, CandidateView, load_score, order
 from llm_gateway.types import LoadSnapshot
 
 NOW = 1000.0
@@ -23,8 +23,9 @@ def cand(
     own_at_probe: int = 0,
     weight: float = 1.0,
     priority: int = 0,
+    resident: bool | None = None,
 ) -> CandidateView:
-    return CandidateView(key, in_flight, capacity, reports_load, load, own_at_probe, weight, priority)
+    return CandidateView(key, in_flight, capacity, reports_load, load, own_at_probe, weight, priority, resident)
 
 
 def snap(running: float | None = 0.0, waiting: float | None = 0.0, kv: float | None = None, at: float = NOW):
@@ -283,3 +284,58 @@ def test_prefix_affinity_without_a_key_is_least_load():
         cand("c", in_flight=1, reports_load=False),
     ]
     assert order("prefix_affinity", cands, now=NOW, stale_s=STALE, affinity_key=None) == [1, 2, 0]
+
+
+# -- residency ---------------------------------------------------------------------------------------
+
+
+def test_a_cold_deployment_counts_one_capacity_of_load_and_unknown_residency_counts_nothing():
+    assert COLD_LOAD == 1.0
+    warm, cold, unknown = (cand("x", in_flight=1, reports_load=False, resident=r) for r in (True, False, None))
+    assert load_score(warm, NOW, STALE) == load_score(unknown, NOW, STALE) == 0.25
+    assert load_score(cold, NOW, STALE) == 1.25
+
+
+@pytest.mark.parametrize("strategy", ["least_load", "priority", "prefix_affinity"])
+def test_resident_idle_then_resident_busy_then_cold(strategy: str):
+    cands = [
+        cand("cold", reports_load=False, resident=False),
+        cand("busy", in_flight=3, reports_load=False, resident=True),
+        cand("idle", in_flight=0, reports_load=False, resident=True),
+    ]
+    for rotation in range(3):
+        assert order(strategy, cands, now=NOW, stale_s=STALE, rotation=rotation) == [2, 1, 0]
+
+
+def test_a_cold_deployment_wins_only_once_the_warm_one_is_past_saturation():
+    def first(warm_in_flight: int) -> str:
+        cands = [
+            cand("warm", in_flight=warm_in_flight, reports_load=False, resident=True),
+            cand("cold", reports_load=False, resident=False),
+        ]
+        return cands[order("least_load", cands, now=NOW, stale_s=STALE)[0]].key
+
+    assert [first(n) for n in (0, 3)] == ["warm", "warm"]  # busy but with a free slot: stay warm
+    assert first(5) == "cold"  # 5 of 4 slots: a cold load is the lesser wait
+
+
+def test_unknown_residency_is_ordered_as_before():
+    cands = [cand("a", in_flight=2, reports_load=False), cand("b", in_flight=1, reports_load=False, resident=None)]
+    assert order("least_load", cands, now=NOW, stale_s=STALE) == [1, 0]
+
+
+def test_a_cold_engine_that_reports_load_is_still_behind_a_warm_busy_one():
+    cands = [
+        cand("cold", load=snap(running=0.0), resident=False),
+        cand("warm", load=snap(running=2.0), resident=True),
+    ]
+    assert order("least_load", cands, now=NOW, stale_s=STALE) == [1, 0]
+
+
+def test_weighted_failover_after_its_pick_puts_the_cold_deployment_last():
+    cands = [
+        cand("pick", weight=1.0, reports_load=False, resident=True),
+        cand("cold", weight=0.0, reports_load=False, resident=False),
+        cand("warm", weight=0.0, in_flight=2, reports_load=False, resident=True),
+    ]
+    assert order("weighted", cands, now=NOW, stale_s=STALE, rng=FixedRandom(0.0)) == [0, 2, 1]
