@@ -33,7 +33,8 @@ from llm_gateway.errors import GatewayError, InvalidRequest
 from llm_gateway.exchange import JSON, Headers
 from llm_gateway.http.call import Call, CallExchange
 from llm_gateway.http.handlers import HandlerContext, authenticate, read_json_object
-from llm_gateway.ingress.responses_request import ResponsesRequest, new_id, parse
+from llm_gateway.ingress.responses_items import new_id
+from llm_gateway.ingress.responses_request import ResponsesRequest, parse
 from llm_gateway.ingress.responses_response import to_response
 from llm_gateway.ingress.responses_stream import ResponsesStream
 from llm_gateway.observability.record import RequestRecord

@@ -2,7 +2,7 @@
 
 What maps, field by field:
 - `instructions` -> a first `system` message (not carried over from a previous response, as OpenAI
-  has it); `input` as a string -> one user message; as items: messages (`role` user / assistant /
+  has it); `input` (read in responses_items.py) as a string -> one user message; as items: messages (`role` user / assistant /
   system / developer -> system; content a string or parts: `input_text` / `output_text` -> text,
   `refusal` -> text, `input_image` with an `image_url` -> an `image_url` part with its `detail`),
   `function_call` items -> the assistant's `tool_calls` (merged into the assistant message just
@@ -34,7 +34,6 @@ file inputs.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +52,7 @@ from llm_gateway.ingress.field_checks import (
     check_hint,
     only_fields,
 )
+from llm_gateway.ingress.responses_items import input_messages, invalid, unknown, unsupported
 
 _FIELDS = frozenset(
     {
@@ -108,22 +108,6 @@ _INCLUDES = frozenset(
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
-def unknown(param: str) -> InvalidRequest:
-    return InvalidRequest(f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter")
-
-
-def invalid(message: str, param: str) -> InvalidRequest:
-    return InvalidRequest(f"Invalid value for '{param}': {message}", param=param, code="invalid_value")
-
-
-def unsupported(message: str, param: str) -> InvalidRequest:
-    return InvalidRequest(f"{param}: {message}", param=param, code="unsupported_parameter")
-
-
-def new_id(prefix: str) -> str:
-    return prefix + os.urandom(24).hex()
-
-
 @dataclass(slots=True)
 class ResponsesRequest:
     """One Responses request, checked: the chat fields, this input as chat messages and as items, and
@@ -177,7 +161,7 @@ def parse(req: dict[str, Any]) -> ResponsesRequest:
     if req.get("instructions") is not None:
         instructions = as_str(req["instructions"], "instructions")
         seen.chars += len(instructions)
-    messages, items = _input(req["input"], seen)
+    messages, items = input_messages(req["input"], seen)
     options: dict[str, Any] = {}
     echo: dict[str, Any] = {"instructions": instructions}
     stream = req.get("stream") is not None and as_bool(req["stream"], "stream")
@@ -368,173 +352,3 @@ def _reasoning(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any
     summary = r.get("summary", r.get("generate_summary"))
     check_hint(summary, "reasoning.summary", ("auto", "concise", "detailed"))
     echo["reasoning"] = {"effort": effort, "summary": summary}
-
-
-# -- input items --------------------------------------------------------------------------------------
-
-
-def _input(value: Any, seen: PromptChars) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    if isinstance(value, str):
-        seen.chars += len(value)
-        item = {
-            "id": new_id("msg_"),
-            "type": "message",
-            "role": "user",
-            "content": [{"type": "input_text", "text": value}],
-        }
-        return [{"role": "user", "content": value}], [item]
-    messages: list[dict[str, Any]] = []
-    items: list[dict[str, Any]] = []
-    reasoning: list[str] = []  # reasoning items waiting for the assistant turn they belong to
-    for i, raw in enumerate(as_list(value, "input")):
-        p = f"input.{i}"
-        it = as_obj(raw, p)
-        kind = it.get("type", "message")
-        seen.chars += 16
-        if kind == "message":
-            msg = _message(it, p, seen)
-            if msg["role"] == "assistant" and reasoning:
-                msg["reasoning_content"] = "\n\n".join(reasoning)
-                reasoning = []
-            messages.append(msg)
-        elif kind == "function_call":
-            args = as_str(it.get("arguments"), f"{p}.arguments")
-            seen.chars += len(args)
-            call = {
-                "id": as_str(it.get("call_id"), f"{p}.call_id"),
-                "type": "function",
-                "function": {"name": as_str(it.get("name"), f"{p}.name"), "arguments": args},
-            }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and not reasoning:
-                last.setdefault("tool_calls", []).append(call)
-                if last.get("content") == "":
-                    last["content"] = None
-            else:
-                msg = {"role": "assistant", "content": None, "tool_calls": [call]}
-                if reasoning:
-                    msg["reasoning_content"] = "\n\n".join(reasoning)
-                    reasoning = []
-                messages.append(msg)
-        elif kind == "function_call_output":
-            _tool_output(it, p, messages, seen)
-        elif kind == "reasoning":
-            text = _reasoning_text(it, p)
-            seen.chars += len(text)
-            if text:
-                reasoning.append(text)
-        elif kind == "item_reference":
-            raise unsupported(
-                "item references are not supported by this gateway; send the items themselves", f"{p}.type"
-            )
-        elif isinstance(kind, str):
-            raise unsupported(f"'{kind}' input items are not supported by this gateway", f"{p}.type")
-        else:
-            raise invalid("expected an input item type.", f"{p}.type")
-        items.append(_item(it, str(kind)))
-    return messages, items
-
-
-def _item(it: dict[str, Any], kind: str) -> dict[str, Any]:
-    """An input item as OpenAI lists it back: with an id, and a message with its `type` and content parts."""
-    out = {"id": it["id"] if isinstance(it.get("id"), str) else new_id(_ID_PREFIX.get(kind, "item_")), **it}
-    if kind == "message":
-        out["type"] = "message"
-        if isinstance(out.get("content"), str):
-            part = "output_text" if out.get("role") == "assistant" else "input_text"
-            out["content"] = [{"type": part, "text": out["content"]}]
-    return out
-
-
-_ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
-_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-
-
-def _message(it: dict[str, Any], p: str, seen: PromptChars) -> dict[str, Any]:
-    role = it.get("role")
-    if not isinstance(role, str) or role not in _ROLES:
-        raise invalid("expected 'user', 'assistant', 'system' or 'developer'.", f"{p}.role")
-    content = it.get("content")
-    if isinstance(content, str):
-        seen.chars += len(content)
-        return {"role": _ROLES[role], "content": content}
-    parts: list[dict[str, Any]] = []
-    for j, raw in enumerate(as_list(content, f"{p}.content")):
-        cp = f"{p}.content.{j}"
-        part = as_obj(raw, cp)
-        t = part.get("type")
-        if t in ("input_text", "output_text"):
-            text = as_str(part.get("text"), f"{cp}.text")
-            seen.chars += len(text)
-            parts.append({"type": "text", "text": text})
-        elif t == "refusal":
-            text = as_str(part.get("refusal"), f"{cp}.refusal")
-            seen.chars += len(text)
-            parts.append({"type": "text", "text": text})
-        elif t == "input_image":
-            seen.chars += 1024
-            parts.append(_image(part, cp))
-        elif isinstance(t, str):
-            raise unsupported(f"'{t}' content is not supported by this gateway", f"{cp}.type")
-        else:
-            raise invalid("expected a content part type.", f"{cp}.type")
-    if _ROLES[role] != "user" or all(q["type"] == "text" for q in parts):
-        if any(q["type"] != "text" for q in parts):
-            raise unsupported("images are allowed in user messages only", f"{p}.content")
-        return {"role": _ROLES[role], "content": "".join(q["text"] for q in parts)}
-    return {"role": "user", "content": parts}
-
-
-def _image(part: dict[str, Any], p: str) -> dict[str, Any]:
-    url = part.get("image_url")
-    if url is None:
-        if part.get("file_id") is not None:
-            raise unsupported(
-                "file ids are not supported by this gateway; send the image as a URL or data URL", f"{p}.file_id"
-            )
-        raise InvalidRequest(f"Missing required parameter: '{p}.image_url'.", param=f"{p}.image_url")
-    img: dict[str, Any] = {"url": as_str(url, f"{p}.image_url")}
-    if part.get("detail") is not None:
-        check_hint(part["detail"], f"{p}.detail", ("auto", "low", "high", "original"))
-        img["detail"] = part["detail"]
-    return {"type": "image_url", "image_url": img}
-
-
-def _tool_output(it: dict[str, Any], p: str, messages: list[dict[str, Any]], seen: PromptChars) -> None:
-    call_id = as_str(it.get("call_id"), f"{p}.call_id")
-    out = it.get("output")
-    texts: list[str] = []
-    images: list[dict[str, Any]] = []
-    if isinstance(out, str):
-        texts.append(out)
-    else:
-        for j, raw in enumerate(as_list(out, f"{p}.output")):
-            cp = f"{p}.output.{j}"
-            part = as_obj(raw, cp)
-            t = part.get("type")
-            if t in ("input_text", "output_text"):
-                texts.append(as_str(part.get("text"), f"{cp}.text"))
-            elif t == "input_image":
-                images.append(_image(part, cp))
-            else:
-                raise unsupported(f"'{t}' tool output content is not supported by this gateway", f"{cp}.type")
-    text = "".join(texts)
-    seen.chars += len(text) + 16
-    messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
-    if images:
-        seen.chars += 1024 * len(images)
-        messages.append({"role": "user", "content": images})
-
-
-def _reasoning_text(it: dict[str, Any], p: str) -> str:
-    """The text of a reasoning item: its reasoning content if it has any, else its summary (both checked)."""
-    found: list[list[str]] = []
-    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
-        parts = it.get(key)
-        texts = []
-        for j, raw in enumerate(as_list(parts, f"{p}.{key}") if parts is not None else []):
-            part = as_obj(raw, f"{p}.{key}.{j}")
-            if part.get("type") == kind:
-                texts.append(as_str(part.get("text"), f"{p}.{key}.{j}.text"))
-        found.append(texts)
-    return "".join(next((texts for texts in found if texts), []))

@@ -18,7 +18,8 @@ from typing import Any
 
 import orjson
 
-from llm_gateway.ingress.responses_request import ResponsesRequest, new_id
+from llm_gateway.ingress.responses_items import new_id
+from llm_gateway.ingress.responses_request import ResponsesRequest
 
 REASONING_KEYS = ("reasoning_content", "reasoning")  # the gateway's configured name is one of these
 

@@ -21,7 +21,8 @@ from typing import Any
 import orjson
 
 from llm_gateway.ingress.chat_events import DONE, ChatEvents
-from llm_gateway.ingress.responses_request import ResponsesRequest, new_id
+from llm_gateway.ingress.responses_items import new_id
+from llm_gateway.ingress.responses_request import ResponsesRequest
 from llm_gateway.ingress.responses_response import (
     REASONING_KEYS,
     call_item,
