@@ -2,9 +2,9 @@
 
 What maps, field by field:
 - `instructions` -> a first `system` message (not carried over from a previous response, as OpenAI
-  has it); `input` (read in responses_items.py) as a string -> one user message; as items: messages (`role` user / assistant /
-  system / developer -> system; content a string or parts: `input_text` / `output_text` -> text,
-  `refusal` -> text, `input_image` with an `image_url` -> an `image_url` part with its `detail`),
+  has it); `input` (read in responses_items.py) as a string -> one user message; as items: messages
+  (`role` user / assistant / system / developer -> system; content a string or parts: `input_text` /
+  `output_text` -> text, `refusal` -> text, `input_image` with an `image_url` -> an `image_url` part with its `detail`),
   `function_call` items -> the assistant's `tool_calls` (merged into the assistant message just
   before them), `function_call_output` -> `tool` messages (text; images in an output follow in a
   user message), `reasoning` items -> the reasoning text of the next assistant message
