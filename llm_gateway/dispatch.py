@@ -1,9 +1,10 @@
 """Getting one request onto a deployment: candidates, selection, admission, retries, failover.
 
 Candidates are the model's deployments that can serve the request at all (format constraint,
-capabilities), whose context window, where it is known, the request fits (`fits`: a lower bound of
-the prompt's tokens, plus `max_tokens` where the engine counts it; a 400 `context_length_exceeded`
-before any engine is called when no deployment of the model or its fallbacks fits), then those that
+capabilities), whose context window, where it is known, the request fits (`fits`: the prompt's tokens
+by the engine's own count where prompt_count.py made one, else their lower bound, plus `max_tokens`
+where the engine counts it; a 400 `context_length_exceeded` before any engine is called when no
+deployment of the model or its fallbacks fits), then those that
 are routable now (backend not down or loading, breaker not open, model present). Selection orders
 them; admission takes a slot (or queues for one, bounded);
 the exchange runs. A failure that is the backend's (connection refused or reset, 502/503/504,
@@ -149,24 +150,36 @@ def output_counted(d: Deployment, info: RequestInfo) -> int:
 
 def fits(d: Deployment, info: RequestInfo) -> bool:
     """Can the request fit the deployment's context window? An unknown window fits (no refusal on a
-    guess), and the prompt counts at its lower bound (request_info `prompt_floor`), so a request the
-    engine would take is never kept from it: one in between is the engine's to refuse."""
+    guess); the prompt counts as the engine counted it where it was asked (an ambiguous size), else at
+    its lower bound (request_info `prompt_floor`), so a request the engine would take is never kept
+    from it."""
     window = d.context_length
-    return window is None or info.prompt_floor + output_counted(d, info) <= window
+    if window is None:
+        return True
+    exact = info.prompt_exact
+    n = info.prompt_floor if exact is None else exact.get(d.model, info.prompt_floor)
+    return n + output_counted(d, info) <= window
 
 
 def explain_too_long(route: ModelRoute, deps: list[Deployment], info: RequestInfo) -> InvalidRequest:
     """400 `context_length_exceeded` (OpenAI's code), naming the window that came nearest and the count."""
     nearest = max(deps, key=lambda d: (d.context_length or 0) - output_counted(d, info))
     window, out = nearest.context_length, output_counted(nearest, info)
-    need = f"at least {info.prompt_floor + out} tokens"
+    exact = info.prompt_exact.get(nearest.model) if info.prompt_exact else None
+    prompt = info.prompt_floor if exact is None else exact
+    need = f"{'at least ' if exact is None else ''}{prompt + out} tokens"
     if out:
-        need += f" ({info.prompt_floor} of prompt and max_tokens {out})"
+        need += f" ({prompt} of prompt and max_tokens {out})"
+    how = (
+        "by the gateway's estimate (a lower bound of the prompt's tokens)"
+        if exact is None
+        else "its prompt counted by the engine's own tokenizer"
+    )
     return InvalidRequest(
         f"This model's maximum context length is {window} tokens (model '{route.name}'"
         + (", its largest deployment" if len(deps) > 1 else "")
-        + f"). However, this request needs {need}, by the gateway's estimate (a lower bound of the prompt's "
-        "tokens). Please reduce the length of the prompt" + (" or max_tokens." if out else "."),
+        + f"). However, this request needs {need}, {how}. Please reduce the length of the prompt"
+        + (" or max_tokens." if out else "."),
         param="messages" if "chat" in info.needs else "prompt" if "completions" in info.needs else "input",
         code="context_length_exceeded",
     )
@@ -239,6 +252,7 @@ class Dispatcher:
             affinity_key=key,
             max_affinity_load=route.cfg.affinity.max_load,
             rng=self.rng,
+            prefer_resident=self.cfg.prefer_resident,
         )
         return [deps[i] for i in idx]
 

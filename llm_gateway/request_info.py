@@ -13,7 +13,16 @@ at most `FLOOR_BYTES_PER_TOKEN` (8) a token (prose runs 3 to 5 bytes a token, CJ
 base64 less; vocabularies hold long runs of blanks as one token), with chat templates, images, tools
 and tool-call arguments not counted at all, and for a batch (a list of prompts or inputs) the
 largest one. A request is refused for its size only when even this floor does not fit, so the
-gateway never refuses what the engine would take: a request between the two is the engine's to judge.
+gateway never refuses what the engine would take.
+
+`prompt_ceiling` (chat only: the one body the engines' tokenizers count) is what the prompt cannot
+exceed: every tokenizer in use (byte-level BPE; SentencePiece with byte fallback) emits at most one
+token per UTF-8 byte of text, so the ceiling is the bytes of everything a chat template renders (the
+texts, other message fields, tool calls and tools as JSON), plus `CEILING_BASE` tokens for the
+template's own text (BOS, generation prompt, a default system prompt), `CEILING_PER_MESSAGE` for each
+message's role markers, `CEILING_TOOLS` for a template's tool instructions and `CEILING_PER_IMAGE` for
+each image (Qwen2-VL's default maximum, the largest in common use). A window between the floor and the
+ceiling is ambiguous: prompt_count.py then asks the engine for the exact count.
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from llm_gateway.errors import InvalidRequest
 
@@ -41,6 +52,12 @@ class RequestInfo:
     #: a lower bound of the prompt's tokens (of the largest prompt of a batch); 0 when the request asks
     #: the engine to cut its prompt (`truncate_prompt_tokens`)
     prompt_floor: int = 0
+    #: an upper bound of the prompt's tokens (chat); None where the gateway cannot count the prompt exactly
+    #: (other endpoints, or a request asking the engine to cut its prompt): decided on the floor alone
+    prompt_ceiling: int | None = None
+    #: the prompt's tokens by an engine's own tokenizer, per public model, where one was counted
+    #: (prompt_count.py): the fit is decided on it rather than on the floor
+    prompt_exact: dict[str, int] | None = None
 
 
 def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
@@ -75,10 +92,15 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
         raise InvalidRequest("'max_tokens' must be a non-negative integer", param="max_tokens")
+    ceiling: int | None = None
     if endpoint == "chat":
-        chars, affinity, floor = _messages(value, needs)
-        if body.get("tools") or body.get("functions"):
+        chars, affinity, floor, ceiling = _messages(value, needs)
+        tools = body.get("tools") or body.get("functions")
+        if tools:
             needs.add("tools")
+            ceiling += CEILING_TOOLS + len(orjson.dumps(tools))
+        if body.get("chat_template_kwargs") is not None:
+            ceiling += len(orjson.dumps(body["chat_template_kwargs"]))
         rf = body.get("response_format")
         if isinstance(rf, dict) and rf.get("type") == "json_schema":
             needs.add("json_schema")
@@ -87,20 +109,36 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
     else:
         chars, affinity, floor = _text_size(value, "input"), "", _largest_floor(value)
     if body.get("truncate_prompt_tokens") is not None:
-        floor = 0  # vLLM cuts the prompt to fit: its length is no reason to refuse
-    return RequestInfo(model, fmt, stream, wants_usage, frozenset(needs), chars // 4 + 1, max_tokens, affinity, floor)
+        floor, ceiling = 0, None  # vLLM cuts the prompt to fit: its length is no reason to refuse
+    return RequestInfo(
+        model, fmt, stream, wants_usage, frozenset(needs), chars // 4 + 1, max_tokens, affinity, floor, ceiling
+    )
 
 
 #: the most UTF-8 bytes of non-blank text a token averages under any tokenizer in use (the rule of
 #: adapters/ollama_request.min_tokens, which the Ollama adapter checks answers with)
 FLOOR_BYTES_PER_TOKEN = 8
 _BLANKS = (" ", "\n", "\t", "\r")
+#: the ceiling's allowances, in tokens, for what a chat template adds (see the module's docstring)
+CEILING_BASE = 256
+CEILING_PER_MESSAGE = 32
+CEILING_TOOLS = 1024
+CEILING_PER_IMAGE = 16384
+
+
+def _utf8_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _bounds(text: str) -> tuple[int, int]:
+    """(`min_tokens(text)`, its UTF-8 bytes: at most one token each)."""
+    size = _utf8_size(text)
+    return (size - sum(text.count(b) for b in _BLANKS)) // FLOOR_BYTES_PER_TOKEN, size
 
 
 def min_tokens(text: str) -> int:
     """A lower bound of the tokens of `text`: its non-blank UTF-8 bytes over FLOOR_BYTES_PER_TOKEN."""
-    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-    return (size - sum(text.count(b) for b in _BLANKS)) // FLOOR_BYTES_PER_TOKEN
+    return _bounds(text)[0]
 
 
 def _largest_floor(value: Any) -> int:
@@ -115,10 +153,12 @@ def _largest_floor(value: Any) -> int:
     return 0
 
 
-def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int]:
+def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int]:
+    """(typical characters, affinity text, floor, ceiling) of chat messages."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty array", param="messages")
     chars = floor = 0
+    ceiling = CEILING_BASE + CEILING_PER_MESSAGE * len(messages)
     head: list[str] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -130,7 +170,9 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int]:
         content = m.get("content")
         if isinstance(content, str):
             chars += len(content)
-            floor += min_tokens(content)
+            low, size = _bounds(content)
+            floor += low
+            ceiling += size
             if len(head) < 4:
                 head.append(content)
         elif isinstance(content, list):
@@ -141,14 +183,31 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int]:
                 if t in ("image_url", "input_image", "image"):
                     needs.add("vision")
                     chars += 1024
+                    ceiling += CEILING_PER_IMAGE
                 elif isinstance(part.get("text"), str):
                     chars += len(part["text"])
-                    floor += min_tokens(part["text"])
+                    low, size = _bounds(part["text"])
+                    floor += low
+                    ceiling += size
                     if len(head) < 4:
                         head.append(part["text"])
+                else:  # audio, files, ...: their JSON, which holds more bytes than their tokens
+                    ceiling += len(orjson.dumps(part))
         elif content is not None and role != "assistant":
             raise InvalidRequest(f"messages[{i}].content must be a string or an array", param=f"messages[{i}].content")
-    return chars, "\x00".join(head), floor
+        if len(m) > 2:  # name, tool_calls, tool_call_id, reasoning_content...: rendered by templates too
+            ceiling += _other_fields_size(m)
+    return chars, "\x00".join(head), floor, ceiling
+
+
+def _other_fields_size(message: dict[str, Any]) -> int:
+    """The bytes of a message's fields besides its role and content (strings as text, the rest as JSON)."""
+    size = 0
+    for k, v in message.items():
+        if k in ("role", "content") or v is None:
+            continue
+        size += _utf8_size(v) if isinstance(v, str) else len(orjson.dumps(v))
+    return size
 
 
 def _text_size(value: Any, name: str) -> int:

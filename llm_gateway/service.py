@@ -1,18 +1,17 @@
 """The steps of one generation request (chat, completions, embeddings); each step lives elsewhere.
 
-read the body (request_info) -> resolve the public model -> check the key may use it -> reserve rate limits ->
-dispatch to a deployment (selection, admission, retries, failover) -> answer: the whole JSON body, or the
-stream relayed chunk by chunk -> settle the limits with the real usage. Streams: the adapters always ask
-the engine for usage (the extra chunk is stripped unless the client asked); if the engine never sent it
-(a cut stream, a client that left), the completion is estimated from what was relayed
-(`RelayBase.completion_estimate`), so an aborted stream still pays for what was generated.
-Another API (Anthropic's /v1/messages) is a translating `ClientExchange` around the same steps, and
-`count_prompt_tokens` counts a chat prompt with an engine's own tokenizer where it has one. A request
-queues with its key's ticket (dispatch.Trace); a stream that waits hears its place (queue_progress). With the
-client's own body beside it (`NativeDialect`), each attempt asks its deployment's adapter whether the
-engine speaks that API itself: then the body passes through and the exchange is told so
-(`answer_natively`); all else (limits, retries, failover, breaker, metrics, usage) is the same path.
-The service answers through the `ClientExchange` it owns (exchange.py), never through ASGI; the first
+read the body (request_info) -> resolve the public model -> check the key may use it -> reserve rate limits -> count
+the prompt where a window is ambiguous (prompt_count) -> dispatch to a deployment (selection, admission, retries,
+failover) -> answer: the whole JSON body, or the stream relayed chunk by chunk -> settle the limits with the real
+usage. Streams: the adapters always ask the engine for usage (the extra chunk is stripped unless the client asked);
+if the engine never sent it (a cut stream, a client that left), the completion is estimated from what was relayed
+(`RelayBase.completion_estimate`), so an aborted stream still pays for what was generated. Another API (Anthropic's
+/v1/messages) is a translating `ClientExchange` around the same steps, and `count_prompt_tokens` counts a chat
+prompt with an engine's own tokenizer where it has one. A request queues with its key's ticket (dispatch.Trace); a
+stream that waits hears its place (queue_progress). With the client's own body beside it (`NativeDialect`), each
+attempt asks its deployment's adapter whether the engine speaks that API itself: then the body passes through and
+the exchange is told so (`answer_natively`); all else (limits, retries, failover, breaker, metrics, usage) is the
+same path. The service answers through the `ClientExchange` it owns (exchange.py), never through ASGI; the first
 generated output (for TTFT) is reported by the adapter's relay, which knows the engine's shapes.
 """
 
@@ -33,6 +32,7 @@ from llm_gateway.errors import DONE, GatewayError, ModelNotFound, UpstreamProtoc
 from llm_gateway.exchange import ClientExchange, Headers, NativeDialect
 from llm_gateway.limits.limiter import quota_headers
 from llm_gateway.observability.record import RequestRecord
+from llm_gateway.prompt_count import PromptCounter, ambiguous_routes
 from llm_gateway.queue_progress import QueueProgress
 from llm_gateway.request_info import RequestInfo, read_request
 from llm_gateway.routing.table import Deployment, ModelRoute
@@ -105,7 +105,7 @@ class Job:
 
 class GenerationService:
     def __init__(self, gw: Gateway) -> None:
-        self.gw = gw
+        self.gw, self.counter = gw, PromptCounter(gw.metrics)  # the counter: exact counts near a window
 
     async def handle(
         self,
@@ -131,6 +131,8 @@ class GenerationService:
         usage: Usage | None = None
         failed = False
         try:
+            if counted := ambiguous_routes(rt.table, route, info):  # near a window: the engine's count decides
+                await self.counter.settle(self.gw.upstream, counted, body, info)
             usage = await (self._stream(job) if info.stream else self._unary(job))
         except GatewayError as e:
             failed = True  # answered with an error before any output: nothing was generated, unless the
@@ -150,7 +152,9 @@ class GenerationService:
             if job.trace.deployment is not None:  # the key's fair share counts what it really used
                 job.trace.deployment.admission.settle(job.trace.ticket, actual)
             real_prompt = usage.prompt_tokens if usage else None  # prices a cost budget's input exactly
-            await asyncio.shield(rt.limiter.finish(reservation, actual, prompt_tokens=real_prompt))
+            settled = rt.limiter.finish(reservation, actual, prompt_tokens=real_prompt)
+            # a cancelled client must not cut it short: in-process it cannot (never suspends), else shielded
+            await (settled if rt.limiter.inline else asyncio.shield(settled))
 
     def _route(
         self,

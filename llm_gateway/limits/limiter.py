@@ -47,6 +47,8 @@ class Limiter:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
+        #: settlements never suspend (an in-process store): `finish` needs no shield (LimitStore)
+        self.inline = getattr(store, "inline", False) is True
         # public model -> (input, output) per million tokens, for cost budgets
         self._prices = {m: (p.input_per_million, p.output_per_million) for m, p in (prices or {}).items()}
         self._wall = wall

@@ -89,6 +89,8 @@ class MemoryStore:
     """Exact, in-process. The clocks are injectable for tests: `clock` (monotonic) for the windows,
     `wall` (unix time) for the UTC periods of budgets."""
 
+    inline = True  # no I/O: its coroutines never suspend
+
     def __init__(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._wall = wall

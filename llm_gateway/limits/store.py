@@ -89,6 +89,9 @@ class Reservation:
 
 
 class LimitStore(Protocol):
+    """A store may say `inline = True`: its coroutines never suspend (no I/O), so a settlement needs no
+    shield against cancellation (one is only delivered where a coroutine suspends)."""
+
     async def reserve(
         self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0
     ) -> tuple[Decision, Reservation]: ...

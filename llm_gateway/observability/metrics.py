@@ -159,6 +159,12 @@ class Metrics:
             ["key", "priority"],
             registry=r,
         )
+        self.prompt_counts = Counter(
+            "gateway_prompt_counts",
+            "Exact prompt counts for the context-window fit (prompt_count.py), by result: counted, cached, failed.",
+            ["result"],
+            registry=r,
+        )
         self._state = _StateCollector()
         r.register(self._state)
 

@@ -268,12 +268,14 @@ async def test_no_deployment_fits_is_400_context_length_exceeded_before_any_engi
 
 
 async def test_a_request_between_the_floor_and_the_window_is_the_engines_to_judge() -> None:
-    # 12,000 bytes: some 3,000 tokens by the typical estimate, over 2,048, but the floor is 1,500
+    # 12,000 bytes: some 3,000 tokens by the typical estimate, over 2,048, but the floor is 1,500; the
+    # engine is asked to count (prompt_count.py) and, without a /tokenize here (404), the floor decides
     up = engines()
     async with gateway_client(make_config(CONFIG), upstream=up) as (client, app):
         await probed(app, up)
         r = await client.post("/v1/chat/completions", json=chat("small-only", 12_000))
-    assert r.status_code == 200 and posted(up) == ["http://small.test/v1/chat/completions"]
+    assert r.status_code == 200
+    assert posted(up) == ["http://small.test/tokenize", "http://small.test/v1/chat/completions"]
 
 
 async def test_llama_server_output_is_not_counted_and_its_one_model_takes_the_window() -> None:

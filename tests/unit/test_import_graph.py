@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
         "backend_calls",
         "queue_progress",
     ),  # retries/failover over the table; health and load probes
+    ("prompt_count",),  # exact prompt counts on the engines, for the fit dispatch judges
     ("runtime",),  # the process's shared objects and the swappable per-config part
     ("service", "reload"),  # the steps of one request; config hot reload
     ("http",),  # the data plane's HTTP surface over the service
