@@ -57,9 +57,13 @@ def make_upstream(kind: str) -> UpstreamClient:
         from llm_gateway.upstream.httpx_client import HttpxUpstream
 
         return HttpxUpstream()
-    from llm_gateway.upstream.aiohttp_client import AiohttpUpstream
+    if kind == "aiohttp":
+        from llm_gateway.upstream.aiohttp_client import AiohttpUpstream
 
-    return AiohttpUpstream()
+        return AiohttpUpstream()
+    from llm_gateway.upstream.h1_client import H1Upstream
+
+    return H1Upstream()
 
 
 class Gateway:

@@ -239,6 +239,9 @@ class RoutingConfig(_Strict):
     breaker_failures: int = Field(5, ge=1)
     breaker_cooldown_s: float = Field(10.0, gt=0)
     stale_after_probes: float = Field(3.0, gt=0, description="a load signal older than this many intervals is unknown")
+    prefer_resident: bool = Field(
+        True, description="a deployment whose model would load cold counts a full slot of load; false: load alone"
+    )
     format_header: str = "x-gateway-format"
     session_header: str = "x-session-id"
     priority_header: str = Field("x-gateway-priority", description="a request may lower its key's class with it")
@@ -306,7 +309,9 @@ class ServerConfig(_Strict):
     graceful_shutdown_s: float = Field(30.0, ge=0)
     access_log: bool = True
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    upstream_client: Literal["aiohttp", "httpx"] = "aiohttp"
+    upstream_client: Literal["h1", "aiohttp", "httpx"] = Field(
+        "h1", description="the HTTP client to engines: the gateway's own HTTP/1.1 client, or aiohttp or httpx"
+    )
     reasoning_field: Literal["reasoning_content", "reasoning"] = Field(
         "reasoning_content", description="the one name reasoning text gets in answers, whatever the engine calls it"
     )

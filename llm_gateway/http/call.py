@@ -18,6 +18,7 @@ from typing import Any
 
 from llm_gateway.errors import PayloadTooLarge, RequestTimeout
 from llm_gateway.exchange import JSON, Headers
+from llm_gateway.http.hardened_protocol import COALESCE
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -131,7 +132,7 @@ class Call:
         self.status = status
         headers.append((b"content-type", content_type))
         headers.append((b"content-length", str(len(body)).encode()))
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.start", "status": status, "headers": headers, COALESCE: True})
         await self.send({"type": "http.response.body", "body": body})
 
     async def start(self, status: int, headers: Headers) -> None:

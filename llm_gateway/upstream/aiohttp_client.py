@@ -1,10 +1,12 @@
-"""The production upstream client: one shared aiohttp session for every engine.
+"""The aiohttp upstream client (`server.upstream_client: aiohttp`): one shared session for every engine.
 
-Chosen by measurement (bench/): aiohttp's pool and parser cost a fraction of httpx's per request and
-do not churn connections at high concurrency. Redirects are never followed (an engine must not send
-the gateway's engine key elsewhere), compression is not negotiated (engines rarely compress, and
-relaying identity bytes avoids a decode/encode per chunk), and the read timeout switches from
-"first byte" to "idle between chunks" once the engine's headers are in.
+It was the production client until the gateway's own (h1_client.py) measured cheaper per request and
+per relayed event (bench/); it stays as the well-known alternative. aiohttp's pool and parser cost a
+fraction of httpx's per request and do not churn connections at high concurrency. Redirects are
+never followed (an engine must not send the gateway's engine key elsewhere), compression is not
+negotiated (engines rarely compress, and relaying identity bytes avoids a decode/encode per chunk),
+and the read timeout switches from "first byte" to "idle between chunks" once the engine's headers
+are in.
 """
 
 from __future__ import annotations

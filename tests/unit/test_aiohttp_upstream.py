@@ -30,6 +30,7 @@ from llm_gateway.errors import (
 )
 from llm_gateway.upstream.aiohttp_client import AiohttpUpstream
 from llm_gateway.upstream.base import UpstreamClient, UpstreamTimeouts
+from llm_gateway.upstream.h1_client import H1Upstream
 from llm_gateway.upstream.httpx_client import HttpxUpstream
 
 pytestmark = pytest.mark.timeout(30)
@@ -133,9 +134,16 @@ def stream_then(end: Callable[[asyncio.StreamWriter], Awaitable[None] | None]) -
     return script
 
 
-@pytest.fixture(params=["aiohttp", "httpx"])
+CLIENTS: dict[str, Callable[[], UpstreamClient]] = {
+    "h1": H1Upstream,
+    "aiohttp": AiohttpUpstream,
+    "httpx": HttpxUpstream,
+}
+
+
+@pytest.fixture(params=list(CLIENTS))
 async def client(request: pytest.FixtureRequest) -> AsyncIterator[UpstreamClient]:
-    c: UpstreamClient = AiohttpUpstream() if request.param == "aiohttp" else HttpxUpstream()
+    c = CLIENTS[request.param]()
     yield c
     await c.aclose()
 
@@ -272,7 +280,7 @@ async def test_an_answer_that_is_not_http_is_a_backend_failure(client):
 
     # aiohttp's parser rejects the status line; httpx (h11) reports a RemoteProtocolError, which its
     # client maps, before the headers, as a connection closed without an answer
-    expected = UpstreamProtocolError if isinstance(client, AiohttpUpstream) else UpstreamUnreachable
+    expected = UpstreamUnreachable if isinstance(client, HttpxUpstream) else UpstreamProtocolError
     async with TinyEngine(script) as eng:
         with pytest.raises(expected) as ei:
             await client.send("GET", eng.url + "/health", {}, None, T)
@@ -401,3 +409,62 @@ async def test_close_mid_body_drops_the_connection_and_the_engine_sees_the_clien
         again.close()
         await asyncio.sleep(0.05)
     assert eng.connections == 2
+
+
+# -- the gateway's own client (h1_client) -------------------------------------------------------------
+
+
+async def test_h1_an_unread_body_past_high_water_stops_reading_until_the_reader_catches_up(monkeypatch):
+    from llm_gateway.upstream import h1_client
+
+    monkeypatch.setattr(h1_client, "HIGH_WATER", 64)
+    sent = asyncio.Event()
+
+    async def script(req, reader, writer):
+        writer.write(head(content_type="text/event-stream", transfer_encoding="chunked"))
+        for _ in range(8):  # each in its own read: the client stops reading once over 64 bytes
+            writer.write(chunked(b"x" * 40))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        sent.set()
+
+    c = H1Upstream()
+    async with TinyEngine(script) as eng:
+        resp = await c.send("GET", eng.url + "/s", {}, None, T)
+        await asyncio.wait_for(sent.wait(), 5)
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        # more than 64 bytes unread: the socket is not read, so the end of the body is not seen yet
+        assert resp._paused and not resp._eof and resp._size < 320
+        got = b""
+        while chunk := await resp.read_chunk():
+            got += chunk
+        assert got == b"x" * 320 and not resp._paused
+        resp.close()
+    await c.aclose()
+
+
+def test_h1_runs_on_uvloop_and_reuses_its_connection() -> None:
+    import uvloop
+
+    async def main() -> tuple[int, int]:
+        async def script(req, reader, writer):
+            writer.write(head(content_length="2") + b"ok")
+            await writer.drain()
+
+        c = H1Upstream()
+        async with TinyEngine(script) as eng:
+            for _ in range(3):
+                resp = await c.send("POST", eng.url + "/v1/chat/completions", {"x-a": "1"}, b"{}", T)
+                assert resp.status == 200 and await resp.read(100) == b"ok"
+                resp.close()
+        await c.aclose()
+        return len(eng.requests), eng.connections
+
+    loop = uvloop.new_event_loop()
+    try:
+        assert loop.run_until_complete(main()) == (3, 1)
+    finally:
+        loop.close()

@@ -22,7 +22,7 @@ import pytest
 from uvicorn.server import ServerState
 
 from llm_gateway.http import hardened_protocol
-from llm_gateway.http.hardened_protocol import GatewayProtocol
+from llm_gateway.http.hardened_protocol import COALESCE, GatewayProtocol
 from llm_gateway.http.server import uvicorn_config
 from llm_gateway.settings import ServerConfig
 
@@ -88,6 +88,7 @@ class FakeTransport:
         self.closed = False
         self.read_paused = False
         self.late_writes = 0
+        self.writes = 0  # calls that wrote bytes: each is a send syscall on a real transport
 
     def write(self, data: bytes) -> None:
         if self.closed:
@@ -96,6 +97,7 @@ class FakeTransport:
         if self.eof:
             raise RuntimeError("Cannot call write() after write_eof()")
         self.out += data
+        self.writes += 1
 
     def write_eof(self) -> None:
         self.eof = True
@@ -177,7 +179,10 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             break
     answer = orjson.dumps({"method": scope["method"], "path": scope["path"], "body": body.decode()})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    start = {"type": "http.response.start", "status": 200, "headers": headers}
+    if scope["path"] == "/whole":  # as Call.respond asks: the head waits for the body
+        start[COALESCE] = True
+    await send(start)
     await send({"type": "http.response.body", "body": answer})
 
 
@@ -282,6 +287,25 @@ async def test_a_normal_request_reaches_the_app_and_gets_its_answer(server: Serv
     assert "connection" not in resp.headers  # kept alive
     assert not conn.transport.eof and not conn.transport.closed
     assert server.state.total_requests == 1
+
+
+@pytest.mark.parametrize("close", [False, True], ids=["kept-alive", "connection-close"])
+async def test_a_whole_answer_that_asks_to_coalesce_leaves_in_one_write(server: Server, close: bool) -> None:
+    conn = server.connect()
+    conn.send(request("POST", "/whole", b'{"hi": 1}', {"connection": "close"} if close else None))
+    await server.settle()
+    resp = only_response(conn)
+    assert resp.status == 200 and orjson.loads(resp.body)["path"] == "/whole"
+    assert conn.transport.writes == 1  # head and body in one write (one syscall)
+    assert conn.transport.closed == close  # uvicorn's close after the answer still happens, after the write
+
+
+async def test_an_answer_that_does_not_ask_to_coalesce_is_written_as_uvicorn_writes_it(server: Server) -> None:
+    conn = server.connect()
+    conn.send(request("POST", "/plain", b"{}"))
+    await server.settle()
+    assert only_response(conn).status == 200
+    assert conn.transport.writes == 2  # head, then body: streams send their head before the first event
 
 
 async def test_headers_and_a_large_body_in_one_read_are_not_taken_for_oversized_headers(server: Server) -> None:

@@ -1,0 +1,459 @@
+"""A small HTTP/1.1 client for engines: asyncio protocols, llhttp's parser (httptools), a keep-alive pool.
+
+Why not aiohttp: on the gateway's hot path aiohttp's request and response objects (URL and header
+multidicts, payload writers, stream readers, timer contexts) cost about a quarter of the gateway's CPU
+per request (bench/profile.sh), for features the gateway never uses against an engine: redirects,
+cookies, compression, proxies, multipart. This client does only what the gateway needs: one request
+per connection at a time, the request written in one `write`, the response parsed by httptools
+(llhttp, the parser Node.js uses; uvicorn already depends on it), body bytes handed over as they
+arrive without copies, connections kept per origin (scheme, host, port) and reused while the engine
+keeps them alive. A response holds its connection until its body ends or `close()` drops it, so an
+engine sees a client that left (and stops generating) at once.
+
+Timeouts follow the gateway's contract (upstream/base.py): `connect_s` for the TCP connect,
+`first_byte_s` until the status line and headers, `idle_s` between body chunks while someone waits
+for them, `total_s` for the whole exchange. One watchdog task (four checks a second) times every open
+exchange instead of a timer per request or per chunk. Failures become the gateway's errors where they
+happen: no connection is `ConnectFailed` (the backend is down), a connection closed before an answer
+is `UpstreamUnreachable`, one closed mid-body is `StreamInterrupted`, a reply that is not HTTP is
+`UpstreamProtocolError`. The buffer of a body nobody reads is bounded: past `HIGH_WATER` bytes the
+connection stops reading (TCP pushes back on the engine) until the reader catches up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from urllib.parse import urlsplit
+
+import httptools
+
+from llm_gateway.errors import (
+    BackendFailure,
+    ConnectFailed,
+    StreamInterrupted,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from llm_gateway.upstream.base import UpstreamTimeouts
+
+HIGH_WATER = 1 << 20  # bytes of unread body before the connection stops reading from the engine
+MAX_HEADER_BYTES = 64 * 1024
+
+
+class Headers(dict[str, str]):
+    """Response headers: names stored lower-case, looked up case-insensitively; repeats joined by ", "."""
+
+    def __getitem__(self, name: str) -> str:
+        return dict.__getitem__(self, name.lower())
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return dict.get(self, name.lower(), default)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and dict.__contains__(self, name.lower())
+
+
+class _Origin:
+    """One engine address: how to reach it and its idle keep-alive connections."""
+
+    __slots__ = ("host", "host_header", "idle", "port", "ssl")
+
+    def __init__(self, host: str, port: int, host_header: bytes, tls: ssl.SSLContext | None) -> None:
+        self.host, self.port, self.host_header, self.ssl = host, port, host_header, tls
+        self.idle: deque[_Connection] = deque()
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection to an engine, carrying at most one exchange at a time."""
+
+    __slots__ = ("_header_bytes", "closed", "exchange", "idle_since", "origin", "parser", "transport", "until_close")
+
+    def __init__(self, origin: _Origin) -> None:
+        self.origin = origin
+        self.transport: asyncio.Transport | None = None
+        self.exchange: H1Response | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.until_close = False  # the body has neither a length nor chunks: it ends with the connection
+        self._header_bytes = 0
+        self.idle_since = 0.0
+
+    # -- asyncio.Protocol -----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport subclass
+
+    def data_received(self, data: bytes) -> None:
+        if self.exchange is None:  # bytes nobody asked for on an idle connection: it cannot be reused
+            self.drop()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(UpstreamProtocolError(f"the engine sent an invalid HTTP response: {e}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        ex = self.exchange
+        if ex is not None:
+            self.exchange = None
+            if ex.headers_in and self.until_close and exc is None:
+                ex.complete()
+            elif ex.headers_in:
+                ex.fail(StreamInterrupted("the engine closed the connection in the middle of its response"))
+            else:
+                ex.fail(UpstreamUnreachable("the engine closed the connection without answering"))
+        with contextlib.suppress(ValueError):
+            self.origin.idle.remove(self)
+
+    # -- httptools callbacks -------------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value)
+        if self._header_bytes > MAX_HEADER_BYTES:
+            raise httptools.HttpParserError("the response headers are too large")
+        ex = self.exchange
+        if ex is None:
+            return
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        old = dict.get(ex.headers, key)
+        dict.__setitem__(ex.headers, key, text if old is None else old + ", " + text)
+
+    def on_headers_complete(self) -> None:
+        ex = self.exchange
+        if ex is None:
+            return
+        status = self.parser.get_status_code()
+        if status < 200:  # an interim answer (100 Continue, 103 Early Hints): the real one follows
+            ex.headers.clear()
+            return
+        h = ex.headers
+        self.until_close = dict.get(h, "content-length") is None and "chunked" not in (
+            dict.get(h, "transfer-encoding") or ""
+        )
+        ex.headers_done(status)
+
+    def on_body(self, body: bytes) -> None:
+        ex = self.exchange
+        if ex is not None:
+            ex.feed(body)
+
+    def on_message_complete(self) -> None:
+        ex = self.exchange
+        if ex is None or not ex.headers_in:
+            return
+        self.exchange = None
+        keep = self.parser.should_keep_alive() and not self.until_close
+        ex.complete()
+        if keep and not self.closed:
+            self._header_bytes = 0
+            self.idle_since = ex.loop_time()
+            self.origin.idle.append(self)
+        else:
+            self.drop()
+
+    # -- the client's side ---------------------------------------------------------------------------
+    def start(self, exchange: H1Response, request: bytes) -> None:
+        self.exchange = exchange
+        self._header_bytes = 0
+        self.transport.write(request)  # type: ignore[union-attr]  # set once connected
+
+    def _fail(self, err: BackendFailure) -> None:
+        ex = self.exchange
+        self.exchange = None
+        if ex is not None:
+            ex.fail(err)
+        self.drop()
+
+    def drop(self) -> None:
+        """Close the connection (a FIN: the engine sees its client leave)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Watchdog:
+    """One task times every open exchange: the total deadline, the wait for headers, silences mid-body."""
+
+    PERIOD_S = 0.25
+
+    def __init__(self) -> None:
+        self.active: set[H1Response] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, r: H1Response) -> None:
+        self.active.add(r)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self.active:
+                await asyncio.sleep(self.PERIOD_S)
+                now = loop.time()
+                for r in list(self.active):
+                    r.check(now)
+        finally:
+            self._task = None
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+class H1Response:
+    """One exchange: the status and headers once in, the body as it arrives."""
+
+    __slots__ = (
+        "_chunks",
+        "_conn",
+        "_deadline",
+        "_eof",
+        "_error",
+        "_first_byte_by",
+        "_idle",
+        "_loop",
+        "_paused",
+        "_size",
+        "_waiter",
+        "_waiting_since",
+        "_watchdog",
+        "headers",
+        "headers_in",
+        "status",
+    )
+
+    def __init__(
+        self, conn: _Connection, t: UpstreamTimeouts, watchdog: _Watchdog, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        now = loop.time()
+        self._conn: _Connection | None = conn
+        self._loop = loop
+        self._idle = t.idle_s
+        self._deadline = now + t.total_s
+        self._first_byte_by: float | None = now + t.first_byte_s
+        self._watchdog = watchdog
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._eof = False
+        self._paused = False
+        self._error: BackendFailure | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._waiting_since: float | None = None
+        self.headers = Headers()
+        self.headers_in = False
+        self.status = 0
+        watchdog.add(self)
+
+    # -- fed by the connection -----------------------------------------------------------------------
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def headers_done(self, status: int) -> None:
+        self.status = status
+        self.headers_in = True
+        self._first_byte_by = None
+        self._wake()
+
+    def feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        if self._size > HIGH_WATER and not self._paused and self._conn is not None and self._conn.transport:
+            self._paused = True
+            self._conn.transport.pause_reading()
+        self._wake()
+
+    def complete(self) -> None:
+        self._eof = True
+        self._conn = None
+        self._watchdog.active.discard(self)
+        self._wake()
+
+    def fail(self, err: BackendFailure) -> None:
+        if self._error is None and not self._eof:
+            self._error = err
+        self._watchdog.active.discard(self)
+        self._wake()
+
+    def check(self, now: float) -> None:
+        first = self._first_byte_by
+        if now > self._deadline:
+            self._expire(UpstreamTimeout("the engine's response did not complete within the total timeout"))
+        elif first is not None and now > first:
+            self._expire(UpstreamTimeout("the engine sent nothing before its first byte within the configured timeout"))
+        elif self._waiting_since is not None and now - self._waiting_since > self._idle:
+            self._expire(UpstreamTimeout("the engine sent nothing between chunks of its response within the timeout"))
+
+    def _expire(self, err: UpstreamTimeout) -> None:
+        self.fail(err)
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.exchange = None
+            conn.drop()
+
+    def loop_time(self) -> float:
+        return self._loop.time()
+
+    # -- read by the gateway -------------------------------------------------------------------------
+    async def wait_headers(self) -> None:
+        while not self.headers_in:
+            if self._error is not None:
+                raise self._error
+            self._waiter = self._loop.create_future()
+            await self._waiter
+
+    async def _more(self) -> None:
+        self._waiting_since = self._loop.time()
+        try:
+            self._waiter = self._loop.create_future()
+            await self._waiter
+        finally:
+            self._waiting_since = None
+
+    def _take(self) -> bytes:
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._size = 0
+        if self._paused:
+            self._paused = False
+            conn = self._conn
+            if conn is not None and conn.transport is not None:
+                conn.transport.resume_reading()
+        return data
+
+    async def read_chunk(self) -> bytes:
+        while True:
+            if self._chunks:
+                return self._take()
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return b""
+            await self._more()
+
+    async def read(self, limit: int) -> bytes:
+        length = self.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise UpstreamProtocolError(f"the engine's response is larger than {limit} bytes")
+        parts: list[bytes] = []
+        size = 0
+        while chunk := await self.read_chunk():
+            size += len(chunk)
+            if size > limit:
+                raise UpstreamProtocolError(f"the engine's response is larger than {limit} bytes")
+            parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        while chunk := await self.read_chunk():
+            yield chunk
+
+    def close(self) -> None:
+        self._watchdog.active.discard(self)
+        conn, self._conn = self._conn, None
+        if conn is not None and not self._eof:  # mid-body: drop the connection, the engine sees the client leave
+            conn.exchange = None
+            conn.drop()
+
+
+class H1Upstream:
+    """The gateway's HTTP/1.1 client: `send()` returns once the engine's headers are in (upstream/base.py)."""
+
+    def __init__(self, *, keepalive_s: float = 30.0) -> None:
+        self._urls: dict[str, tuple[_Origin, bytes]] = {}  # url -> (its origin, the path it asks for)
+        self._origins: dict[tuple[str, str, int], _Origin] = {}
+        self._watchdog = _Watchdog()
+        self._tls: ssl.SSLContext | None = None
+        self._keepalive_s = keepalive_s  # an idle connection older than this is closed, not reused
+
+    def _resolve(self, url: str) -> tuple[_Origin, bytes]:
+        hit = self._urls.get(url)
+        if hit is not None:
+            return hit
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise UpstreamUnreachable("invalid engine URL")
+        port = u.port or (443 if u.scheme == "https" else 80)
+        key = (u.scheme, u.hostname, port)
+        origin = self._origins.get(key)
+        if origin is None:
+            tls = None
+            if u.scheme == "https":
+                if self._tls is None:
+                    self._tls = ssl.create_default_context()
+                tls = self._tls
+            default = (u.scheme == "http" and port == 80) or (u.scheme == "https" and port == 443)
+            host = u.hostname if ":" not in u.hostname else f"[{u.hostname}]"
+            origin = _Origin(u.hostname, port, (host if default else f"{host}:{port}").encode("idna"), tls)
+            self._origins[key] = origin
+        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        hit = (origin, path.encode("latin-1"))
+        if len(self._urls) < 4096:
+            self._urls[url] = hit
+        return hit
+
+    async def _connection(self, origin: _Origin, t: UpstreamTimeouts) -> _Connection:
+        idle = origin.idle
+        loop = asyncio.get_running_loop()
+        if idle:
+            too_old = loop.time() - self._keepalive_s
+            while idle:
+                conn = idle.pop()  # the most recently used: least likely to have been closed by the engine
+                if conn.idle_since < too_old:
+                    conn.drop()
+                elif not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                    return conn
+        try:
+            async with asyncio.timeout(t.connect_s):
+                _, proto = await loop.create_connection(
+                    lambda: _Connection(origin), origin.host, origin.port, ssl=origin.ssl
+                )
+        except TimeoutError:
+            raise UpstreamTimeout("the engine did not accept a connection within the connect timeout") from None
+        except OSError as e:
+            raise ConnectFailed(f"cannot connect to the engine: {e.strerror or e}") from None
+        return proto
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        timeouts: UpstreamTimeouts,
+    ) -> H1Response:
+        origin, path = self._resolve(url)
+        head = [method.encode("ascii"), b" ", path, b" HTTP/1.1\r\nhost: ", origin.host_header, b"\r\n"]
+        for k, v in headers.items():
+            head += (k.encode("latin-1"), b": ", v.encode("latin-1"), b"\r\n")
+        if body is not None:
+            head += (b"content-length: ", b"%d" % len(body), b"\r\n\r\n", body)
+        else:
+            head.append(b"\r\n")
+        request = b"".join(head)
+        loop = asyncio.get_running_loop()
+        conn = await self._connection(origin, timeouts)
+        resp = H1Response(conn, timeouts, self._watchdog, loop)
+        conn.start(resp, request)
+        try:
+            await resp.wait_headers()
+        except BaseException:  # a failure, or the client left while waiting: the engine sees it leave
+            resp.close()
+            raise
+        return resp
+
+    async def aclose(self) -> None:
+        self._watchdog.close()
+        for origin in self._origins.values():
+            while origin.idle:
+                origin.idle.pop().drop()
