@@ -91,6 +91,10 @@ class EmulatorConfig:
     #: empty-delta finish chunk, 404 -> api_error). Default: HEAD fb30760, as ollama/ollama's
     #: openai/openai.go and server/routes.go are at that commit.
     ollama_legacy: bool = False
+    #: Ollama: more models served besides ``model`` (each loads on its own first request).
+    extra_models: tuple[str, ...] = ()
+    #: Ollama: OLLAMA_MAX_LOADED_MODELS; loading one more unloads one first (0: Ollama's automatic 3).
+    max_loaded_models: int = 0
     #: SGLang: seconds /health and /health_generate take when healthy (real: >= 1 s).
     sglang_health_delay_s: float = 0.0
     #: TabbyAPI admin key (x-admin-key / Bearer); api_key is the ordinary API key.
@@ -119,6 +123,11 @@ class EmulatorConfig:
             raise ValueError("fault_after_chunks must be >= 0")
         if self.tokens_per_event < 1:
             raise ValueError("tokens_per_event must be >= 1")
+        if self.max_loaded_models < 0:
+            raise ValueError("max_loaded_models must be >= 0")
+        if isinstance(self.extra_models, str) or not all(isinstance(m, str) and m for m in self.extra_models):
+            raise ValueError("extra_models must be a list of model names")
+        self.extra_models = tuple(self.extra_models)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

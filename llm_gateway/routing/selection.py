@@ -12,7 +12,8 @@ the failover order). Strategies:
   Residency: a deployment whose model is not loaded (`resident` False: a cold load ahead) counts
   `COLD_LOAD`, one full capacity's worth, on top, so the order is resident and idle, resident and
   busy, cold, and a warm deployment keeps the work until it is saturated; unknown (None) adds
-  nothing. Every strategy that orders by load (all but `round_robin`) sees it.
+  nothing. Every strategy that orders by load (all but `round_robin`) sees it. `prefer_resident`
+  False (routing config) leaves it out: least load alone, as a baseline (bench/residency.py).
 - `round_robin`: rotate through the candidates.
 - `weighted`: pick at random in proportion to `weight`; failover by load.
 - `priority`: lowest `priority` value first (ordered fallback), load breaks ties.
@@ -50,8 +51,8 @@ class CandidateView:
     resident: bool | None = None  # the model is loaded (True), would load cold (False), unknown (None)
 
 
-def load_score(c: CandidateView, now: float, stale_s: float) -> float:
-    cold = COLD_LOAD if c.resident is False else 0.0
+def load_score(c: CandidateView, now: float, stale_s: float, prefer_resident: bool = True) -> float:
+    cold = COLD_LOAD if prefer_resident and c.resident is False else 0.0
     return _live_score(c, now, stale_s) + cold
 
 
@@ -84,6 +85,7 @@ def order(
     affinity_key: str | None = None,
     max_affinity_load: float = 1.5,
     rng: random.Random | None = None,
+    prefer_resident: bool = True,
 ) -> list[int]:
     """Indices of `cands` in the order to try them."""
     n = len(cands)
@@ -91,7 +93,7 @@ def order(
         return list(range(n))
     # rotate before the stable sort so that equal scores take turns
     base = [(i + rotation) % n for i in range(n)]
-    by_load = sorted(base, key=lambda i: load_score(cands[i], now, stale_s))
+    by_load = sorted(base, key=lambda i: load_score(cands[i], now, stale_s, prefer_resident))
     if strategy == "least_load":
         return by_load
     if strategy == "round_robin":
@@ -111,7 +113,7 @@ def order(
         if affinity_key is None:
             return by_load
         sticky = max(range(n), key=lambda i: _rendezvous(affinity_key, cands[i].key))
-        if load_score(cands[sticky], now, stale_s) <= max_affinity_load:
+        if load_score(cands[sticky], now, stale_s, prefer_resident) <= max_affinity_load:
             return [sticky] + [i for i in by_load if i != sticky]
         return by_load
     raise ValueError(f"unknown strategy {strategy!r}")

@@ -166,3 +166,20 @@ async def test_models_say_resident_where_known_and_the_gauge_exports_it() -> Non
     assert 'gateway_deployment_resident{backend="warm",model="tiny",upstream_model="tiny"} 1.0' in metrics
     assert 'gateway_deployment_resident{backend="cold",model="tiny",upstream_model="tiny"} 0.0' in metrics
     assert 'gateway_deployment_resident{backend="blind"' not in metrics
+
+
+async def test_prefer_resident_false_leaves_residency_out_of_the_choice() -> None:
+    # the baseline bench/residency.py compares with: least load alone, so equal loads take turns
+    up = engines()
+    cfg = make_config(CONFIG.replace("routing: {retries: 0}", "routing: {retries: 0, prefer_resident: false}"))
+    assert cfg.routing.prefer_resident is False
+    async with gateway_client(cfg, upstream=up) as (client, app):
+        await probed(app, up)
+        chosen = []
+        for _ in range(4):
+            r = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI})
+            assert r.status_code == 200, r.text
+            chosen.append(r.headers["x-gateway-backend"])
+        cold = (await client.get("/v1/models/cold-only")).json()
+    assert sorted(chosen) == ["cold", "cold", "warm", "warm"]
+    assert cold["resident"] is False  # what the probes learn is still reported

@@ -2,9 +2,11 @@
 
 Go net/http + gin heads; no auth; the Host guard (a loopback-bound server answers 403
 with an empty body unless Host is loopback/private/unspecified, ``localhost``, the
-machine's hostname or ends ``.localhost``/``.local``/``.internal``). No loading state: the
-model loads lazily on the first inference request, which waits ``load_delay_s`` and
-reports it as ``load_duration``; /api/ps lists the model only once loaded. Native
+machine's hostname or ends ``.localhost``/``.local``/``.internal``). It serves ``model`` and
+``extra_models``. No loading state: a model loads lazily on its first inference request, which
+waits ``load_delay_s`` and reports it as ``load_duration``; /api/ps lists the models loaded; with
+``max_loaded_models`` (OLLAMA_MAX_LOADED_MODELS) loaded, a request for another unloads one first
+(server/sched.go's rules, in ``ollama_sched``). Native
 endpoints stream NDJSON by default; the final object has ``done: true``, ``done_reason``
 and nanosecond durations; a mid-stream error is an ``{"error": ...}`` line with status 200.
 ``max_queue`` is OLLAMA_MAX_QUEUE (503 "server busy" beyond it). The ``/v1`` layer lives
@@ -28,12 +30,12 @@ server/logprob.go ``toAPILogprobs``) on each stream line and, concatenated, in a
 
 from __future__ import annotations
 
-import asyncio
-import time
+import hashlib
 from typing import Any
 
 from llm_gateway_emulators import textgen, wire
 from llm_gateway_emulators.engine import Engine
+from llm_gateway_emulators.engines.ollama_sched import Runner, Scheduler
 from llm_gateway_emulators.engines.ollama_stream import NativeStream, allowed_host, go_json
 from llm_gateway_emulators.engines.ollama_v1 import BUSY, OllamaV1, go_json_error
 from llm_gateway_emulators.httpserver import Request
@@ -50,6 +52,16 @@ DETAILS = {
 }
 JSON_UTF8 = "application/json; charset=utf-8"
 NUM_KEEP = 4  # api.DefaultOptions NumKeep
+
+
+def full_name(name: str) -> str:
+    """A model name with its tag (``tiny`` -> ``tiny:latest``)."""
+    return name if ":" in name else f"{name}:latest"
+
+
+def digest_of(name: str, primary: str) -> str:
+    """The blob digest: the captured one for the primary model, a stable made-up one for the others."""
+    return DIGEST if name == primary else hashlib.sha256(name.encode()).hexdigest()
 
 
 def kept_prompt(prompt_tokens: int, num_ctx: int, legacy: bool) -> int:
@@ -115,9 +127,7 @@ class Ollama(Engine):
 
     def setup(self) -> None:
         self.v1 = OllamaV1(self)
-        self.loaded = False
-        self.expires = 0.0
-        self._load_task: asyncio.Future[None] | None = None
+        self.sched = Scheduler(self.cfg)
         self.route("GET,HEAD", "/", self.root)
         self.route("GET,HEAD", "/api/version", self.version)
         self.route("GET,HEAD", "/api/tags", self.tags)
@@ -130,16 +140,21 @@ class Ollama(Engine):
         self.v1.setup()
 
     def on_start(self) -> None:
-        self.loaded = False
-        self._load_task = None
+        self.sched.reset()
 
     @property
     def canonical(self) -> str:
-        m = self.cfg.model
-        return m if ":" in m else f"{m}:latest"
+        return full_name(self.cfg.model)
+
+    @property
+    def served(self) -> list[str]:
+        """Every model it serves (``model`` first), by full name."""
+        names = [self.canonical]
+        names += [n for n in map(full_name, self.cfg.extra_models) if n not in names]
+        return names
 
     def known(self, name: Any) -> bool:
-        return isinstance(name, str) and (name if ":" in name else f"{name}:latest") == self.canonical
+        return isinstance(name, str) and full_name(name) in self.served
 
     def version_str(self) -> str:
         return self.cfg.version or ("0.5.4-ipexllm-20250407" if self.cfg.ollama_legacy else "0.13.5")
@@ -177,20 +192,21 @@ class Ollama(Engine):
         await self.call(req, entry)
 
     # ---- model lifecycle ----------------------------------------------------------------
-    async def ensure_loaded(self) -> int:
-        """Load on first use; returns the load_duration (ns) to report."""
-        self.expires = time.time() + 300
-        if self.loaded:
-            return 1_000_000 + textgen.RNG.randrange(200_000)
-        if self._load_task is None:
-            self._load_task = asyncio.ensure_future(self._load())
-        await asyncio.shield(self._load_task)
-        return max(1_000_000, int(self.cfg.load_delay_s * 1e9))
+    async def run_on(self, model: str, job: InferenceJob, req: Request) -> None:
+        """Run ``job`` on ``model``'s runner: loaded first (maybe evicting another), released after."""
+        held: list[Runner] = []
 
-    async def _load(self) -> None:
-        if self.cfg.load_delay_s > 0:
-            await asyncio.sleep(self.cfg.load_delay_s)
-        self.loaded = True
+        async def prepare() -> int:
+            runner, load_ns = await self.sched.acquire(full_name(model))
+            held.append(runner)
+            return load_ns or 1_000_000 + textgen.RNG.randrange(200_000)
+
+        job.prepare = prepare
+        try:
+            await self.generate(req, job)
+        finally:
+            for runner in held:
+                self.sched.release(runner)
 
     def done_object(
         self, model: str, chat: bool, text: str, res: Result, reason: str | None = None, top: int | None = None
@@ -260,7 +276,6 @@ class Ollama(Engine):
             error_reply=error_reply,
             queue_bound=self.cfg.max_queue,
             queue_full=queue_full,
-            prepare=self.ensure_loaded,
             reasoning=reasoning,
             effective={**effective, "max_tokens": lim, "stream": stream, "model": model},
         )
@@ -274,29 +289,29 @@ class Ollama(Engine):
     async def version(self, req: Request) -> None:
         await self.reply(req, self.jr(200, {"version": self.version_str()}))
 
-    def _tag(self) -> dict[str, Any]:
+    def _tag(self, name: str) -> dict[str, Any]:
         return {
-            "name": self.canonical,
-            "model": self.canonical,
+            "name": name,
+            "model": name,
             "modified_at": textgen.go_time(int(self.rt.started_wall * 1e9)),
             "size": 564212,
-            "digest": DIGEST,
+            "digest": digest_of(name, self.canonical),
             "details": DETAILS,
         }
 
     async def tags(self, req: Request) -> None:
-        await self.reply(req, self.jr(200, {"models": [self._tag()]}))
+        await self.reply(req, self.jr(200, {"models": [self._tag(n) for n in self.served]}))
 
     async def ps(self, req: Request) -> None:
         models = []
-        if self.loaded:
+        for runner in self.sched.listed():
             m: dict[str, Any] = {
-                "name": self.canonical,
-                "model": self.canonical,
+                "name": runner.name,
+                "model": runner.name,
                 "size": 6537216,
-                "digest": DIGEST,
+                "digest": digest_of(runner.name, self.canonical),
                 "details": DETAILS,
-                "expires_at": textgen.go_time(int(self.expires * 1e9)),
+                "expires_at": textgen.go_time(int(runner.expires * 1e9)),
                 "size_vram": 0,
             }
             if not self.cfg.ollama_legacy:
@@ -325,7 +340,7 @@ class Ollama(Engine):
                 "llama.embedding_length": 64,
             },
             "capabilities": ["completion"],
-            "modified_at": self._tag()["modified_at"],
+            "modified_at": self._tag(self.canonical)["modified_at"],
         }
         await self.reply(req, self.jr(200, obj))
 
@@ -359,10 +374,9 @@ class Ollama(Engine):
             ka = body.get("keep_alive")
             unload = ka in (0, "0", "0s", "0m")
             if unload:
-                self.loaded = False
-                self._load_task = None
+                self.sched.unload(full_name(model))
             else:
-                await self.ensure_loaded()
+                self.sched.release((await self.sched.acquire(full_name(model)))[0])
             obj: dict[str, Any] = {"model": model, "created_at": textgen.go_time()}
             if chat:
                 obj.update(
@@ -434,7 +448,7 @@ class Ollama(Engine):
                 "logprobs": top,
             },
         )
-        await self.generate(req, job)
+        await self.run_on(model, job, req)
 
     async def chat(self, req: Request) -> None:
         await self._native(req, True)
@@ -477,8 +491,8 @@ class Ollama(Engine):
                 },
             )
 
-        await self.generate(
-            req,
+        await self.run_on(
+            model,
             self.job(
                 req,
                 model=model,
@@ -492,4 +506,5 @@ class Ollama(Engine):
                 busy=self.err(503, BUSY),
                 effective={},
             ),
+            req,
         )

@@ -148,7 +148,7 @@ class OllamaV1:
         return {"id": name, "object": "model", "created": int(self.eng.rt.started_wall), "owned_by": "library"}
 
     async def models(self, req: Request) -> None:
-        obj = {"object": "list", "data": [self._card(self.eng.canonical)]}
+        obj = {"object": "list", "data": [self._card(name) for name in self.eng.served]}
         await self.eng.reply(req, self.eng.jr(200, obj, "application/json", newline=True))
 
     async def model_card(self, req: Request, name: str) -> None:
@@ -235,7 +235,7 @@ class OllamaV1:
                 "max_completion_tokens_ignored": body.get("max_completion_tokens"),
             },
         )
-        await self.eng.generate(req, job)
+        await self.eng.run_on(model, job, req)
 
     async def chat(self, req: Request) -> None:
         await self._run(req, True)
@@ -286,4 +286,4 @@ class OllamaV1:
             busy=self.err(503, BUSY),
             effective={},
         )
-        await self.eng.generate(req, job)
+        await self.eng.run_on(str(model), job, req)
