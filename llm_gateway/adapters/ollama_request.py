@@ -26,6 +26,8 @@ from typing import Any
 
 import orjson
 
+from llm_gateway.adapters.field_table import GATEWAY, HINT, REFUSED, TRANSLATED
+from llm_gateway.adapters.field_table import unsupported as field_unsupported
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.types import Endpoint
 
@@ -57,7 +59,6 @@ _OPTIONS = frozenset(
 )
 _RENAMED = {"max_tokens": "num_predict", "max_completion_tokens": "num_predict", "repetition_penalty": "repeat_penalty"}
 
-TRANSLATED, GATEWAY, HINT, REFUSED = "translated", "gateway", "hint", "refused"
 #: Every field of OpenAI's chat request and what the Ollama adapter does with it: TRANSLATED into
 #: Ollama's request (the values Ollama cannot honour refused with a 400 naming the field), GATEWAY (the
 #: gateway itself acts on it), HINT (does not change the answer: accepted, not sent), REFUSED (any value
@@ -154,11 +155,7 @@ _THINK = {
 
 def unsupported(field: str, why: str) -> InvalidRequest:
     """The 400 for a field (or a value of it) that the Ollama backend cannot honour."""
-    return InvalidRequest(
-        f"'{field}' is not supported by the Ollama backend serving this model: {why}",
-        param=field,
-        code="unsupported_parameter",
-    )
+    return field_unsupported(field, "Ollama", why)
 
 
 def native_body(

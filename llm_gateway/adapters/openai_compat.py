@@ -4,7 +4,9 @@ llama-server, vLLM, SGLang, TabbyAPI, LMDeploy and any other OpenAI-compatible s
 (`kind: openai`: Aphrodite, TGI, trtllm-serve, MLX-LM, MLC LLM, OpenVINO Model Server,
 llama-swap) build on `OpenAICompatAdapter`; each overrides only what its engine does differently.
 Request fields an engine spells differently are declared (`renames`) and renamed in one place;
-`include_usage` is the one way the gateway asks an engine for usage.
+`include_usage` is the one way the gateway asks an engine for usage. Each engine's `field_table` says
+what becomes of every OpenAI request field (adapters/field_table.py); `build()` checks the body against
+it first, so a field the engine would drop is a 400 before the engine is called.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import orjson
 
 from llm_gateway.adapters.base import Adapter, ProbeClient, UpstreamRequest
 from llm_gateway.adapters.error_bodies import EngineError, json_object, parse_error_body, upstream_error
+from llm_gateway.adapters.field_table import FieldTable
 from llm_gateway.adapters.prom_text import parse_samples, peak, total
 from llm_gateway.adapters.sse_relay import SSERelay, usage_from
 from llm_gateway.errors import EngineErrorAnswer
@@ -85,6 +88,9 @@ class OpenAICompatAdapter(Adapter):
     #: a ready engine has its models loaded (one loaded model, served until it stops): True for the
     #: engines here; False for an unknown OpenAI-compatible server (it may load on demand): not told
     resident_when_ready: ClassVar[bool] = True
+    #: what becomes of each OpenAI request field on this engine; None (an unknown OpenAI-compatible
+    #: server): every field is sent as it is, the server answers for it
+    field_table: ClassVar[FieldTable | None] = None
 
     def __init__(self, backend: BackendInfo) -> None:
         super().__init__(backend)
@@ -102,6 +108,8 @@ class OpenAICompatAdapter(Adapter):
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def build(self, endpoint: Endpoint, body: dict[str, Any], ctx: CallContext) -> UpstreamRequest:
+        if self.field_table is not None:
+            self.field_table.check(endpoint, body)  # the engine would drop it: a 400 before any call
         b = dict(body)
         b["model"] = ctx.upstream_model
         if ctx.priority_rank is not None and "priority" not in b:

@@ -3,7 +3,9 @@
 
 It is the shared OpenAI-compatible behaviour with no engine assumptions: readiness is a `GET
 /v1/models` (the one route they all have), load is the gateway's own in-flight count, the weight
-format is whatever the config says, and error bodies of every known shape are normalised.
+format is whatever the config says, and error bodies of every known shape are normalised. It has no
+field table (adapters/field_table.py): what an unknown server honours is not known here, so every
+request field is sent as it is and the server answers for it.
 """
 
 from __future__ import annotations

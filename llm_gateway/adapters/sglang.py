@@ -12,6 +12,17 @@
   the output is not counted in the fit check (no `window_counts_output`), only the prompt.
 - `finish_reason` may be `"abort"`: the generation failed, surfaced as an error.
 - Reasoning text is `reasoning_content`. `repeat_penalty` becomes `repetition_penalty`.
+- Request fields: `FIELDS` (adapters/field_table.py). Its `ChatCompletionRequest.to_sampling_params`
+  (sgl-project/sglang `python/sglang/srt/entrypoints/openai/protocol.py` @004c82e07d876f6e4a0ad6e15325706b0f478f1a)
+  sends n, logit_bias, seed (`sampling_seed`), the penalties and response_format (json_object,
+  json_schema, structural_tag) to the sampler; logprobs/top_logprobs, tools, tool_choice and
+  reasoning_effort are request fields it acts on. OpenAI-only fields (audio, modalities, verbosity,
+  functions, web search) are not fields of it (pydantic drops them): refused. So are
+  `parallel_tool_calls: false`, enforced only where a grammar constrains the tool call (tool_choice
+  required), never for auto (sgl-project/sglang#9696; the fix, PR #37157, is open), and, on
+  completions (`serving_completions.py` @004c82e `_build_sampling_params`), `best_of` (never read: `n`
+  is the one fan-out) and `suffix` (read only with `--completion-template`, which the gateway cannot
+  see). `echo` is honoured.
 - Anthropic's Messages API is translated to chat (no `native_apis`): its own /v1/messages is not
   faithful (sgl-project/sglang `python/sglang/srt/entrypoints/anthropic/serving.py`
   @0198d48d21ccf1f0fc0015736b534948295b893b): the stream drops the reasoning (no thinking blocks:
@@ -30,8 +41,33 @@ from typing import ClassVar
 import orjson
 
 from llm_gateway.adapters.base import ProbeClient
+from llm_gateway.adapters.field_table import FieldTable, chat_fields, completions_fields, passed, refused
 from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, OpenAICompatAdapter
 from llm_gateway.types import LoadSnapshot
+
+_AT = "python/sglang/srt/entrypoints/openai/protocol.py @004c82e"
+_CHAT = f"ChatCompletionRequest, to_sampling_params ({_AT})"
+_CMPL = f"CompletionRequest, serving_completions.py _build_sampling_params ({_AT})"
+_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "stop", "n", "logit_bias")
+FIELDS = FieldTable(
+    "SGLang",
+    chat_fields(
+        {
+            **{k: passed(_CHAT) for k in ("messages", "stream", *_SAMPLING, "logprobs", "top_logprobs")},
+            **{k: passed(_CHAT) for k in ("response_format", "reasoning_effort", "tools", "tool_choice")},
+            "parallel_tool_calls": refused(
+                "false is not enforced for tool_choice auto (sgl-project/sglang#9696)", True
+            ),
+        }
+    ),
+    completions_fields(
+        {
+            **{k: passed(_CMPL) for k in ("prompt", "stream", "max_tokens", *_SAMPLING, "logprobs", "echo")},
+            "best_of": refused("its sampling parameters never read best_of (n is the one fan-out)", 1),
+            "suffix": refused("read only with --completion-template (parser/code_completion_parser.py)", ""),
+        }
+    ),
+)
 
 
 class SGLangAdapter(OpenAICompatAdapter):
@@ -44,6 +80,7 @@ class SGLangAdapter(OpenAICompatAdapter):
     window_field: ClassVar[str | None] = "max_model_len"
     error_finish_reasons: ClassVar[tuple[str, ...]] = ("abort",)
     renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
+    field_table: ClassVar[FieldTable | None] = FIELDS
     #: `--enable-priority-scheduling` reads the request's `priority`, higher values first unless
     #: `--schedule-low-priority-values-first` (sglang srt/managers/schedule_policy.py `priority_sign`)
     schedules_by_priority: ClassVar[bool] = True

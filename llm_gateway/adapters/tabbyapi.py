@@ -13,6 +13,17 @@
   mid-stream error is `data: {"error": {"message", "trace"}}` with no `[DONE]`.
 - `response_format: json_object` is not recognised by Tabby (silently unconstrained): it becomes
   Tabby's `{"type": "json"}`. `repeat_penalty` is renamed to `repetition_penalty`.
+- Request fields: `FIELDS` (adapters/field_table.py), from theroyallab/tabbyAPI
+  @e632af41eba68abeadc3437c62674360f2f8cbf1: `endpoints/OAI/types/chat_completion.py`
+  `ChatCompletionRequest`, `endpoints/OAI/types/common.py` `CommonCompletionRequest` and
+  `common/sampling.py` `BaseSamplerRequest`. n, logit_bias
+  (`backends/exllamav3/model.py`), logprobs/top_logprobs, the penalties, stop, tools and tool_choice
+  `none` are honoured; `reasoning_effort` and `verbosity` become template variables
+  (`endpoints/OAI/utils/chat_completion.py`). It has no `seed` at all; `parallel_tool_calls` is parsed
+  and never read; a `tool_choice` of `required` or a named function is parsed and never acted on; its
+  completions' `best_of`, `echo` and `suffix` are "Not parsed. Only used for OAI compliance.": refused.
+  A `response_format` type other than text, json_object (-> `json`) and json_schema is ignored there:
+  refused.
 - A whole (non-streamed) answer carries `usage` only when `stream_options.include_usage` is set, so
   the gateway always sets it. In streams, Tabby puts the finish reason on the usage chunk; the
   shared relay splits it into OpenAI's shape (finish chunk, then a usage chunk with no choices).
@@ -28,6 +39,15 @@ import orjson
 
 from llm_gateway.adapters.base import ProbeClient
 from llm_gateway.adapters.error_bodies import EngineError
+from llm_gateway.adapters.field_table import (
+    FieldTable,
+    chat_fields,
+    completions_fields,
+    passed,
+    refused,
+    translated,
+    unsupported,
+)
 from llm_gateway.adapters.openai_compat import (
     TO_REPETITION_PENALTY,
     OpenAICompatAdapter,
@@ -37,6 +57,40 @@ from llm_gateway.adapters.openai_compat import (
 from llm_gateway.errors import EngineErrorAnswer
 from llm_gateway.types import Endpoint, ProbeState
 
+_TYPES = "endpoints/OAI/types/{chat_completion,common}.py @e632af4"
+_SAMPLER = "common/sampling.py BaseSamplerRequest @e632af4"
+_SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "logit_bias", "logprobs")
+_NO_SEED = refused("it has no seed (not a field of its sampler request, common/sampling.py)")
+_RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+FIELDS = FieldTable(
+    "TabbyAPI",
+    chat_fields(
+        {
+            **{k: passed(_SAMPLER) for k in (*_SAMPLING, "top_logprobs")},
+            **{k: passed(_TYPES) for k in ("messages", "stream", "n", "tools")},
+            "seed": _NO_SEED,
+            "response_format": translated("json_object -> its {type: json}; json_schema; other types refused"),
+            "tool_choice": passed(
+                f"{_TYPES}: auto, and none (no tool parsing); required or a named function is never acted on",
+                accepted=(None, "auto", "none"),
+            ),
+            "parallel_tool_calls": refused("parsed, never read: it cannot limit an answer to one call", True),
+            "reasoning_effort": passed("a template variable (endpoints/OAI/utils/chat_completion.py @e632af4)"),
+            "verbosity": passed("a template variable (endpoints/OAI/utils/chat_completion.py @e632af4)"),
+        }
+    ),
+    completions_fields(
+        {
+            **{k: passed(_SAMPLER) for k in ("max_tokens", *_SAMPLING)},
+            **{k: passed(_TYPES) for k in ("prompt", "stream", "n")},
+            "seed": _NO_SEED,
+            "best_of": refused("'Not parsed. Only used for OAI compliance.' (common.py)", 1),
+            "echo": refused("'Not parsed. Only used for OAI compliance.' (common.py)", False),
+            "suffix": refused("'Not parsed. Only used for OAI compliance.' (common.py)", ""),
+        }
+    ),
+)
+
 
 class TabbyAPIAdapter(OpenAICompatAdapter):
     kind: ClassVar[str] = "tabbyapi"
@@ -44,6 +98,7 @@ class TabbyAPIAdapter(OpenAICompatAdapter):
     reasoning_key: ClassVar[str | None] = "reasoning_content"
     ignores_model_name: ClassVar[bool] = True
     renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
+    field_table: ClassVar[FieldTable | None] = FIELDS
 
     def auth_headers(self) -> dict[str, str]:
         key = self.backend.api_key
@@ -53,6 +108,8 @@ class TabbyAPIAdapter(OpenAICompatAdapter):
         rf = body.get("response_format")
         if isinstance(rf, dict) and rf.get("type") == "json_object":
             body["response_format"] = {"type": "json"}
+        elif isinstance(rf, dict) and rf.get("type", "text") not in _RESPONSE_FORMATS:
+            raise unsupported("response_format", "TabbyAPI", f"type {rf.get('type')!r} (it takes {_RESPONSE_FORMATS})")
         if not body.get("stream") and endpoint != "embeddings":
             include_usage(body)  # Tabby puts usage in a whole answer only when it is asked for
 

