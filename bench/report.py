@@ -1,11 +1,14 @@
-"""The markdown report of one run (bench/run.py writes the JSON, this turns it into tables)."""
+"""The markdown report of one run (bench/run.py writes the JSON, this turns it into tables): the public-board
+view first (board_report.py), then the streamed dialects, the main table against the project's targets, notes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-COLUMNS = ("gateway", "direct", "naive", "litellm")
+import board_report
+
+COLUMNS = ("gateway", "direct", "smg", "aiohttp", "naive", "litellm")
 # the streaming scenarios of each dialect (same engine stream, tokens and concurrency), chat first: the base
 DIALECTS = (
     ("st64_c16", "chat completions", "/v1/chat/completions"),
@@ -102,9 +105,10 @@ def render(data: dict) -> str:
         return c
 
     others = [c for c in cols if c != "gateway"]
-    ratio_cols = [c for c in ("naive", "litellm") if c in cols]
+    ratio_cols = [c for c in ("smg", "aiohttp", "naive", "litellm") if c in cols]
     header = ["metric", "target", "gateway", "met?", *[head(c) for c in others], *[f"x{c}" for c in ratio_cols]]
     lines = [
+        *board_report.render(data),  # ratios first: the gateway against smg, bare aiohttp, LiteLLM, naive
         *_dialects(data),
         f"**llm-gateway bench**, {data.get('date', '?')}: ns = non-streaming chat (wrk), st64 = streaming 64 tokens "
         f"at 1 ms/token (aiohttp client), cN = N concurrent connections, {cfg.get('duration', '?'):g} s per scenario; "

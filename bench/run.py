@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import board
 import procstat as ps
 import report
 import stream_client as sc
@@ -29,8 +30,10 @@ import targets as tg
 BENCH = tg.BENCH
 RESULTS = BENCH / "results"
 PROXY_CPU, LOAD_CPU = "0", "1"
-TARGETS = ("direct", "gateway", "naive", "litellm")
-ORDER = ("rss_idle", "ns_c1", "ns_c64", "st64_c16", "msg64_c16", "resp64_c16", "rss_1k", "streams")
+TARGETS = ("direct", "gateway", "smg", "aiohttp", "naive", "litellm")
+# the public boards' scenarios (board.py) run after the repository's own, on the same target process
+ORDER = ("rss_idle", "ns_c1", "ns_c64", "st64_c16", "msg64_c16", "resp64_c16", "rss_1k", *board.SCENARIOS, "streams")
+DEFAULT_SCENARIOS = ("rss_idle", "ns_c1", "ns_c64", "st64_c16", "msg64_c16", "resp64_c16", "rss_1k", "streams")
 LOAD = {
     "ns_c1": ("wrk", 1),
     "ns_c64": ("wrk", 64),
@@ -326,6 +329,7 @@ def start_target(ctx: Ctx, name: str, cmd: str, port: int, log: Path) -> tuple[p
         litellm_config=litellm_config,
         port=port,
         upstream=ctx.upstream,
+        aux_port=ps.free_port(),
         upstream_v1=ctx.upstream + "/v1",
         bench=BENCH,
         repo=tg.REPO,
@@ -434,6 +438,8 @@ def bench_target(ctx: Ctx, name: str, scenarios: list[str]) -> dict:
             ctx.current_scenario = scn
             if scn in LOAD:
                 res["scenarios"][scn] = load_scenario(ctx, name, scn, base, pid, sampler)
+            elif scn in board.SCENARIOS:
+                res["scenarios"][scn] = board.run_scenario(ctx, scn, base, pid, sampler, run_wrk)
             elif scn == "rss_1k" and pid and sampler:
                 r = res["scenarios"][scn] = rss_1k(ctx, base, pid, sampler)
                 print(
@@ -519,6 +525,7 @@ def versions(ctx: Ctx) -> dict:
         "naive_venv": pipv(str(tg.NAIVE_VENV / "bin/python"), ["fastapi", "starlette", "uvicorn", "httpx", "anyio"])
         if tg.naive_available()
         else {},
+        "smg_venv": pipv(str(tg.SMG_VENV / "bin/python"), ["smg"]) if tg.smg_available() else {},
         "litellm_venv": pipv(str(tg.LITELLM_VENV / "bin/python"), ["litellm", "openai", "fastapi", "httpx"])
         if tg.litellm_available()
         else {},
@@ -528,7 +535,7 @@ def versions(ctx: Ctx) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", default=",".join(TARGETS), help="comma list of: " + ", ".join(TARGETS))
-    ap.add_argument("--scenarios", default=",".join(ORDER), help="comma list of: " + ", ".join(ORDER))
+    ap.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS), help="comma list of: " + ", ".join(ORDER))
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per measured scenario")
     ap.add_argument("--warmup", type=float, default=1.0, help="unrecorded seconds of the same load before each")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 s scenarios, no re-measuring, small streams.py")
@@ -542,6 +549,7 @@ def main() -> int:
     ap.add_argument("--start-timeout", type=float, default=120.0)
     ap.add_argument("--profile", choices=("py-spy", "cprofile"), help="profile the gateway (see bench/profile.sh)")
     ap.add_argument("--table", metavar="JSON", help="only re-print the table of a saved run")
+    board.add_arguments(ap)
     a = ap.parse_args()
     if a.table:
         print(table(json.loads(Path(a.table).read_text())))
@@ -572,6 +580,8 @@ def main() -> int:
         skipped["litellm"] = f"not installed ({tg.LITELLM_VENV}/bin/litellm missing; set LITELLM_VENV)"
     if "naive" in names and not tg.naive_available():
         skipped["naive"] = f"no venv at {tg.NAIVE_VENV} (bench/run.sh creates it)"
+    if "smg" in names and not tg.smg_available():
+        skipped["smg"] = f"not installed ({tg.SMG_VENV}/bin/smg missing; bench/run.sh installs it from PyPI)"
     data: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": " ".join(sys.argv),
@@ -588,6 +598,7 @@ def main() -> int:
             "tpot_ms": 1.0,
             "rss1k": {"n": RSS1K_N, "tpot_ms": RSS1K_TPOT_MS},
             "profile": a.profile,
+            "board": board.config(a),
         },
         "skipped": skipped,
         "results": {},

@@ -4,7 +4,8 @@
 #   bench/run.sh --quick              # smoke run: 2 s per scenario, streams.py with 1,000 streams x 2 rounds
 #   bench/run.sh --targets gateway,direct --scenarios ns_c1,ns_c64
 #   bench/run.sh --table bench/results/run-XXXX.json   # re-print a saved run
-# Installs: wrk (apt), the naive baseline's venv bench/.venvs/naive (requirements-naive.txt, PyPI).
+# Installs: wrk (apt), the naive baseline's venv bench/.venvs/naive (requirements-naive.txt, PyPI), smg into
+# bench/.venvs/smg (PyPI).
 # LiteLLM is used when a venv has it ($LITELLM_VENV, else /tmp/litellm-venv, else bench/.venvs/litellm);
 # BENCH_INSTALL_LITELLM=1 installs litellm[proxy]==${LITELLM_VERSION:-1.108.7} into bench/.venvs/litellm.
 set -euo pipefail
@@ -27,6 +28,16 @@ if ! "$naive/bin/python" -c "import fastapi, httpx, uvicorn" 2>/dev/null; then
   echo "bench: creating the naive baseline's venv $naive" >&2
   "$py" -m venv --clear "$naive"
   "$naive/bin/pip" install -q --disable-pip-version-check -r "$here/requirements-naive.txt"
+fi
+# smg (SGLang / Shepherd Model Gateway, Rust): its own venv from PyPI, once (a marker file caches the attempt);
+# when the install fails the smg column says "skipped: not installed" and the run goes on.
+smg="$here/.venvs/smg"
+if [ ! -x "$smg/bin/smg" ] && [ ! -e "$smg/.install-failed" ]; then
+  echo "bench: installing smg ${SMG_VERSION:-1.13.0} into $smg (PyPI)" >&2
+  if ! { "$py" -m venv --clear "$smg" && "$smg/bin/pip" install -q --disable-pip-version-check "smg==${SMG_VERSION:-1.13.0}"; }; then
+    mkdir -p "$smg" && date > "$smg/.install-failed"
+    echo "bench: smg install failed (rm $smg/.install-failed to retry): smg skipped: not installed" >&2
+  fi
 fi
 if [ "${BENCH_INSTALL_LITELLM:-0}" = 1 ] && [ -z "${LITELLM_VENV:-}" ] && [ ! -x /tmp/litellm-venv/bin/litellm ] \
    && [ ! -x "$here/.venvs/litellm/bin/litellm" ]; then

@@ -4,6 +4,9 @@
 - `gateway`: this project, started from a generated config with every feature on (below).
 - `naive`: FastAPI + httpx as most people write it (`proxies/naive_httpx.py`, own venv).
 - `litellm`: LiteLLM's proxy, one worker, when a LiteLLM venv exists (`$LITELLM_VENV`).
+- `smg`: SGLang's / Shepherd Model Gateway (Rust, `pip install smg`, own venv `bench/.venvs/smg`): `smg launch`
+  in front of one OpenAI-compatible worker (the engine's first port), `--api-key` on (clients must send it).
+- `aiohttp`: the bare floor, aiohttp server + client on uvloop, no features (`proxies/aiohttp_bare.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ LITELLM_VENV = Path(
         "/tmp/litellm-venv",
     )
 )
+SMG_VENV = Path(os.environ.get("BENCH_SMG_VENV", BENCH / ".venvs" / "smg"))
 PROJECT_PY = os.environ.get("BENCH_PY", sys.executable)
 DEFAULT_GATEWAY_CMD = "{py} -m llm_gateway serve --config {config} --host 127.0.0.1 --port {port}"
 
@@ -120,14 +124,34 @@ def naive_available() -> bool:
     return (NAIVE_VENV / "bin" / "python").exists()
 
 
+def smg_available() -> bool:
+    return (SMG_VENV / "bin" / "smg").exists()
+
+
+# smg 1.13 `smg launch`: one HTTP worker (registered as a generic OpenAI-compatible engine), round robin (the
+# cheapest policy; the default cache_aware keeps a radix tree per worker), `--api-key` gating the data-plane
+# routes (401 without it), its admission limit (1024 per core, at least 4096: 429 beyond) raised like the gateway's
+# limits so that it runs and never triggers, its Prometheus exporter on a free port of ours instead of the fixed
+# 29000, logs at warn.
+SMG_CMD = (
+    "{smg} launch --worker-urls {upstream} --policy round_robin --api-key {key} --host 127.0.0.1 --port {port} "
+    "--max-concurrent-requests 100000 --prometheus-host 127.0.0.1 --prometheus-port {aux_port} --log-level warn"
+)
+
+
 def target_command(name: str, gateway_cmd: str | None = None) -> str | None:
-    """The shell command of a target, with {port} {config} {py} {upstream} placeholders; None for direct."""
+    """The shell command of a target, with {port} {aux_port} {config} {py} {upstream} placeholders; None for
+    direct."""
     if name == "direct":
         return None
     if name == "gateway":
         return gateway_cmd or DEFAULT_GATEWAY_CMD
     if name == "naive":
         return f"{NAIVE_VENV}/bin/python {BENCH}/proxies/naive_httpx.py"
+    if name == "smg":
+        return SMG_CMD.replace("{smg}", str(SMG_VENV / "bin" / "smg")).replace("{key}", API_KEY)
+    if name == "aiohttp":
+        return f"{PROJECT_PY} {BENCH}/proxies/aiohttp_bare.py"
     if name == "litellm":
         return (
             f"{LITELLM_VENV}/bin/litellm --config {{litellm_config}} --host 127.0.0.1 --port {{port}} --num_workers 1"

@@ -1,0 +1,158 @@
+"""The public boards' part of the bench (bench/board*.py): the open-loop client's HTTP framing, its chunked
+decoder, one short run of each client mode against the fake engine (about a second), and the report's
+ratios and added figures. No proxy process, no real load."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import board_client  # noqa: E402
+import board_report  # noqa: E402
+import report  # noqa: E402
+import sse_conn  # noqa: E402
+import targets  # noqa: E402
+
+from tests.bench.test_bench_smoke import engine  # noqa: E402, F401  (the fake engine fixture)
+
+
+def test_response_end_waits_for_the_whole_body_by_length_or_chunks() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+    assert board_client.response_end(bytearray(head + b"abcd")) is None
+    assert board_client.response_end(bytearray(head + b"abcdeHTTP/1.1")) == (200, len(head) + 5)
+    chunked = b"HTTP/1.1 429 Too Many\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n"
+    assert board_client.response_end(bytearray(chunked)) is None
+    assert board_client.response_end(bytearray(chunked + b"0\r\n\r\n")) == (429, len(chunked) + 5)
+
+
+def test_dechunk_reassembles_a_body_split_anywhere() -> None:
+    wire = b"5\r\nhello\r\n1;ext=1\r\n \r\n5\r\nworld\r\n0\r\n\r\n"
+    for cut in range(1, len(wire)):
+        d = sse_conn.Dechunk()
+        out = d.feed(wire[:cut]) + d.feed(wire[cut:])
+        assert out == b"hello world" and d.done, cut
+
+
+def _client(*argv: str) -> dict:
+    p = subprocess.run(
+        [sys.executable, str(BENCH / "board_client.py"), *argv, "--body", str(BENCH / "request.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    line = next(x for x in p.stdout.splitlines() if x.startswith(("RATEJSON ", "STREAMSJSON ")))
+    return dict(json.loads(line.split(" ", 1)[1]))
+
+
+def test_rate_mode_answers_every_due_request(engine: str) -> None:  # noqa: F811
+    r = _client("rate", engine + "/v1/chat/completions", "--rate", "200", "-d", "0.5", "--warmup", "0.1")
+    assert r["offered"] == 100 and r["ok"] == 100 and r["errors"] == 0 and r["ok_all"] == 120
+    assert 0 < r["p50_us"] <= r["p99_us"] <= r["max_us"]
+
+
+def test_ramp_mode_counts_every_token_and_the_gaps_between_reads(engine: str) -> None:  # noqa: F811
+    r = _client("ramp", engine + "/v1/chat/completions", "--n", "4", "--tokens", "6", "--tpot-ms", "20")
+    assert r["streams"] == 4 and r["errors"] == 0 and r["stalled"] == 0 and r["peak_open"] >= 1
+    assert 10_000 <= r["gap_p50_us"] <= 200_000  # one read per 20 ms token; generous bounds for a busy box
+
+
+def test_a_gap_over_the_stall_bound_is_a_stall(engine: str) -> None:  # noqa: F811
+    # 40 ms between tokens against a 5 ms bound: every stream stalls (the gaps can only be longer, never shorter)
+    argv = ("--n", "3", "--tokens", "4", "--tpot-ms", "40", "--stall-ms", "5")
+    r = _client("ramp", engine + "/v1/chat/completions", *argv)
+    assert r["streams"] == 3 and r["stalled"] == 3 and r["max_gap_us"] >= 5_000
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.sent = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.sent += data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _sse_stream(deltas: int) -> bytes:
+    frames = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}]
+    frames += [{"choices": [{"delta": {"content": f" t{i}"}}]} for i in range(deltas)]
+    body = b"".join(b"data: " + json.dumps(f).encode() + b"\n\n" for f in frames) + b"data: [DONE]\n\n"
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    return head + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize(("sent", "asked", "error"), [(3, 3, None), (2, 3, "lost_frames"), (4, 3, "lost_frames")])
+def test_a_stream_is_good_only_with_exactly_the_tokens_asked_for(sent: int, asked: int, error: str | None) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        st = sse_conn.StreamStats()
+        conn = sse_conn.StreamConn(b"POST / HTTP/1.1\r\n\r\n", st, asked, loop.create_future())
+        tr = _Transport()
+        conn.connection_made(tr)  # type: ignore[arg-type]
+        wire = _sse_stream(sent)
+        for i in range(0, len(wire), 40):  # reads cut anywhere, headers included
+            conn.data_received(wire[i : i + 40])
+        assert conn.done.done() and tr.closed and tr.sent.startswith(b"POST /")
+        assert st.errors == ({error: 1} if error else {}) and st.done == (0 if error else 1)
+        assert st.open == 0 and st.peak_open == 1
+    finally:
+        loop.close()
+
+
+def _run(gw: dict, smg: dict, direct: dict, skipped: dict | None = None) -> dict:
+    return {
+        "versions": {"cpu": "Test CPU", "ncpu": 2, "kernel": "6.1", "python": "3.11.7"},
+        "config": {
+            "targets": ["direct", "gateway", "smg", "aiohttp"],
+            "scenarios": ["ns_c1", "ns_c64", "frontier"],
+            "duration": 1,
+        },
+        "skipped": skipped or {},
+        "results": {"gateway": {"scenarios": gw}, "smg": {"scenarios": smg}, "direct": {"scenarios": direct}},
+    }
+
+
+def test_board_report_puts_the_ratios_first_and_subtracts_direct() -> None:
+    gw = {"ns_c64": {"cpu_us_per_req": 250.0, "rps": 4000.0}, "ns_c1": {"p99": 0.9}}
+    smg = {"ns_c64": {"cpu_us_per_req": 200.0, "rps": 5000.0}, "ns_c1": {"p99": 0.5}}
+    gw["frontier"] = {"best_rps": {"1": None, "5": 3000.0, "10": 3500.0, "50": 3500.0}}
+    direct = {"ns_c1": {"p99": 0.3}}
+    text = "\n".join(board_report.render(_run(gw, smg, direct, {"aiohttp": "not installed (x)"})))
+    assert text.startswith("**Public-board view** (Test CPU, 2 cores, kernel 6.1, Python 3.11.7")
+    assert text.index("gateway vs smg") < text.index("| metric | this gateway")
+    assert "| CPU µs / request (c64) | 0.80x | n/a |" in text  # smg/gateway = 200/250; aiohttp skipped
+    assert "| req/s at c64 | 0.80x | n/a |" in text
+    assert "| added p99 at c1, ms | 0.33x | n/a |" in text  # (0.5-0.3)/(0.9-0.3)
+    assert "| added p99 at c1, ms | 0.60 | 0.20 | 0.30 |" in text  # gateway, smg added; direct absolute
+    assert "| frontier req/s, p99 < 5 ms | 3,000 | - | - |" in text
+
+
+def test_main_report_has_a_column_and_a_ratio_for_smg() -> None:
+    gw = {"ns_c1": {"p50": 0.5, "p99": 1.0, "errors": 0, "cpu_us_per_req": 300.0, "rps": 1.0}}
+    smg = {"ns_c1": {"p50": 0.3, "p99": 0.6, "errors": 0, "cpu_us_per_req": 150.0, "rps": 1.0}}
+    text = report.render(_run(gw, smg, {"ns_c1": {"p50": 0.1, "p99": 0.2}}))
+    assert "| ns_c1 CPU per request, µs |  | 300 | - | - | 150 | - | 0.5x |" in text
+
+
+def test_smg_runs_with_its_api_key_on_one_worker() -> None:
+    cmd = targets.target_command("smg")
+    assert cmd is not None and "--api-key " + targets.API_KEY in cmd and "--worker-urls {upstream}" in cmd
+    assert targets.target_command("aiohttp", None) == f"{targets.PROJECT_PY} {BENCH}/proxies/aiohttp_bare.py"
+
+
+@pytest.mark.parametrize("scn", ["frontier", "pace20_c16", "stall20", "rss_plateau"])
+def test_every_board_scenario_is_a_run_scenario(scn: str) -> None:
+    import board
+    import run
+
+    assert scn in board.SCENARIOS and scn in run.ORDER and scn not in run.DEFAULT_SCENARIOS
