@@ -12,24 +12,22 @@ stream that waits hears its place (queue_progress). With the client's own body b
 attempt asks its deployment's adapter whether the engine speaks that API itself: then the body passes through and
 the exchange is told so (`answer_natively`); all else (limits, retries, failover, breaker, metrics, usage) is the
 same path. The service answers through the `ClientExchange` it owns (exchange.py), never through ASGI; the first
-generated output (for TTFT) is reported by the adapter's relay, which knows the engine's shapes.
+generated output (for TTFT) is reported by the adapter's relay, which knows the engine's shapes. The request's state
+is a `Job` (job.py); a stream's relay loop is stream_relay.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from llm_gateway.adapters.base import Adapter, StreamRelay
-from llm_gateway.adapters.relay_base import usage_or_estimate
 from llm_gateway.auth import Principal
 from llm_gateway.backend_calls import COUNT_ATTEMPTS, ERROR_BODY_LIMIT, BackendPoster
-from llm_gateway.dispatch import Trace, eligible, priority_rank, release, ticket_for
-from llm_gateway.errors import DONE, GatewayError, ModelNotFound, UpstreamProtocolError
-from llm_gateway.exchange import ClientExchange, Headers, NativeDialect
+from llm_gateway.dispatch import eligible, priority_rank, release, ticket_for
+from llm_gateway.errors import GatewayError, ModelNotFound, UpstreamProtocolError
+from llm_gateway.exchange import ClientExchange, NativeDialect
+from llm_gateway.job import Job
 from llm_gateway.limits.limiter import quota_headers
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.prompt_count import PromptCounter, ambiguous_routes
@@ -37,70 +35,12 @@ from llm_gateway.queue_progress import QueueProgress
 from llm_gateway.request_info import RequestInfo, read_request
 from llm_gateway.routing.table import Deployment, ModelRoute
 from llm_gateway.runtime import Gateway, Runtime
+from llm_gateway.stream_relay import relay_stream
 from llm_gateway.types import CallContext, Endpoint, Usage
 from llm_gateway.upstream.base import UpstreamResponse
 
 RESPONSE_LIMIT = 256 * 1024 * 1024
 DISCONNECT_WATCH_DELAY_S = 0.25
-
-
-@dataclass(slots=True)
-class Job:
-    """One generation request on its way through the steps."""
-
-    call: ClientExchange
-    rec: RequestRecord
-    rt: Runtime
-    endpoint: Endpoint
-    body: dict[str, Any]
-    route: ModelRoute
-    info: RequestInfo
-    quota: Headers  # x-ratelimit-* for every answer
-    native: NativeDialect | None = None  # the client's own body, for engines that speak its API
-    trace: Trace = field(default_factory=Trace)  # the dispatch so far; its ticket orders the queues
-    early: QueueProgress | None = None  # a stream whose answer started while it waited in a queue
-
-    def context(self, group: ModelRoute, dep: Deployment) -> CallContext:
-        nat = self.native
-        return CallContext(
-            self.endpoint,
-            group.name,
-            dep.upstream_model,
-            self.info.stream,
-            self.info.wants_usage,
-            self.call.rid,
-            self.rt.config.server.reasoning_field,
-            self.body.get("encoding_format") == "base64",
-            nat.native_api if nat and dep.backend.adapter.speaks_natively(nat.native_api, nat.native_body) else None,
-            self.trace.rank if dep.cfg.engine_priority else None,
-        )
-
-    def session(self) -> str | None:
-        v = self.call.header(self.rt.session_header)
-        return v.decode("latin-1")[:256] if v else None
-
-    def answer_headers(self, dep: Deployment) -> Headers:
-        """Transparency and quota headers, and the gateway's own time so far (everything but the waits)."""
-        rec = self.rec
-        rec.overhead_s = time.perf_counter() - rec.t0 - rec.upstream_s - rec.waited_s
-        return [
-            (b"x-request-id", self.call.rid.encode()),
-            (b"x-gateway-backend", dep.backend.name.encode()),
-            (b"x-gateway-engine", dep.backend.kind.encode()),
-            (b"x-gateway-model", rec.model.encode()),
-            *self.quota,
-            (b"x-gateway-overhead-ms", f"{rec.overhead_s * 1000:.3f}".encode()),
-        ]
-
-    def traced(self, trace: Trace) -> None:
-        rec = self.rec
-        rec.attempts = trace.attempts
-        rec.waited_s += trace.waited_s
-        dep = trace.deployment
-        if dep is not None:
-            rec.backend, rec.engine, rec.upstream_model = dep.backend.name, dep.backend.kind, dep.upstream_model
-            if trace.route is not None:
-                rec.model = trace.route.name
 
 
 class GenerationService:
@@ -324,7 +264,7 @@ class GenerationService:
             dep = trace.deployment
             assert dep is not None
             try:
-                return await self._relay(job, dep, resp, ctx)
+                return await relay_stream(self.gw.metrics, job, dep, resp, ctx)
             except asyncio.CancelledError:
                 dep.breaker.neutral()  # the client left: says nothing about the backend
                 raise
@@ -333,69 +273,3 @@ class GenerationService:
                 release(dep)
         finally:
             job.call.stop_watching()
-
-    async def _relay(self, job: Job, dep: Deployment, resp: UpstreamResponse, ctx: CallContext) -> Usage | None:
-        call, rec = job.call, job.rec
-        relay, cut = _relay_for(dep.backend.adapter, ctx)
-        if job.native is not None:
-            job.native.answer_natively(ctx.native_api is not None)
-        headers = job.answer_headers(dep)
-        headers += [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no"),
-        ]
-        if job.early is None or not job.early.started:
-            await call.start(200, headers)
-        itl = self.gw.metrics.child(self.gw.metrics.itl, dep.model, dep.backend.name)
-        first = True
-        last = time.perf_counter()
-        write = call.write
-        feed = relay.feed
-        err: GatewayError | None = None
-        read = resp.read_chunk
-        try:
-            while chunk := await read():
-                out = feed(chunk)
-                if out:
-                    now = time.perf_counter()
-                    if first:
-                        if relay.output_started:  # not a role-only or empty chunk: the first generated output
-                            first = False
-                            rec.ttft_s = now - rec.t0
-                            self.gw.metrics.child(self.gw.metrics.ttft, dep.model, dep.backend.name).observe(rec.ttft_s)
-                    else:
-                        itl.observe(now - last)
-                    last = now
-                    await write(out)
-                if relay.error is not None:
-                    break
-            else:
-                if tail := relay.finish():
-                    await call.write(tail)
-        except GatewayError as e:  # the engine failed mid-body: cut, idle timeout, reset
-            err = e
-            if relay.error is None:
-                await call.write(cut(e))
-        finally:
-            rec.prompt_tokens, rec.completion_tokens, rec.usage_estimated = usage_or_estimate(
-                relay, job.info.prompt_tokens
-            )
-        err = err or relay.error
-        if err is None or err.status < 500:
-            dep.breaker.success()
-        else:
-            dep.breaker.failure(time.monotonic())
-        if err is not None:
-            rec.outcome, rec.error = "stream_error", err.code
-        call.stop_watching()
-        await call.end()
-        return relay.usage
-
-
-def _relay_for(adapter: Adapter, ctx: CallContext) -> tuple[StreamRelay, Callable[[GatewayError], bytes]]:
-    """The call's relay, and how a failure after the first byte reaches the client in its dialect."""
-    if ctx.native_api is not None:
-        relay = adapter.native_relay(ctx.native_api, ctx)
-        return relay, relay.fail
-    return adapter.relay(ctx), lambda e: e.sse_event() + DONE

@@ -18,7 +18,7 @@ from typing import Any
 
 from llm_gateway.errors import PayloadTooLarge, RequestTimeout
 from llm_gateway.exchange import JSON, Headers
-from llm_gateway.http.hardened_protocol import COALESCE
+from llm_gateway.http.hardened_protocol import COALESCE, WRITE_CHUNK
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -28,6 +28,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 class Call:
     __slots__ = (
+        "_direct",
         "_timer",
         "_watcher",
         "disconnected",
@@ -51,6 +52,8 @@ class Call:
         self.task: asyncio.Task[Any] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        #: the server's direct chunk writer (hardened_protocol.CoalescingCycle.write_chunk), if it has one
+        self._direct: Callable[[bytes], bool] | None = scope.get(WRITE_CHUNK)
 
     def header(self, name: bytes) -> bytes | None:
         for k, v in self.scope["headers"]:
@@ -141,7 +144,9 @@ class Call:
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def write(self, data: bytes) -> None:
-        await self.send({"type": "http.response.body", "body": data, "more_body": True})
+        direct = self._direct
+        if direct is None or not direct(data):
+            await self.send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def end(self) -> None:
         await self.send({"type": "http.response.body", "body": b""})

@@ -112,6 +112,7 @@ class EngineError:
     status: int
     code: str | None = None
     text: str | None = None  # a piece of the engine's own message that must reach the client
+    path: str = "/v1/chat/completions"  # completions bodies carry a `prompt`
 
 
 @dataclass
@@ -368,12 +369,12 @@ class Target:
             return EngineError("m", {"options": {"num_ctx": "not-a-number"}}, 400, None, "num_ctx")
         # past the context of both engines (16,384 and 32,768 tokens: the tiny models take about one token per
         # byte here), but not past the gateway's own fit check, a lower bound (non-blank bytes / 8): the
-        # engine's own refusal is what is under test
-        huge = "a " * 40000
-        body = {"messages": [{"role": "user", "content": huge}]}
+        # engine's own refusal is what is under test. A completions prompt: a chat prompt this near a window
+        # is counted by the engine's tokenizer first (prompt_count), and then the gateway refuses it itself
+        body = {"prompt": "a " * 40000}
         if self.engine == "llama-server":
-            return EngineError("m", body, 400, "context_length_exceeded", "context")
-        return EngineError("m", body, 400, None, "context length")
+            return EngineError("m", body, 400, "context_length_exceeded", "context", "/v1/completions")
+        return EngineError("m", body, 400, None, "context length", "/v1/completions")
 
 
 def emulated(engine: str, **knobs: Any) -> Target:

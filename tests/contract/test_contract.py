@@ -151,7 +151,10 @@ def test_stop_strings_end_with_finish_reason_stop(gateway: GatewayProcess, targe
 
 def test_engine_error_bodies_become_openai_envelopes(gateway: GatewayProcess, target: Target) -> None:
     e = target.engine_error()
-    r = chat(gateway, e.model, **e.body)
+    if e.path == "/v1/chat/completions":
+        r = chat(gateway, e.model, **e.body)
+    else:
+        r = httpx.post(gateway.url + e.path, json={"model": e.model, "max_tokens": 8, **e.body}, timeout=60)
     err = assert_envelope(r, e.status)
     if e.code:
         assert err["code"] == e.code

@@ -22,7 +22,7 @@ import pytest
 from uvicorn.server import ServerState
 
 from llm_gateway.http import hardened_protocol
-from llm_gateway.http.hardened_protocol import COALESCE, GatewayProtocol
+from llm_gateway.http.hardened_protocol import COALESCE, WRITE_CHUNK, GatewayProtocol
 from llm_gateway.http.server import uvicorn_config
 from llm_gateway.settings import ServerConfig
 
@@ -162,9 +162,23 @@ def responses(raw: bytes | bytearray) -> list[Response]:
     return out
 
 
+STREAM_GATE: list[asyncio.Event] = []  # `/stream` waits on it between its head and its events
+
+
 async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Reads the whole body, answers 200 with what it saw. `/early` answers 401 without reading it."""
+    """Reads the whole body, answers 200 with what it saw. `/early` answers 401 without reading it;
+    `/stream` answers chunked, its events written by the scope's direct writer where it takes them."""
     assert scope["type"] == "http"
+    if scope["path"] == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        if STREAM_GATE:
+            await STREAM_GATE[0].wait()
+        for i in range(3):
+            if not scope[WRITE_CHUNK](b"data: %d\n\n" % i):  # declined: the ASGI way, as Call.write does
+                await send({"type": "http.response.body", "body": b"data: %d\n\n" % i, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
     if scope["path"] == "/early":
         await send({"type": "http.response.start", "status": 401, "headers": [(b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})
@@ -306,6 +320,46 @@ async def test_an_answer_that_does_not_ask_to_coalesce_is_written_as_uvicorn_wri
     await server.settle()
     assert only_response(conn).status == 200
     assert conn.transport.writes == 2  # head, then body: streams send their head before the first event
+
+
+def dechunk(body: bytes) -> list[bytes]:
+    """The chunks of a chunked body, checking its framing; the last one is the empty terminator."""
+    out = []
+    while True:
+        size, _, body = body.partition(b"\r\n")
+        n = int(size, 16)
+        out.append(body[:n])
+        assert body[n : n + 2] == b"\r\n"
+        body = body[n + 2 :]
+        if n == 0:
+            assert body == b""
+            return out
+
+
+@pytest.mark.parametrize("paused", [False, True], ids=["direct", "socket-full"])
+async def test_stream_events_are_written_directly_framed_as_uvicorn_frames_them(server: Server, paused: bool) -> None:
+    conn = server.connect()
+    gate = asyncio.Event()
+    STREAM_GATE[:] = [gate]
+    try:
+        conn.send(request("GET", "/stream"))
+        await server.settle()
+        assert conn.transport.writes == 1  # the head
+        if paused:
+            conn.proto.flow.pause_writing()  # the socket's buffer is full: the direct writer must decline
+        gate.set()
+        await server.settle()
+        if paused:
+            assert conn.transport.writes == 1  # nothing more: every event waits for the socket to drain
+            conn.proto.flow.resume_writing()
+            await server.settle()
+    finally:
+        STREAM_GATE.clear()
+    head, _, body = bytes(conn.transport.out).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
+    assert dechunk(body) == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n", b""]
+    if not paused:
+        assert conn.transport.writes == 6  # head, one per event, [DONE], the terminator
 
 
 async def test_headers_and_a_large_body_in_one_read_are_not_taken_for_oversized_headers(server: Server) -> None:

@@ -34,6 +34,8 @@ LAYERS: list[tuple[str, ...]] = [
     ),  # retries/failover over the table; health and load probes
     ("prompt_count",),  # exact prompt counts on the engines, for the fit dispatch judges
     ("runtime",),  # the process's shared objects and the swappable per-config part
+    ("job",),  # one generation request's state on its way through the steps
+    ("stream_relay",),  # the relay loop of a streamed answer
     ("service", "reload"),  # the steps of one request; config hot reload
     ("http",),  # the data plane's HTTP surface over the service
     ("admin",),  # the control plane: FastAPI admin API (runtime keys, audit log), mounted by the app

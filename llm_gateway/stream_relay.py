@@ -1,0 +1,97 @@
+"""Relaying one engine stream to the client: the relay loop of a streamed generation.
+
+The service (service.py) gets a stream onto a deployment; this loop answers with it: the head (the
+transparency and quota headers), then each engine chunk through the adapter's relay (which owns the
+engine's shapes) straight to the client, the first generated output timed as TTFT and the gaps after
+it batched into the inter-token histogram, a failure after the first byte ended in the client's
+dialect, the breaker told how the stream ended, and the usage (the engine's, or estimated from what was
+relayed) recorded for billing. It is the hottest loop of the gateway: per event one read, one feed,
+one write (bench/: CPU per relayed event).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from llm_gateway.adapters.base import Adapter, StreamRelay
+from llm_gateway.adapters.relay_base import usage_or_estimate
+from llm_gateway.errors import DONE, GatewayError
+from llm_gateway.job import Job
+from llm_gateway.observability.metrics import Metrics, observe_many
+from llm_gateway.routing.table import Deployment
+from llm_gateway.types import CallContext, Usage
+from llm_gateway.upstream.base import UpstreamResponse
+
+
+async def relay_stream(
+    metrics: Metrics, job: Job, dep: Deployment, resp: UpstreamResponse, ctx: CallContext
+) -> Usage | None:
+    """Answer with the engine's stream `resp`, relayed event by event in the client's dialect; returns the usage."""
+    call, rec = job.call, job.rec
+    relay, cut = _relay_for(dep.backend.adapter, ctx)
+    if job.native is not None:
+        job.native.answer_natively(ctx.native_api is not None)
+    headers = job.answer_headers(dep)
+    headers += [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no"),
+    ]
+    if job.early is None or not job.early.started:
+        await call.start(200, headers)
+    itl = metrics.child(metrics.itl, dep.model, dep.backend.name)
+    gaps: list[float] = []  # inter-token latencies, observed in batches (observe_many)
+    first = True
+    last = time.perf_counter()
+    write = call.write
+    feed = relay.feed
+    err: GatewayError | None = None
+    read = resp.read_chunk
+    try:
+        while chunk := await read():
+            out = feed(chunk)
+            if out:
+                now = time.perf_counter()
+                if first:
+                    if relay.output_started:  # not a role-only or empty chunk: the first generated output
+                        first = False
+                        rec.ttft_s = now - rec.t0
+                        metrics.child(metrics.ttft, dep.model, dep.backend.name).observe(rec.ttft_s)
+                else:
+                    gaps.append(now - last)
+                    if len(gaps) >= 64:
+                        observe_many(itl, gaps)
+                        gaps.clear()
+                last = now
+                await write(out)
+            if relay.error is not None:
+                break
+        else:
+            if tail := relay.finish():
+                await call.write(tail)
+    except GatewayError as e:  # the engine failed mid-body: cut, idle timeout, reset
+        err = e
+        if relay.error is None:
+            await call.write(cut(e))
+    finally:
+        observe_many(itl, gaps)
+        rec.prompt_tokens, rec.completion_tokens, rec.usage_estimated = usage_or_estimate(relay, job.info.prompt_tokens)
+    err = err or relay.error
+    if err is None or err.status < 500:
+        dep.breaker.success()
+    else:
+        dep.breaker.failure(time.monotonic())
+    if err is not None:
+        rec.outcome, rec.error = "stream_error", err.code
+    call.stop_watching()
+    await call.end()
+    return relay.usage
+
+
+def _relay_for(adapter: Adapter, ctx: CallContext) -> tuple[StreamRelay, Callable[[GatewayError], bytes]]:
+    """The call's relay, and how a failure after the first byte reaches the client in its dialect."""
+    if ctx.native_api is not None:
+        relay = adapter.native_relay(ctx.native_api, ctx)
+        return relay, relay.fail
+    return adapter.relay(ctx), lambda e: e.sse_event() + DONE
