@@ -18,7 +18,7 @@ from typing import Any
 
 from llm_gateway.errors import PayloadTooLarge, RequestTimeout
 from llm_gateway.exchange import JSON, Headers
-from llm_gateway.http.hardened_protocol import COALESCE, WRITE_CHUNK
+from llm_gateway.http.hardened_protocol import BODY_ARRIVED, COALESCE, WRITE_CHUNK
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -70,33 +70,39 @@ class Call:
                 n = -1
             if n > limit:
                 raise PayloadTooLarge(f"request body is {n} bytes; the limit is {limit}")
-        receive = self.receive
+        arrived = self.scope.get(BODY_ARRIVED)
+        if arrived is not None and arrived():  # all in already: receive() cannot wait, no timer needed
+            return await self._read_all(limit)
         try:
             async with asyncio.timeout(timeout_s):
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    self.disconnected = True
-                    raise asyncio.CancelledError
-                body: bytes = msg.get("body", b"")
-                if not msg.get("more_body"):
-                    if len(body) > limit:
-                        raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
-                    return body
-                parts = [body]
-                size = len(body)
-                while msg.get("more_body"):
-                    msg = await receive()
-                    if msg["type"] == "http.disconnect":
-                        self.disconnected = True
-                        raise asyncio.CancelledError
-                    chunk = msg.get("body", b"")
-                    size += len(chunk)
-                    if size > limit:
-                        raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
-                    parts.append(chunk)
-                return b"".join(parts)
+                return await self._read_all(limit)
         except TimeoutError:
             raise RequestTimeout(f"the request body did not arrive within {timeout_s:g}s") from None
+
+    async def _read_all(self, limit: int) -> bytes:
+        receive = self.receive
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            self.disconnected = True
+            raise asyncio.CancelledError
+        body: bytes = msg.get("body", b"")
+        if not msg.get("more_body"):
+            if len(body) > limit:
+                raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+            return body
+        parts = [body]
+        size = len(body)
+        while msg.get("more_body"):
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                self.disconnected = True
+                raise asyncio.CancelledError
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+            parts.append(chunk)
+        return b"".join(parts)
 
     # -- disconnect watching ---------------------------------------------------------------------------
     def watch_disconnect(self, delay_s: float = 0.0) -> None:

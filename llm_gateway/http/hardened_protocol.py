@@ -56,6 +56,8 @@ class _Refused(Exception):
 COALESCE = "llm_gateway.coalesce"
 #: a key of the ASGI scope: `CoalescingCycle.write_chunk` of the request's cycle
 WRITE_CHUNK = "llm_gateway.write_chunk"
+#: a key of the ASGI scope: `CoalescingCycle.body_arrived` of the request's cycle
+BODY_ARRIVED = "llm_gateway.body_arrived"
 
 
 class _Capture:
@@ -105,6 +107,11 @@ class CoalescingCycle(RequestResponseCycle):
             self._held = cap.parts
         else:
             cap.flush()
+
+    def body_arrived(self) -> bool:
+        """Has the whole request body been parsed? Then `receive` answers without waiting (uvicorn sets its
+        message event with the body's end), so reading it needs no timeout."""
+        return not self.more_body
 
     def write_chunk(self, data: bytes) -> bool:
         """Write one chunk of a started chunked response now, framed as uvicorn's `send` frames it, without
@@ -236,6 +243,7 @@ class GatewayProtocol(HttpToolsProtocol):
             cycle.__class__ = CoalescingCycle  # before its task runs: `send` is looked up when the app starts
             assert isinstance(cycle, CoalescingCycle)
             cycle.scope[WRITE_CHUNK] = cycle.write_chunk  # type: ignore[literal-required]
+            cycle.scope[BODY_ARRIVED] = cycle.body_arrived  # type: ignore[literal-required]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

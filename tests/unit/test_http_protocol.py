@@ -22,7 +22,7 @@ import pytest
 from uvicorn.server import ServerState
 
 from llm_gateway.http import hardened_protocol
-from llm_gateway.http.hardened_protocol import COALESCE, WRITE_CHUNK, GatewayProtocol
+from llm_gateway.http.hardened_protocol import BODY_ARRIVED, COALESCE, WRITE_CHUNK, GatewayProtocol
 from llm_gateway.http.server import uvicorn_config
 from llm_gateway.settings import ServerConfig
 
@@ -592,3 +592,48 @@ async def test_a_connection_idle_after_the_unread_rest_of_a_body_is_closed_by_th
     conn.loop.fire(HEADER_TIMEOUT_S)
     assert conn.transport.closed
     assert len(responses(conn.transport.out)) == 1  # closed without a second answer
+
+
+# -- reading the body (Call.read_body over the cycle) ---------------------------------------------------
+async def test_a_body_already_parsed_is_read_without_a_timer_and_a_late_one_with_it(monkeypatch) -> None:
+    from llm_gateway.http import call as call_module
+    from llm_gateway.http.call import Call
+    from llm_gateway.http.hardened_protocol import BODY_ARRIVED
+
+    timers: list[float] = []
+    real_timeout = asyncio.timeout
+
+    def counting_timeout(delay: float | None) -> Any:
+        timers.append(delay or 0.0)
+        return real_timeout(delay)
+
+    monkeypatch.setattr(call_module.asyncio, "timeout", counting_timeout)
+    body = b'{"hi": 1}'
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    arrived = Call({"headers": [], BODY_ARRIVED: lambda: True}, receive, None, "r1")  # type: ignore[arg-type]
+    assert await arrived.read_body(1024, 5.0) == body and timers == []
+    late = Call({"headers": [], BODY_ARRIVED: lambda: False}, receive, None, "r2")  # type: ignore[arg-type]
+    assert await late.read_body(1024, 5.0) == body and timers == [5.0]
+
+
+async def test_the_cycle_says_the_body_arrived_only_once_it_was_parsed_to_its_end(server: Server) -> None:
+    seen: list[bool] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope[BODY_ARRIVED]())
+        await echo_app(scope, receive, send)
+
+    server.config.loaded_app = app
+    for split in (False, True):
+        conn = server.connect()
+        raw = request("POST", "/x", b"0123456789")
+        conn.send(raw[:-5] if split else raw)
+        await server.settle()
+        if split:
+            conn.send(raw[-5:])
+            await server.settle()
+        assert only_response(conn).status == 200
+    assert seen == [True, False]
