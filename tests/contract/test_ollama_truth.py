@@ -47,13 +47,18 @@ models:
 """
 
 
-def config(backends: dict[str, str], models: dict[str, tuple[str, str]]) -> str:
+def config(backends: dict[str, str], models: dict[str, tuple[str, str]], windows: dict[str, int] | None = None) -> str:
+    """`windows`: a public model's deployment `context_length` (Ollama reports none to routing)."""
     b = "\n".join(
         f'  - {{name: {n}, engine: ollama, url: "{u}", probe: {{interval_s: 0.5}}}}' for n, u in backends.items()
     )
     caps = "format: gguf, capabilities: [chat, completions]"
+    win = windows or {}
     m = "\n".join(
-        f"  - {{name: {n}, deployments: [{{backend: {be}, model: {mo}, {caps}}}]}}" for n, (be, mo) in models.items()
+        f"  - {{name: {n}, deployments: [{{backend: {be}, model: {mo}, {caps}"
+        + (f", context_length: {win[n]}" if n in win else "")
+        + "}]}"
+        for n, (be, mo) in models.items()
     )
     return CONFIG.format(backends=b, models=m)
 
@@ -86,7 +91,8 @@ def real_gw(ollama_server: RealEngine, tmp_path_factory: pytest.TempPathFactory)
         f"PARAMETER stop <|im_end|>\nPARAMETER num_ctx {ollama_server.num_ctx}\n"
     )
     ollama(ollama_server, "create", REPEAT_MODEL, "-f", str(modelfile))
-    cfg = config({"ol": ollama_server.url}, {"tiny-public": ("ol", "tiny"), "repeat-public": ("ol", REPEAT_MODEL)})
+    models = {"tiny-public": ("ol", "tiny"), "repeat-public": ("ol", REPEAT_MODEL), "windowed-public": ("ol", "tiny")}
+    cfg = config({"ol": ollama_server.url}, models, {"windowed-public": ollama_server.num_ctx})
     try:
         with GatewayProcess(cfg, work) as gw:
             wait_all_probed(gw)
@@ -123,6 +129,26 @@ def test_real_ollama_long_prompt_is_context_length_exceeded_whole_and_streamed(r
     with pytest.raises(openai.BadRequestError) as ec:
         c.completions.create(model="tiny-public", prompt=LONG, max_tokens=5)
     assert ec.value.code == "context_length_exceeded"
+
+
+def test_real_ollama_with_its_window_configured_refuses_a_long_prompt_without_calling_it(
+    real_gw: GatewayProcess, ollama_server: RealEngine
+) -> None:
+    # Ollama reports no window to routing (its num_ctx is a request option, the Modelfile's or an env
+    # variable's); with the deployment's `context_length` set, the fit check refuses before any call
+    assert isinstance(ollama_server, OllamaServer)
+    c = client(real_gw)
+    before = ollama_server.exchanges_logged("/api/chat")
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": LONG}]
+    for stream in (False, True):  # a stream is refused before its 200: BadRequestError at create()
+        with pytest.raises(openai.BadRequestError) as ei:
+            c.chat.completions.create(model="windowed-public", messages=msgs, max_tokens=5, stream=stream)
+        assert (ei.value.status_code, ei.value.code) == (400, "context_length_exceeded"), ei.value.body
+        assert f"maximum context length is {ollama_server.num_ctx} tokens" in ei.value.message
+    assert ollama_server.exchanges_logged("/api/chat") == before  # Ollama never saw them
+    ok = c.chat.completions.create(model="windowed-public", messages=HI, max_tokens=2, temperature=0)
+    assert ok.choices[0].message.content is not None
+    wait_until(lambda: ollama_server.exchanges_logged("/api/chat") > before, what="Ollama's log of the short one")
 
 
 def test_real_ollama_model_is_resident_after_a_request(real_gw: GatewayProcess) -> None:
