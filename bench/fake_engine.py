@@ -279,8 +279,9 @@ class Engine(asyncio.Protocol):
         elif path == b"/stats":
             self.t.write(http_response(json.dumps(STATS).encode()))
         else:
-            STATS["bad"] += 1
-            self.t.write(http_response(b'{"error":"not found"}', status=b"404 Not Found"))
+            STATS["bad"] += 1  # vLLM's (FastAPI's) answer for a path it has no route for: the gateway then
+            # translates what it would have passed through natively (Anthropic's /v1/messages)
+            self.t.write(http_response(b'{"detail":"Not Found"}', status=b"404 Not Found"))
 
     def step(self, loop: asyncio.AbstractEventLoop, writes: list[bytes], t0: float, tpot_s: float, i: int) -> None:
         if not self.busy or self.t.is_closing():
