@@ -80,13 +80,13 @@ def test_fake_engine_answers_a_chat_completion_with_usage(engine: str) -> None:
 def test_fake_engine_answers_an_unknown_route_as_vllm_does_so_messages_are_translated(engine: str) -> None:
     # vLLM serves /v1/messages and the gateway passes it through natively; a 404 in vLLM's shape for a
     # route it lacks is what makes the gateway translate instead (msg64_c16 measures the translation)
-    from llm_gateway.adapters.vllm import VllmAdapter
+    from llm_gateway.adapters.vllm import VLLMAdapter
     from llm_gateway.types import BackendInfo
 
     with pytest.raises(urllib.error.HTTPError) as e:
         _post(engine + "/v1/messages", {"model": "fake-model", "max_tokens": 4, "messages": []})
     assert e.value.code == 404
-    assert VllmAdapter(BackendInfo("b", engine)).native_unserved("messages", 404, e.value.read())
+    assert VLLMAdapter(BackendInfo("b", engine)).native_unserved("messages", 404, e.value.read())
 
 
 def test_fake_engine_streams_role_tokens_finish_usage_done(engine: str) -> None:
