@@ -26,6 +26,7 @@ FAULTS: frozenset[str] = frozenset(
         "mid_stream_error",
         "slow_first_byte",
         "ollama_repeat_abort",
+        "engine_abort",
     }
 )
 

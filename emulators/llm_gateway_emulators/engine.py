@@ -39,6 +39,9 @@ class Engine:
     #: vLLM: the port does not accept connections until the model is loaded.
     listen_after_load = False
     default_keepalive_s: float | None = 5.0
+    #: the finish reason this engine ends an aborted generation with, for the ``engine_abort`` fault
+    #: (SGLang, LMDeploy, vLLM: "abort"); None: the engine has none, and the fault does nothing
+    abort_reason: str | None = None
 
     def __init__(self, rt: EngineHost) -> None:
         self.rt = rt
@@ -238,6 +241,8 @@ class Engine:
                     delta, finish = step()
                     emit = fmt.token
                 info.n_decoded = r + gen.count if sent >= r else sent + 1
+                if fault == "engine_abort" and sent >= k and self.abort_reason:
+                    finish = self.abort_reason  # its own finish chunk, with the usage so far
                 if held and finish is not None and held_emit == emit:
                     delta = "".join(held) + delta  # the last event holds what is left
                     held.clear()
@@ -338,6 +343,10 @@ class Engine:
             k = min(count, cfg.fault_after_chunks)
             text, _, count, matched = run_all(k, "length", [])
             finish = None
+        if fault == "engine_abort" and self.abort_reason:
+            k = min(count, cfg.fault_after_chunks)
+            text, _, count, matched = run_all(k, "length", [])
+            finish = self.abort_reason
         delay = (0.0 if skip_ttft else cfg.ttft_s) + cfg.tpot_s * max(0, count - 1)
         res.t_first = loop.time() + (0.0 if skip_ttft else cfg.ttft_s)
         if delay > 0:
@@ -367,4 +376,4 @@ class Engine:
                 return False
             await _forever()
         await req.send(status, headers, body)
-        return fault is None or fault in ("slow_first_byte", "huge_chunk", "ollama_repeat_abort")
+        return fault is None or fault in ("slow_first_byte", "huge_chunk", "ollama_repeat_abort", "engine_abort")

@@ -32,6 +32,10 @@ Faults (K = ``fault_after_chunks``, counted in token chunks written):
 - ``ollama_repeat_abort``: Ollama's repeated-token abort: after K chunks the stream ends
   with no ``done`` line (native) / no finish chunk and no ``[DONE]`` (``/v1``);
   non-stream: ``done: false`` (native) / ``finish_reason: null`` and zero usage (``/v1``).
+- ``engine_abort``: the engine aborts the generation after K tokens with its own finish reason
+  (``Engine.abort_reason``: SGLang, LMDeploy and vLLM "abort", from the engines' sources cited
+  in tests/unit/test_abort_reasons.py), with the usage so far: the finish chunk (stream) or
+  the whole answer's choice. Engines without one (llama.cpp, TabbyAPI, Ollama) answer normally.
 """
 
 from __future__ import annotations

@@ -25,8 +25,10 @@
   repetition_penalty" in its docs, i.e. ignored); its completions have no logit_bias or best_of, never
   read echo or suffix, and fan n out only on chat: all refused (send `repetition_penalty`).
 - `/v1/embeddings` always answers 400 "Unsupported by turbomind.": deployments on LMDeploy cannot
-  declare the `embeddings` capability. `finish_reason` "error"/"abort" fail the generation and
-  "parse_error" becomes "stop".
+  declare the `embeddings` capability. `finish_reason` "error"/"abort" fail the generation (a 502
+  `generation_failed` billed its usage; "abort" is a cancelled session, `ResponseType.CANCEL` in
+  `lmdeploy/serve/core/async_engine.py` @1263d5c, answered with the usage so far) and "parse_error"
+  becomes "stop".
 """
 
 from __future__ import annotations

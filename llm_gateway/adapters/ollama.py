@@ -71,7 +71,7 @@ from llm_gateway.adapters.ollama_stream import (
     tool_calls_to_openai,
     unfinished,
 )
-from llm_gateway.adapters.relay_base import BYTES_PER_TOKEN
+from llm_gateway.adapters.relay_base import BYTES_PER_TOKEN, ChargedError
 from llm_gateway.errors import EngineErrorAnswer, GatewayError, InvalidRequest
 from llm_gateway.types import BackendInfo, CallContext, Endpoint, ProbeResult, Usage
 
@@ -88,14 +88,6 @@ _CONTEXT_HINTS = (
 #: the first version with logprobs (59241c5be, v0.12.11); truncate came in v0.12.6 (6544e1473)
 LOGPROBS_SINCE = (0, 12, 11)
 _FACTS_KEPT = 4096  # calls built and not yet answered whose facts are kept (a bound, not a queue size)
-
-
-class ChargedError(EngineErrorAnswer):
-    """An error found in an answer after Ollama generated it: `usage` is what it spent, to be billed."""
-
-    def __init__(self, message: str, *, usage: Usage, **kw: Any) -> None:
-        super().__init__(message, **kw)
-        self.usage = usage
 
 
 def parse_version(text: Any) -> tuple[int, int, int] | None:

@@ -6,7 +6,10 @@ llama-swap) build on `OpenAICompatAdapter`; each overrides only what its engine 
 Request fields an engine spells differently are declared (`renames`) and renamed in one place;
 `include_usage` is the one way the gateway asks an engine for usage. Each engine's `field_table` says
 what becomes of every OpenAI request field (adapters/field_table.py); `build()` checks the body against
-it first, so a field the engine would drop is a 400 before the engine is called.
+it first, so a field the engine would drop is a 400 before the engine is called. A finish reason in
+`error_finish_reasons` (SGLang's, LMDeploy's and vLLM's `abort`/`error`) fails the generation: a whole
+answer is a 502 `generation_failed` carrying what it spent (`spent_usage`), a stream ends with an error
+event (`SSERelay`'s `finish_errors`) and is billed the text it relayed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from llm_gateway.adapters.base import Adapter, ProbeClient, UpstreamRequest
 from llm_gateway.adapters.error_bodies import EngineError, json_object, parse_error_body, upstream_error
 from llm_gateway.adapters.field_table import FieldTable
 from llm_gateway.adapters.prom_text import parse_samples, peak, total
-from llm_gateway.adapters.sse_relay import SSERelay, usage_from
+from llm_gateway.adapters.relay_base import ChargedError, estimate_tokens
+from llm_gateway.adapters.sse_relay import SSERelay, text_bytes, usage_from
 from llm_gateway.errors import EngineErrorAnswer
 from llm_gateway.types import BackendInfo, CallContext, Endpoint, LoadSnapshot, ProbeResult, ProbeState, Usage
 
@@ -56,6 +60,18 @@ def json_field(data: bytes, key: str) -> Any:
 def window_size(value: Any) -> int | None:
     """A context window an engine reported: a positive integer, else None (not known)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def spent_usage(obj: dict[str, Any]) -> Usage:
+    """What a whole answer's generation spent: the engine's usage when it counted the completion, else
+    (no usage, or a completion of 0 beside generated text) its prompt count and an estimate of the text
+    of every choice (content, reasoning, tool-call arguments; `text` on completions)."""
+    u = usage_from(obj)
+    if u is not None and u.completion_tokens > 0:
+        return u
+    choices = obj.get("choices")
+    n = text_bytes(orjson.dumps(choices)) if isinstance(choices, list) else 0
+    return Usage(u.prompt_tokens if u is not None else 0, estimate_tokens(n))
 
 
 def include_usage(body: dict[str, Any]) -> None:
@@ -144,17 +160,26 @@ class OpenAICompatAdapter(Adapter):
         choices = obj.get("choices")
         if not isinstance(choices, list):
             return
+        failed = next(
+            (
+                ch["finish_reason"]
+                for ch in choices
+                if isinstance(ch, dict) and ch.get("finish_reason") in self.error_finish_reasons
+            ),
+            None,
+        )
+        if failed is not None:  # a failed generation, whatever the other choices did: an error that still pays
+            raise ChargedError(
+                f"backend '{self.backend.name}' ({self.kind}) ended the generation with finish_reason '{failed}'",
+                usage=spent_usage(obj),
+                status=502,
+                code="generation_failed",
+                backend=self.backend.name,
+            )
         for ch in choices:
             if not isinstance(ch, dict):
                 continue
             fr = ch.get("finish_reason")
-            if fr in self.error_finish_reasons:
-                raise EngineErrorAnswer(
-                    f"backend '{self.backend.name}' ({self.kind}) ended the generation with finish_reason '{fr}'",
-                    status=502,
-                    code="generation_failed",
-                    backend=self.backend.name,
-                )
             for a, b in self.finish_renames:
                 if fr == a:
                     ch["finish_reason"] = b

@@ -17,15 +17,19 @@ than `BATCHED_BYTES_PER_EVENT` on average hold several tokens each (vLLM and SGL
 `--stream-interval`, or vLLM's frontend merging tokens when it falls behind): then the generated
 text's bytes at `BYTES_PER_TOKEN` (the prompt estimate's ratio) are the count, never fewer than the
 events, so such streams are not billed a fraction of what was generated.
+
+A whole answer that turns out to be a failed generation (an engine's `abort`/`error` finish reason,
+Ollama's `done: false`) is raised as a `ChargedError`: the error carries what the generation spent,
+the engine's counts or, when it gave none, `estimate_tokens()` of its text, for the service to bill.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from llm_gateway.adapters.base import StreamRelay
-from llm_gateway.errors import DONE, GatewayError, UpstreamProtocolError
+from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, UpstreamProtocolError
 from llm_gateway.types import CallContext, Usage
 
 MAX_EVENT_BYTES = 16 * 1024 * 1024
@@ -34,6 +38,20 @@ BYTES_PER_TOKEN = 4
 #: past this much text per event on average, events carry several tokens (1.5 tokens' worth: one
 #: token of English is about 4 bytes, few are longer than 6)
 BATCHED_BYTES_PER_EVENT = 6
+
+
+class ChargedError(EngineErrorAnswer):
+    """An error found in an answer after the engine generated it: `usage` is what it spent, to be billed
+    (the service reads it off the error)."""
+
+    def __init__(self, message: str, *, usage: Usage, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.usage = usage
+
+
+def estimate_tokens(text_bytes: int) -> int:
+    """Tokens of generated text that the engine did not count, at `BYTES_PER_TOKEN` (rounded up)."""
+    return -(-text_bytes // BYTES_PER_TOKEN)
 
 
 class RelayBase(ABC):

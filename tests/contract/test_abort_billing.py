@@ -15,10 +15,16 @@ with a TPM limit streams a long generation, reads some chunks and leaves; then:
 Against real llama-server and vLLM (one token per SSE event, though vLLM merges tokens into one
 event when its frontend falls behind), and against vLLM and SGLang emulators that put four tokens in
 each event (`--stream-interval 4`): counting events alone bills a quarter of those.
+
+An engine that aborts the generation itself (SGLang, LMDeploy, vLLM: `finish_reason: "abort"`, the
+emulators' `engine_abort` fault) is answered with an error, never a complete answer, and the key still
+pays: a whole answer is a 502 `generation_failed` charged the engine's own usage; a stream ends with
+an error event and is charged the text it relayed.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -140,3 +146,61 @@ def test_a_client_that_leaves_pays_for_what_was_generated(gateway: GatewayProces
     assert completion >= received, f"under-billed: the client alone received more tokens: {facts}"
     assert completion <= 1.25 * generated + 2, f"over-billed: more than the engine generated: {facts}"
     assert charged < prompt + max_tokens / 2, f"charged the reservation, not what was generated: {facts}"
+
+
+ABORT_AFTER = 5  # tokens the engine generates before it aborts
+ABORTING = ["sglang", "lmdeploy", "vllm"]
+
+
+@pytest.fixture(scope="module", params=ABORTING)
+def aborting(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """A gateway in front of an emulator that aborts every generation after ABORT_AFTER tokens."""
+    t = emulated(request.param, fault="engine_abort", fault_after_chunks=ABORT_AFTER)
+    assert t.emulator is not None
+    cfg = CONFIG.format(
+        sha=digest_of(KEY), tpm=TPM, engine=t.engine, url=t.url, key=t.api_key or "", model=t.model, fmt=t.format
+    )
+    try:
+        with GatewayProcess(cfg, tmp_path_factory.mktemp("gw-abort"), startup_timeout=60) as gw:
+            yield gw
+    finally:
+        t.emulator.__exit__(None, None, None)
+
+
+def charged_and_recorded(gw: GatewayProcess, before: tuple[int, float, float, float]) -> tuple[int, float, float]:
+    """(tokens charged to the key, prompt and completion tokens recorded) since `before`."""
+    left0, requests0, prompt0, completion0 = before
+    assert poll(lambda: recorded(gw)[0] > requests0, 30), "the gateway never recorded the aborted request"
+    _, prompt1, completion1 = recorded(gw)
+    return left0 - tokens_left(gw), prompt1 - prompt0, completion1 - completion0
+
+
+def test_an_aborted_whole_answer_is_a_502_charged_the_engines_usage(aborting: GatewayProcess) -> None:
+    before = (tokens_left(aborting), *recorded(aborting))
+    body = {"model": "m", "messages": MSG, "max_tokens": 50}
+    r = httpx.post(aborting.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60)
+    assert r.status_code == 502 and r.json()["error"]["code"] == "generation_failed", r.text
+    charged, prompt, completion = charged_and_recorded(aborting, before)
+    assert completion == ABORT_AFTER, f"not the engine's count: recorded {completion}"
+    assert prompt > 0 and charged == prompt + completion, f"charged {charged}, recorded {prompt} + {completion}"
+
+
+def test_an_aborted_stream_ends_with_an_error_event_and_is_charged_its_text(aborting: GatewayProcess) -> None:
+    before = (tokens_left(aborting), *recorded(aborting))
+    body = {"model": "m", "messages": MSG, "max_tokens": 50, "stream": True}
+    with (
+        httpx.Client(timeout=60) as c,
+        c.stream("POST", aborting.url + "/v1/chat/completions", json=body, headers=AUTH) as r,
+    ):
+        assert r.status_code == 200, r.read()
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and '"error"' in events[-2], events[-3:]
+    chunks = [json.loads(e[6:]) for e in events[:-2]]
+    assert all(ch["choices"][0].get("finish_reason") is None for ch in chunks), "the abort was passed on as a finish"
+    relayed = sum(bool(ch["choices"][0]["delta"].get("content")) for ch in chunks)  # one token each
+    assert 0 < relayed <= ABORT_AFTER + 1, events
+    charged, prompt, completion = charged_and_recorded(aborting, before)
+    # at least what it relayed, at most what the engine generated (the abort chunk carries one more token)
+    # and the role chunk, which the estimate counts as an event
+    assert relayed <= completion <= ABORT_AFTER + 2, f"not charged the relayed text: recorded {completion}"
+    assert prompt > 0 and charged == prompt + completion, f"charged {charged}, recorded {prompt} + {completion}"

@@ -135,6 +135,7 @@ class LmStream(StreamFormat):
 
 class LmDeploy(FastApiEngine):
     name = "lmdeploy"
+    abort_reason = "abort"  # a cancelled session (ResponseType.CANCEL, lmdeploy/serve/core/async_engine.py)
 
     def setup(self) -> None:
         self.route("GET", "/health", self.health)

@@ -43,6 +43,7 @@ EOS_TOKEN_ID = 2
 
 class Sglang(FastApiEngine):
     name = "sglang"
+    abort_reason = "abort"  # an aborted request's finish_reason (srt/entrypoints/openai/protocol.py)
 
     def setup(self) -> None:
         for p in ("/health", "/health_generate"):

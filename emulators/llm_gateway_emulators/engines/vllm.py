@@ -30,6 +30,7 @@ def _summary(value: Any) -> Any:
 
 class Vllm(FastApiEngine):
     name = "vllm"
+    abort_reason = "abort"  # FINISH_REASON_STRINGS, vllm/v1/engine/__init__.py
     listen_after_load = True
     vary_origin = True
 
