@@ -56,6 +56,8 @@ models:
   - {{name: m-badkey, deployments: [{{backend: badkey, model: "{model}", format: {fmt}}}]}}
   - {{name: m-timeout, deployments: [{{backend: short, model: "{model}", format: {fmt}}}]}}
   - {{name: m-missing, deployments: [{{backend: good, model: "no-such-upstream-model", format: {fmt}}}]}}
+  # a window configured wider than the engine's: the gateway sends what only the engine refuses
+  - {{name: m-wide, deployments: [{{backend: good, model: "{model}", format: {fmt}, context_length: 1000000}}]}}
 """
 MSG = [{"role": "user", "content": "Tell me about llamas."}]
 
