@@ -44,6 +44,16 @@
   where chat templates want them right after the tool calls. Its count_tokens counts that
   conversion, not the prompt the translated generation sends: counting stays `/apply-template` +
   `/tokenize`.
+- Router mode (started without `-m`, with `--models-dir`/`--models-preset`; ggml-org/llama.cpp
+  `tools/server/server-models.cpp` `get_router_models` and `server-models.h` @00dd0816129a5210351c78bb90e0828f8eb69f99):
+  `/health` is the router's own, 200 with no model loaded, so the backend is ready and a model can be
+  cold. Its `/v1/models` cards carry `status.value` (a single-model server's cards have no `status`:
+  captures/llamacpp/http/02_v1_models.txt), read from the catalog answer the probe already fetches:
+  only "loaded" is resident; "loading" (not yet answering), "unloaded" (a failed child is "unloaded"
+  with `failed: true`), "sleeping" (the child's idle sleep) and the download states are not.
+  `/props` without `?model=` is the router's own (`role: router`, `n_ctx` 0) and `/slots`/`/metrics`
+  answer 400 "model name is missing": none is asked, so a router's windows and load are unknown.
+  Seen on our build: captures/llamacpp/http/61_router_models_unloaded.txt, 62_router_models_loaded.txt.
 """
 
 from __future__ import annotations
@@ -118,6 +128,8 @@ class LlamaServerAdapter(OpenAICompatAdapter):
     ignores_model_name: ClassVar[bool] = True
     renames: ClassVar[Mapping[str, str]] = MappingProxyType({"repetition_penalty": "repeat_penalty"})
     field_table: ClassVar[FieldTable | None] = FIELDS
+    #: each model's `status.value` when the last probe found a router, else None (a single-model server)
+    router_status: dict[str, str] | None = None
 
     def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
         if endpoint == "completions":  # the values left (the table refused the others) ask nothing: not sent
@@ -149,15 +161,29 @@ class LlamaServerAdapter(OpenAICompatAdapter):
         return len(tokens) if isinstance(tokens, list) else None
 
     async def probe_catalog(self, client: ProbeClient) -> tuple[frozenset[str] | None, dict[str, int] | None]:
-        models, _ = await super().probe_catalog(client)
-        if not models:
+        self.router_status = None
+        status, body = await client.get(self.models_path, self.auth_headers())
+        cards = model_cards(body) if status == 200 else None
+        if cards is None:
+            return None, None
+        models = frozenset(str(m["id"]) for m in cards)
+        self.router_status = router_status(cards)
+        if not models or self.router_status is not None:
             return models, None
         status, body = await client.get("/props", self.auth_headers())
         settings = json_field(body, "default_generation_settings") if status == 200 else None
         n_ctx = window_size(settings.get("n_ctx")) if isinstance(settings, dict) else None
         return models, None if n_ctx is None else dict.fromkeys(models, n_ctx)
 
+    def residency(self, models: frozenset[str] | None) -> dict[str, bool] | None:
+        """A router says per model whether it is loaded; a single-model server has its model loaded when ready."""
+        if self.router_status is not None:
+            return {m: self.router_status.get(m) == "loaded" for m in models or ()}
+        return super().residency(models)
+
     async def probe_load(self, client: ProbeClient) -> LoadSnapshot | None:
+        if self.router_status is not None:  # /metrics and /slots answer 400 without ?model= on a router
+            return None
         snap = await super().probe_load(client)  # None when --metrics is off (501)
         busy, total = await self._slots(client)
         kv = busy / total if total else None
@@ -179,3 +205,24 @@ class LlamaServerAdapter(OpenAICompatAdapter):
             return 0, 0
         busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
         return busy, len(slots)
+
+
+def model_cards(body: bytes) -> list[dict[str, Any]] | None:
+    """The `/v1/models` cards that have an `id`; None when the answer is not a model list."""
+    try:
+        data = orjson.loads(body).get("data")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(data, list):
+        return None
+    return [m for m in data if isinstance(m, dict) and "id" in m]
+
+
+def router_status(cards: list[dict[str, Any]]) -> dict[str, str] | None:
+    """Each model's `status.value` when the cards are a router's (some card has one), else None."""
+    found = {
+        str(m["id"]): s["value"]
+        for m in cards
+        if isinstance(s := m.get("status"), dict) and isinstance(s.get("value"), str)
+    }
+    return found or None

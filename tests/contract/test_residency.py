@@ -12,12 +12,18 @@ Against the real Ollama (0.5.4, two processes; X and Y are two builds of the tin
 keys runners by the model file, so one file under two names would be one runner) and against the
 Ollama emulator (X and Y with `max_loaded_models: 1`, a 0.3 s load), which also shows its scheduler's
 rules directly: eviction, `load_duration`, and an eviction waiting for the running request.
+
+The same acceptance against two real llama-server routers (no `-m`; `--models-dir` holding X and Y, the
+two tiny builds, and `--models-max 1`: loading one evicts the least recently used, LC
+tools/server/server-models.cpp `unload_lru` @00dd0816129a5210351c78bb90e0828f8eb69f99), each loaded
+with `POST /models/load` and read back from `GET /models` `status.value`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -27,7 +33,13 @@ from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.conftest import require
 from tests.contract.test_ollama_truth import ollama
 from tests.support.gateway_process import GatewayProcess
-from tests.support.real_engines import OLLAMA_CHATML_TEMPLATE, EngineNotInstalled, OllamaServer, tiny_gguf
+from tests.support.real_engines import (
+    OLLAMA_CHATML_TEMPLATE,
+    EngineNotInstalled,
+    LlamaServer,
+    OllamaServer,
+    tiny_gguf,
+)
 from tests.support.waiting import wait_until
 
 X, Y = "res-x", "res-y"
@@ -38,20 +50,20 @@ server: {{access_log: false}}
 auth: {{mode: none}}
 routing: {{retries: 0}}
 backends:
-  - {{name: s1, engine: ollama, url: "{s1}", probe: {{interval_s: 0.5}}}}
-  - {{name: s2, engine: ollama, url: "{s2}", probe: {{interval_s: 0.5}}}}
+  - {{name: s1, engine: {engine}, url: "{s1}", probe: {{interval_s: 0.5}}}}
+  - {{name: s2, engine: {engine}, url: "{s2}", probe: {{interval_s: 0.5}}}}
 models:
 {models}
 """
 
 
-def config(urls: dict[str, str]) -> str:
+def config(urls: dict[str, str], engine: str = "ollama") -> str:
     caps = "format: gguf, capabilities: [chat, completions]"
     models = "\n".join(
         f"  - {{name: {m}, deployments: [{{backend: s1, model: {m}, {caps}}}, {{backend: s2, model: {m}, {caps}}}]}}"
         for m in (X, Y)
     )
-    return CONFIG.format(models=models, **urls)
+    return CONFIG.format(models=models, engine=engine, **urls)
 
 
 # -- what both acceptances do --------------------------------------------------------------------------------------
@@ -70,12 +82,17 @@ def loaded(url: str) -> set[str]:
     return {str(m["name"]).removesuffix(":latest") for m in r.json()["models"]}
 
 
-def place(urls: dict[str, str], where: dict[str, str]) -> None:
+Loader = Callable[[str, str], None]
+Lister = Callable[[str], set[str]]
+
+
+def place(urls: dict[str, str], where: dict[str, str], load: Loader = load, loaded: Lister = loaded) -> None:
     """Load model `where[server]` on each server; with one slot each, that is all it has loaded."""
     for server, model in where.items():
         load(urls[server], model)
     for server, model in where.items():
-        assert loaded(urls[server]) == {model}, (server, loaded(urls[server]))
+        url, want = urls[server], {model}
+        wait_until(lambda u=url, w=want: loaded(u) == w, timeout=60, what=f"{server} to have only {model}")
 
 
 def gateway_sees(gw: GatewayProcess, where: dict[str, str]) -> None:
@@ -100,30 +117,30 @@ def chosen(gw: GatewayProcess, model: str) -> str:
     return r.headers["x-gateway-backend"]
 
 
-def acceptance(gw: GatewayProcess, urls: dict[str, str]) -> None:
+def acceptance(gw: GatewayProcess, urls: dict[str, str], load: Loader = load, loaded: Lister = loaded) -> None:
     first = {"s1": X, "s2": Y}
-    place(urls, first)
+    place(urls, first, load, loaded)
     gateway_sees(gw, first)
     assert [chosen(gw, X) for _ in range(3)] == ["s1"] * 3
     assert chosen(gw, Y) == "s2"
     assert {s: loaded(u) for s, u in urls.items()} == {"s1": {X}, "s2": {Y}}  # no request paid a cold load
     flipped = {"s1": Y, "s2": X}
-    place(urls, flipped)
+    place(urls, flipped, load, loaded)
     gateway_sees(gw, flipped)
     assert [chosen(gw, X) for _ in range(3)] == ["s2"] * 3
     assert chosen(gw, Y) == "s1"
     assert {s: loaded(u) for s, u in urls.items()} == {"s1": {Y}, "s2": {X}}
 
 
-def gateway(urls: dict[str, str], workdir: Path) -> GatewayProcess:
-    gw = GatewayProcess(config(urls), workdir).start()
+def gateway(urls: dict[str, str], workdir: Path, engine: str = "ollama") -> GatewayProcess:
+    gw = GatewayProcess(config(urls, engine), workdir).start()
 
     def ready() -> bool:
         body = httpx.get(gw.url + "/readyz", timeout=5).json()
         return all(b["state"] == "ready" for b in body["backends"].values())
 
     try:
-        wait_until(ready, what="both Ollama backends probed ready")
+        wait_until(ready, what="both backends probed ready")
     except BaseException:
         gw.stop()
         raise
@@ -173,6 +190,78 @@ def test_real_ollama_request_goes_where_its_model_is_loaded_and_follows_a_flip(
     gw = gateway(real_ollamas, tmp_path)
     try:
         acceptance(gw, real_ollamas)
+    finally:
+        gw.stop()
+
+
+# -- the real llama-server in router mode --------------------------------------------------------------------------
+
+
+class LlamaRouter(LlamaServer):
+    """llama-server as a router: no `-m`; `--models-dir DIR --models-max 1`, one child per loaded model."""
+
+    def __init__(self, models_dir: Path, workdir: Path) -> None:
+        super().__init__(parallel=1, ctx_size=512, metrics=False, workdir=workdir)
+        self.models_dir = models_dir
+
+    def _command(self) -> list[str]:
+        return [
+            str(self.binary), "--models-dir", str(self.models_dir), "--models-max", "1",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "-c", str(self.ctx_size), "-np", str(self.parallel), "-t", str(self.threads), "--no-ui",
+        ]  # fmt: skip
+
+    def _ready(self) -> bool:
+        try:
+            return httpx.get(self.url + "/models", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+def router_load(url: str, model: str) -> None:
+    r = httpx.post(url + "/models/load", json={"model": model}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"success": True}
+
+
+def router_loaded(url: str) -> set[str]:
+    r = httpx.get(url + "/models", timeout=10)
+    assert r.status_code == 200, r.text
+    return {str(m["id"]) for m in r.json()["data"] if m["status"]["value"] == "loaded"}
+
+
+@pytest.fixture(scope="module")
+def real_llama_routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Two real llama-server routers, each with X and Y (two tiny builds) in its --models-dir."""
+    models_dir = tmp_path_factory.mktemp("llama-router-models")
+    servers: list[LlamaRouter] = []
+    try:
+        try:
+            shutil.copy(tiny_gguf(), models_dir / f"{X}.gguf")
+            shutil.copy(tiny_gguf("--seed", "4321"), models_dir / f"{Y}.gguf")
+            for name in SERVERS:
+                eng = LlamaRouter(models_dir, tmp_path_factory.mktemp(f"llama-router-{name}"))
+                servers.append(eng)
+                eng.start()
+        except EngineNotInstalled as e:
+            require(f"engine not installed: {e}")
+            raise
+        yield {name: eng.url for name, eng in zip(SERVERS, servers, strict=True)}
+    finally:
+        for eng in servers:
+            eng.stop()
+
+
+@pytest.mark.real_engine
+def test_real_llama_router_request_goes_where_its_model_is_loaded_and_follows_a_flip(
+    real_llama_routers: dict[str, str], tmp_path: Path
+) -> None:
+    urls = real_llama_routers
+    assert {s: router_loaded(u) for s, u in urls.items()} == {"s1": set(), "s2": set()}  # both ready, none loaded
+    gw = gateway(urls, tmp_path, engine="llama-server")
+    try:
+        gateway_sees(gw, {"s1": "", "s2": ""})  # a router's /health is 200 with nothing loaded: ready, all cold
+        acceptance(gw, urls, router_load, router_loaded)
     finally:
         gw.stop()
 

@@ -44,6 +44,18 @@ async def test_health_and_models_match_capture() -> None:
         assert got.json()["data"][0]["id"] == "tiny-llama" and got.json()["data"][0]["owned_by"] == "llamacpp"
 
 
+async def test_single_model_cards_have_no_router_status() -> None:
+    # the adapter tells a router (status.value on each card, 61/62 captures) from a single-model server by it
+    unloaded = capture("llamacpp/http/61_router_models_unloaded.txt").json()["data"]
+    loaded = capture("llamacpp/http/62_router_models_loaded.txt").json()["data"]
+    assert [(m["id"], m["status"]["value"]) for m in unloaded] == [("res-x", "unloaded"), ("res-y", "unloaded")]
+    assert [(m["id"], m["status"]["value"]) for m in loaded] == [("res-x", "loaded"), ("res-y", "unloaded")]
+    async with running(ENGINE, model="tiny-llama") as emu:
+        got = await request(emu.url, path="/v1/models")
+    assert got.json()["data"] and all("status" not in m for m in got.json()["data"])
+    assert all("status" not in m for m in capture("llamacpp/http/02_v1_models.txt").json()["data"])
+
+
 async def test_chat_nonstream_matches_capture_layout() -> None:
     async with running(ENGINE, model="tiny-llama") as emu:
         got = await request(emu.url, "POST", "/v1/chat/completions", chat(16, model="whatever"))

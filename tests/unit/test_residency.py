@@ -1,15 +1,18 @@
 """Residency: which models an engine has loaded, as its probe reads it (Ollama `/api/ps`, vLLM's sleep
-state, the others loaded when ready), the deployment's view of it, selection preferring a loaded model
-to a cold load, the `gateway_deployment_resident` gauge and `/v1/models` `resident`.
+state, llama-server router mode's `status.value`, the others loaded when ready), the deployment's view
+of it, selection preferring a loaded model to a cold load, the `gateway_deployment_resident` gauge and
+`/v1/models` `resident`.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from llm_gateway.adapters.llama_server import LlamaServerAdapter
 from llm_gateway.adapters.ollama import OllamaAdapter
 from llm_gateway.adapters.openai_generic import GenericOpenAIAdapter
 from llm_gateway.adapters.vllm import VLLMAdapter, sleeping
@@ -91,6 +94,84 @@ async def test_a_ready_single_model_engine_has_its_models_resident(engine: str) 
             res = await ADAPTERS[engine](info()).probe(EmulatorProbeClient(emu.url, http))
     assert res.state == "ready" and res.models
     assert res.resident == dict.fromkeys(res.models, True)
+
+
+REPO_CAPTURES = Path(__file__).resolve().parents[1] / "emulators" / "captures" / "llamacpp" / "http"
+
+
+def router_models(name: str) -> tuple[int, bytes]:
+    """Status and body of a real router-mode `/models` capture (`--models-dir` with res-x and res-y)."""
+    text = (REPO_CAPTURES / name).read_bytes()
+    head, _, body = text[text.index(b"HTTP/1.1 ") :].partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.strip()
+
+
+ROUTER_UNLOADED = router_models("61_router_models_unloaded.txt")
+ROUTER_LOADED = router_models("62_router_models_loaded.txt")  # res-x loaded, res-y not
+
+
+def router(models: tuple[int, bytes]) -> FakeClient:
+    # the router's own /health is 200 with nothing loaded; /props, /slots, /metrics want ?model= (400)
+    bad = (400, b'{"error":{"code":400,"message":"model name is missing from the request"}}')
+    return FakeClient({"/health": (200, b'{"status":"ok"}'), "/v1/models": models, "/props": bad, "/slots": bad})
+
+
+async def test_llama_router_with_nothing_loaded_is_ready_and_every_model_cold_from_the_real_capture() -> None:
+    client = router(ROUTER_UNLOADED)
+    res = await LlamaServerAdapter(info()).probe(client)
+    assert res.state == "ready"
+    assert res.models == frozenset({"res-x", "res-y"})
+    assert res.resident == {"res-x": False, "res-y": False}
+    assert client.paths == ["/health", "/v1/models"]  # no per-model request the router would refuse
+    assert res.load is None and res.context_lengths is None
+
+
+async def test_llama_router_the_loaded_model_is_resident_and_the_other_cold_from_the_real_capture() -> None:
+    res = await LlamaServerAdapter(info()).probe(router(ROUTER_LOADED))
+    assert res.resident == {"res-x": True, "res-y": False}
+
+
+def with_status(value: str, extra: bytes = b"") -> tuple[int, bytes]:
+    status, body = ROUTER_LOADED
+    assert body.count(b'"status":{"value":"loaded"') == 1
+    return status, body.replace(b'"status":{"value":"loaded"', b'"status":{"value":"' + value.encode() + b'"' + extra)
+
+
+@pytest.mark.parametrize(
+    ("value", "extra"),
+    [("loading", b""), ("sleeping", b""), ("unloaded", b',"exit_code":1,"failed":true'), ("downloading", b"")],
+)
+async def test_llama_router_a_model_not_loaded_yet_or_any_more_is_not_resident(value: str, extra: bytes) -> None:
+    res = await LlamaServerAdapter(info()).probe(router(with_status(value, extra)))
+    assert res.state == "ready" and res.models == frozenset({"res-x", "res-y"})
+    assert res.resident == {"res-x": False, "res-y": False}
+
+
+async def test_llama_single_model_server_is_probed_as_before_and_has_its_model_resident() -> None:
+    # its cards carry no status: the same requests as without router support (/props for the window)
+    client = FakeClient(
+        {
+            "/health": captured("llamacpp/http/01_health.txt"),
+            "/v1/models": captured("llamacpp/http/02_v1_models.txt"),
+            "/props": captured("llamacpp/http/03_props.txt"),
+            "/slots": captured("llamacpp/http/04_slots_idle.txt"),
+        }
+    )
+    res = await LlamaServerAdapter(info()).probe(client)
+    assert client.paths == ["/health", "/v1/models", "/props", "/metrics", "/slots"]
+    assert res.resident == {"tiny-llama": True}
+    assert res.context_lengths == {"tiny-llama": 2048} and res.load is not None
+
+
+async def test_llama_router_then_single_model_on_the_same_adapter_forgets_the_router() -> None:
+    adapter = LlamaServerAdapter(info())
+    await adapter.probe(router(ROUTER_LOADED))
+    single = {"/health": (200, b"{}"), "/v1/models": captured("llamacpp/http/02_v1_models.txt")}
+    res = await adapter.probe(FakeClient(single))
+    assert res.resident == {"tiny-llama": True}
+    await adapter.probe(router(ROUTER_LOADED))
+    res = await adapter.probe(FakeClient({"/health": (200, b"{}"), "/v1/models": (500, b"")}))
+    assert res.state == "ready" and res.models is None and res.resident is None  # no stale router answer
 
 
 # -- through the gateway: selection, /v1/models, the gauge ---------------------------------------------
