@@ -28,7 +28,7 @@ from tests.conftest import gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream
 from tests.unit.test_probes import FakeClient
 
-CAPTURES = Path("/work/shared/engines/captures")
+CAPTURES = Path(__file__).resolve().parents[1] / "emulators" / "captures"  # the repo's copies of the real answers
 ADAPTERS: dict[str, type[Adapter]] = {
     "llama-server": LlamaServerAdapter,
     "vllm": VLLMAdapter,
