@@ -11,6 +11,7 @@ one write (bench/: CPU per relayed event).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -48,28 +49,61 @@ async def relay_stream(
     feed = relay.feed
     err: GatewayError | None = None
     read = resp.read_chunk
+
+    def timed(out: bytes) -> None:
+        """The first generated output's time (TTFT), then the gaps between relayed writes."""
+        nonlocal first, last
+        now = time.perf_counter()
+        if first:
+            if relay.output_started:  # not a role-only or empty chunk: the first generated output
+                first = False
+                rec.ttft_s = now - rec.t0
+                metrics.child(metrics.ttft, dep.model, dep.backend.name).observe(rec.ttft_s)
+        else:
+            gaps.append(now - last)
+            if len(gaps) >= 64:
+                observe_many(itl, gaps)
+                gaps.clear()
+        last = now
+
+    # push mode where the upstream response and the client's exchange both can (the gateway's own client,
+    # a plain OpenAI stream): each chunk is fed and written inside the upstream connection's callback;
+    # what cannot be written at once (the client's socket is full) is kept and written here, waiting
+    pipe: Callable[[Callable[[bytes], bool]], asyncio.Future[None] | None] | None = getattr(resp, "pipe", None)
+    try_write: Callable[[bytes], bool] | None = getattr(call, "try_write", None)
+    kept: list[bytes] = []
+
+    def sink(chunk: bytes) -> bool:
+        out = feed(chunk)
+        if out:
+            timed(out)
+            if not try_write(out):  # type: ignore[misc]  # only piped with a try_write
+                kept.append(out)
+                return False
+        return relay.error is None
+
     try:
-        while chunk := await read():
+        while True:
+            piped = pipe(sink) if pipe is not None and try_write is not None else None
+            if piped is not None:
+                await piped
+                for out in kept:
+                    await write(out)
+                kept.clear()
+                if relay.error is not None:
+                    break
+                continue
+            chunk = await read()
+            if not chunk:
+                if tail := relay.finish():
+                    await write(tail)
+                break
             out = feed(chunk)
             if out:
-                now = time.perf_counter()
-                if first:
-                    if relay.output_started:  # not a role-only or empty chunk: the first generated output
-                        first = False
-                        rec.ttft_s = now - rec.t0
-                        metrics.child(metrics.ttft, dep.model, dep.backend.name).observe(rec.ttft_s)
-                else:
-                    gaps.append(now - last)
-                    if len(gaps) >= 64:
-                        observe_many(itl, gaps)
-                        gaps.clear()
-                last = now
+                timed(out)
                 await write(out)
             if relay.error is not None:
                 break
-        else:
-            if tail := relay.finish():
-                await call.write(tail)
     except GatewayError as e:  # the engine failed mid-body: cut, idle timeout, reset
         err = e
         if relay.error is None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from llm_gateway.errors import PayloadTooLarge, RequestTimeout
 from llm_gateway.exchange import JSON, Headers
-from llm_gateway.http.hardened_protocol import BODY_ARRIVED, COALESCE, WRITE_CHUNK
+from llm_gateway.http.hardened_protocol import COALESCE
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -28,6 +28,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 class Call:
     __slots__ = (
+        "_arrived",
         "_direct",
         "_timer",
         "_watcher",
@@ -52,8 +53,11 @@ class Call:
         self.task: asyncio.Task[Any] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        #: the server's direct chunk writer (hardened_protocol.CoalescingCycle.write_chunk), if it has one
-        self._direct: Callable[[bytes], bool] | None = scope.get(WRITE_CHUNK)
+        # the server's cycle (hardened_protocol.CoalescingCycle), when `send` is its own method: its direct
+        # chunk writer, and whether the body has all arrived
+        cycle = getattr(send, "__self__", None)
+        self._direct: Callable[[bytes], bool] | None = getattr(cycle, "write_chunk", None)
+        self._arrived: Callable[[], bool] | None = getattr(cycle, "body_arrived", None)
 
     def header(self, name: bytes) -> bytes | None:
         for k, v in self.scope["headers"]:
@@ -70,7 +74,7 @@ class Call:
                 n = -1
             if n > limit:
                 raise PayloadTooLarge(f"request body is {n} bytes; the limit is {limit}")
-        arrived = self.scope.get(BODY_ARRIVED)
+        arrived = self._arrived
         if arrived is not None and arrived():  # all in already: receive() cannot wait, no timer needed
             return await self._read_all(limit)
         try:
@@ -148,6 +152,12 @@ class Call:
         self.started = True
         self.status = status
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    def try_write(self, data: bytes) -> bool:
+        """Write a chunk of a started stream now if the server can without waiting; False: nothing
+        written (`write` it)."""
+        direct = self._direct
+        return direct is not None and direct(data)
 
     async def write(self, data: bytes) -> None:
         direct = self._direct

@@ -15,9 +15,12 @@ This subclasses uvicorn's private HttpToolsProtocol, which is why uvicorn is pin
 Each request's cycle is a `CoalescingCycle`: a whole answer (`Call.respond`, whose start message
 says `COALESCE`) leaves in one write, its head held back until its body comes, where uvicorn writes
 the head and the body apart: one send syscall per answer instead of two (bench/profile.sh: the
-syscalls are most of what uvicorn costs here). A stream's events are written by `write_chunk` (in the
-scope as `WRITE_CHUNK`), which frames and writes a chunk directly when nothing else is pending, instead
-of an ASGI message and uvicorn's checks per event.
+syscalls are most of what uvicorn costs here). A stream's events are written by `write_chunk`, which
+frames and writes a chunk directly when nothing else is pending, instead of an ASGI message and
+uvicorn's checks per event; `body_arrived` says when reading the body cannot wait. The app reaches
+both through its `send` (the cycle's bound method: `send.__self__`), never through the scope: the
+cycle holds the scope, and a scope holding the cycle's methods would make every request a reference
+cycle for the garbage collector (tens of ms of pauses at a thousand requests a second, bench/).
 """
 
 from __future__ import annotations
@@ -54,10 +57,6 @@ class _Refused(Exception):
 
 #: a key of an ASGI `http.response.start` message: hold the head back, write it with the first body
 COALESCE = "llm_gateway.coalesce"
-#: a key of the ASGI scope: `CoalescingCycle.write_chunk` of the request's cycle
-WRITE_CHUNK = "llm_gateway.write_chunk"
-#: a key of the ASGI scope: `CoalescingCycle.body_arrived` of the request's cycle
-BODY_ARRIVED = "llm_gateway.body_arrived"
 
 
 class _Capture:
@@ -241,9 +240,6 @@ class GatewayProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and type(cycle) is RequestResponseCycle:
             cycle.__class__ = CoalescingCycle  # before its task runs: `send` is looked up when the app starts
-            assert isinstance(cycle, CoalescingCycle)
-            cycle.scope[WRITE_CHUNK] = cycle.write_chunk  # type: ignore[literal-required]
-            cycle.scope[BODY_ARRIVED] = cycle.body_arrived  # type: ignore[literal-required]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import urlsplit
 
 import httptools
@@ -219,6 +219,7 @@ class H1Response:
         "_idle",
         "_loop",
         "_paused",
+        "_sink",
         "_size",
         "_waiter",
         "_waiting_since",
@@ -245,6 +246,7 @@ class H1Response:
         self._error: BackendFailure | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._waiting_since: float | None = None
+        self._sink: Callable[[bytes], bool] | None = None  # push mode (`pipe`)
         self.headers = Headers()
         self.headers_in = False
         self.status = 0
@@ -265,6 +267,22 @@ class H1Response:
         self._wake()
 
     def feed(self, data: bytes) -> None:
+        sink = self._sink
+        if sink is not None:  # push mode: the chunk is the sink's, here, with no task switch
+            self._waiting_since = self._loop.time()  # silences are timed from the last chunk
+            try:
+                if sink(data):
+                    return
+            except Exception as e:  # the sink's own failure: raised in the task that piped
+                self._sink = None
+                w, self._waiter = self._waiter, None
+                if w is not None and not w.done():
+                    w.set_exception(e)
+                return
+            self._sink = None
+            self._waiting_since = None
+            self._wake()
+            return
         self._chunks.append(data)
         self._size += len(data)
         if self._size > HIGH_WATER and not self._paused and self._conn is not None and self._conn.transport:
@@ -273,12 +291,16 @@ class H1Response:
         self._wake()
 
     def complete(self) -> None:
+        self._sink = None
+        self._waiting_since = None
         self._eof = True
         self._conn = None
         self._watchdog.active.discard(self)
         self._wake()
 
     def fail(self, err: BackendFailure) -> None:
+        self._sink = None
+        self._waiting_since = None
         if self._error is None and not self._eof:
             self._error = err
         self._watchdog.active.discard(self)
@@ -354,11 +376,26 @@ class H1Response:
             parts.append(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def pipe(self, sink: Callable[[bytes], bool]) -> asyncio.Future[None] | None:
+        """Push mode: from now on each chunk goes to `sink(chunk)` as it arrives, inside the connection's
+        callback, with no future and no task switch per chunk (the costliest Python part of a relayed
+        event, bench/profile.sh); `sink` takes the chunk whatever it returns, and returns False to
+        stop. The future it returns is done when piping stopped, the body ended or failed (then
+        `read_chunk` says which), and raises what `sink` raised. None: there is something to read
+        first (buffered chunks, the end, a failure): `read_chunk` it."""
+        if self._chunks or self._eof or self._error is not None:
+            return None
+        self._sink = sink
+        self._waiting_since = self._loop.time()
+        w = self._waiter = self._loop.create_future()
+        return w
+
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         while chunk := await self.read_chunk():
             yield chunk
 
     def close(self) -> None:
+        self._sink = None
         self._watchdog.active.discard(self)
         conn, self._conn = self._conn, None
         if conn is not None and not self._eof:  # mid-body: drop the connection, the engine sees the client leave

@@ -468,3 +468,72 @@ def test_h1_runs_on_uvloop_and_reuses_its_connection() -> None:
         assert loop.run_until_complete(main()) == (3, 1)
     finally:
         loop.close()
+
+
+async def test_h1_pipe_hands_each_chunk_over_as_it_arrives_until_the_sink_stops():
+    async def script(req, reader, writer):
+        writer.write(head(content_type="text/event-stream", transfer_encoding="chunked"))
+        for part in (b"data: a\n\n", b"data: b\n\n", b"data: c\n\n"):
+            writer.write(chunked(part))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(b"0\r\n\r\n")
+
+    c = H1Upstream()
+    async with TinyEngine(script) as eng:
+        resp = await c.send("GET", eng.url + "/s", {}, None, T)
+        got: list[bytes] = []
+
+        def sink(data: bytes) -> bool:
+            got.append(data)
+            return data != b"data: b\n\n"  # stop after the second
+
+        await asyncio.sleep(0.02)
+        assert resp.pipe(sink) is None  # the first came with the headers: it is read, not piped
+        assert await resp.read_chunk() == b"data: a\n\n"
+        piped = resp.pipe(sink)
+        assert piped is not None
+        await asyncio.wait_for(piped, 5)
+        assert got == [b"data: b\n\n"]
+        rest = [chunk async for chunk in resp.iter_chunks()]  # pulled as before once the sink stopped
+        assert rest == [b"data: c\n\n"] and resp.pipe(sink) is None  # at the end: nothing to pipe
+        resp.close()
+    await c.aclose()
+
+
+async def test_h1_pipe_ends_with_the_body_and_a_silence_past_idle_s_is_a_timeout():
+    async with TinyEngine(stream_then(lambda w: asyncio.sleep(5))) as eng:
+        c = H1Upstream()
+        resp = await c.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", SHORT)
+        assert await resp.read_chunk() == b"data: one\n\n"
+        piped = resp.pipe(lambda data: True)
+        assert piped is not None
+        await asyncio.wait_for(piped, 3)  # the watchdog ends the silence
+        with pytest.raises(UpstreamTimeout):
+            await resp.read_chunk()
+        resp.close()
+        await c.aclose()
+
+
+async def test_h1_what_the_sink_raises_is_raised_where_it_was_piped():
+    async def script(req, reader, writer):
+        writer.write(head(content_type="text/event-stream", transfer_encoding="chunked"))
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(chunked(b"data: x\n\n"))
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    async with TinyEngine(script) as eng:
+        c = H1Upstream()
+        resp = await c.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", T)
+
+        def sink(data: bytes) -> bool:
+            raise ValueError("a relay bug")
+
+        piped = resp.pipe(sink)
+        assert piped is not None  # nothing came with the headers
+        with pytest.raises(ValueError, match="a relay bug"):
+            await asyncio.wait_for(piped, 5)
+        resp.close()
+        await c.aclose()
