@@ -30,6 +30,7 @@ from llm_gateway.errors import (
     UpstreamUnreachable,
 )
 from llm_gateway.upstream.base import UpstreamTimeouts
+from llm_gateway.upstream.watchdog import Watchdog
 
 
 def _translate(exc: BaseException, *, after_headers: bool) -> BackendFailure:
@@ -52,38 +53,6 @@ def _translate(exc: BaseException, *, after_headers: bool) -> BackendFailure:
     return UpstreamProtocolError(f"upstream HTTP error: {type(exc).__name__}")
 
 
-class _Watchdog:
-    """One timer for every open response instead of one rescheduled on every chunk: four times a second
-    it fails each response past its total deadline, and each stream whose engine has been silent
-    (while the gateway was waiting for it) longer than the idle timeout."""
-
-    PERIOD_S = 0.25
-
-    def __init__(self) -> None:
-        self.active: set[AiohttpResponse] = set()
-        self._task: asyncio.Task[None] | None = None
-
-    def add(self, r: AiohttpResponse) -> None:
-        self.active.add(r)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self.active:
-                await asyncio.sleep(self.PERIOD_S)
-                now = loop.time()
-                for r in list(self.active):
-                    r.check(now)
-        finally:
-            self._task = None
-
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-
 class AiohttpResponse:
     __slots__ = (
         "_deadline",
@@ -98,7 +67,11 @@ class AiohttpResponse:
     )
 
     def __init__(
-        self, resp: aiohttp.ClientResponse, t: UpstreamTimeouts, watchdog: _Watchdog, loop: asyncio.AbstractEventLoop
+        self,
+        resp: aiohttp.ClientResponse,
+        t: UpstreamTimeouts,
+        watchdog: Watchdog[AiohttpResponse],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._resp = resp
         self._idle = t.idle_s
@@ -193,7 +166,7 @@ class AiohttpUpstream:
             raise_for_status=False,
         )
         self._timeouts: dict[UpstreamTimeouts, aiohttp.ClientTimeout] = {}
-        self._watchdog = _Watchdog()
+        self._watchdog: Watchdog[AiohttpResponse] = Watchdog()
         self._urls: dict[str, URL] = {}  # parsed once: a handful of backend URLs and paths
 
     def _client_timeout(self, t: UpstreamTimeouts) -> aiohttp.ClientTimeout:

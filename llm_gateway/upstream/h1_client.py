@@ -18,6 +18,8 @@ happen: no connection is `ConnectFailed` (the backend is down), a connection clo
 is `UpstreamUnreachable`, one closed mid-body is `StreamInterrupted`, a reply that is not HTTP is
 `UpstreamProtocolError`. The buffer of a body nobody reads is bounded: past `HIGH_WATER` bytes the
 connection stops reading (TCP pushes back on the engine) until the reader catches up.
+The exchange itself (status, headers, the body pulled or pushed) is h1_response.py; the one timer task
+for every open exchange is watchdog.py, shared with the aiohttp client.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import asyncio
 import contextlib
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 import httptools
@@ -40,22 +42,12 @@ from llm_gateway.errors import (
     UpstreamUnreachable,
 )
 from llm_gateway.upstream.base import UpstreamTimeouts
+from llm_gateway.upstream.h1_response import HIGH_WATER, H1Response, Headers
+from llm_gateway.upstream.watchdog import Watchdog
 
-HIGH_WATER = 1 << 20  # bytes of unread body before the connection stops reading from the engine
+__all__ = ["HIGH_WATER", "H1Response", "H1Upstream", "Headers"]
+
 MAX_HEADER_BYTES = 64 * 1024
-
-
-class Headers(dict[str, str]):
-    """Response headers: names stored lower-case, looked up case-insensitively; repeats joined by ", "."""
-
-    def __getitem__(self, name: str) -> str:
-        return dict.__getitem__(self, name.lower())
-
-    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        return dict.get(self, name.lower(), default)
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and dict.__contains__(self, name.lower())
 
 
 class _Origin:
@@ -65,10 +57,10 @@ class _Origin:
 
     def __init__(self, host: str, port: int, host_header: bytes, tls: ssl.SSLContext | None) -> None:
         self.host, self.port, self.host_header, self.ssl = host, port, host_header, tls
-        self.idle: deque[_Connection] = deque()
+        self.idle: deque[Connection] = deque()
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One TCP connection to an engine, carrying at most one exchange at a time."""
 
     __slots__ = ("_header_bytes", "closed", "exchange", "idle_since", "origin", "parser", "transport", "until_close")
@@ -176,240 +168,13 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-class _Watchdog:
-    """One task times every open exchange: the total deadline, the wait for headers, silences mid-body."""
-
-    PERIOD_S = 0.25
-
-    def __init__(self) -> None:
-        self.active: set[H1Response] = set()
-        self._task: asyncio.Task[None] | None = None
-
-    def add(self, r: H1Response) -> None:
-        self.active.add(r)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self.active:
-                await asyncio.sleep(self.PERIOD_S)
-                now = loop.time()
-                for r in list(self.active):
-                    r.check(now)
-        finally:
-            self._task = None
-
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-
-class H1Response:
-    """One exchange: the status and headers once in, the body as it arrives."""
-
-    __slots__ = (
-        "_chunks",
-        "_conn",
-        "_deadline",
-        "_eof",
-        "_error",
-        "_first_byte_by",
-        "_idle",
-        "_loop",
-        "_paused",
-        "_sink",
-        "_size",
-        "_waiter",
-        "_waiting_since",
-        "_watchdog",
-        "headers",
-        "headers_in",
-        "status",
-    )
-
-    def __init__(
-        self, conn: _Connection, t: UpstreamTimeouts, watchdog: _Watchdog, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        now = loop.time()
-        self._conn: _Connection | None = conn
-        self._loop = loop
-        self._idle = t.idle_s
-        self._deadline = now + t.total_s
-        self._first_byte_by: float | None = now + t.first_byte_s
-        self._watchdog = watchdog
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._eof = False
-        self._paused = False
-        self._error: BackendFailure | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._waiting_since: float | None = None
-        self._sink: Callable[[bytes], bool] | None = None  # push mode (`pipe`)
-        self.headers = Headers()
-        self.headers_in = False
-        self.status = 0
-        watchdog.add(self)
-
-    # -- fed by the connection -----------------------------------------------------------------------
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None:
-            self._waiter = None
-            if not w.done():
-                w.set_result(None)
-
-    def headers_done(self, status: int) -> None:
-        self.status = status
-        self.headers_in = True
-        self._first_byte_by = None
-        self._wake()
-
-    def feed(self, data: bytes) -> None:
-        sink = self._sink
-        if sink is not None:  # push mode: the chunk is the sink's, here, with no task switch
-            self._waiting_since = self._loop.time()  # silences are timed from the last chunk
-            try:
-                if sink(data):
-                    return
-            except Exception as e:  # the sink's own failure: raised in the task that piped
-                self._sink = None
-                w, self._waiter = self._waiter, None
-                if w is not None and not w.done():
-                    w.set_exception(e)
-                return
-            self._sink = None
-            self._waiting_since = None
-            self._wake()
-            return
-        self._chunks.append(data)
-        self._size += len(data)
-        if self._size > HIGH_WATER and not self._paused and self._conn is not None and self._conn.transport:
-            self._paused = True
-            self._conn.transport.pause_reading()
-        self._wake()
-
-    def complete(self) -> None:
-        self._sink = None
-        self._waiting_since = None
-        self._eof = True
-        self._conn = None
-        self._watchdog.active.discard(self)
-        self._wake()
-
-    def fail(self, err: BackendFailure) -> None:
-        self._sink = None
-        self._waiting_since = None
-        if self._error is None and not self._eof:
-            self._error = err
-        self._watchdog.active.discard(self)
-        self._wake()
-
-    def check(self, now: float) -> None:
-        first = self._first_byte_by
-        if now > self._deadline:
-            self._expire(UpstreamTimeout("the engine's response did not complete within the total timeout"))
-        elif first is not None and now > first:
-            self._expire(UpstreamTimeout("the engine sent nothing before its first byte within the configured timeout"))
-        elif self._waiting_since is not None and now - self._waiting_since > self._idle:
-            self._expire(UpstreamTimeout("the engine sent nothing between chunks of its response within the timeout"))
-
-    def _expire(self, err: UpstreamTimeout) -> None:
-        self.fail(err)
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.exchange = None
-            conn.drop()
-
-    def loop_time(self) -> float:
-        return self._loop.time()
-
-    # -- read by the gateway -------------------------------------------------------------------------
-    async def wait_headers(self) -> None:
-        while not self.headers_in:
-            if self._error is not None:
-                raise self._error
-            self._waiter = self._loop.create_future()
-            await self._waiter
-
-    async def _more(self) -> None:
-        self._waiting_since = self._loop.time()
-        try:
-            self._waiter = self._loop.create_future()
-            await self._waiter
-        finally:
-            self._waiting_since = None
-
-    def _take(self) -> bytes:
-        chunks = self._chunks
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        self._size = 0
-        if self._paused:
-            self._paused = False
-            conn = self._conn
-            if conn is not None and conn.transport is not None:
-                conn.transport.resume_reading()
-        return data
-
-    async def read_chunk(self) -> bytes:
-        while True:
-            if self._chunks:
-                return self._take()
-            if self._error is not None:
-                raise self._error
-            if self._eof:
-                return b""
-            await self._more()
-
-    async def read(self, limit: int) -> bytes:
-        length = self.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise UpstreamProtocolError(f"the engine's response is larger than {limit} bytes")
-        parts: list[bytes] = []
-        size = 0
-        while chunk := await self.read_chunk():
-            size += len(chunk)
-            if size > limit:
-                raise UpstreamProtocolError(f"the engine's response is larger than {limit} bytes")
-            parts.append(chunk)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def pipe(self, sink: Callable[[bytes], bool]) -> asyncio.Future[None] | None:
-        """Push mode: from now on each chunk goes to `sink(chunk)` as it arrives, inside the connection's
-        callback, with no future and no task switch per chunk (the costliest Python part of a relayed
-        event, bench/profile.sh); `sink` takes the chunk whatever it returns, and returns False to
-        stop. The future it returns is done when piping stopped, the body ended or failed (then
-        `read_chunk` says which), and raises what `sink` raised. None: there is something to read
-        first (buffered chunks, the end, a failure): `read_chunk` it."""
-        if self._chunks or self._eof or self._error is not None:
-            return None
-        self._sink = sink
-        self._waiting_since = self._loop.time()
-        w = self._waiter = self._loop.create_future()
-        return w
-
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        while chunk := await self.read_chunk():
-            yield chunk
-
-    def close(self) -> None:
-        self._sink = None
-        self._watchdog.active.discard(self)
-        conn, self._conn = self._conn, None
-        if conn is not None and not self._eof:  # mid-body: drop the connection, the engine sees the client leave
-            conn.exchange = None
-            conn.drop()
-
-
 class H1Upstream:
     """The gateway's HTTP/1.1 client: `send()` returns once the engine's headers are in (upstream/base.py)."""
 
     def __init__(self, *, keepalive_s: float = 30.0) -> None:
         self._urls: dict[str, tuple[_Origin, bytes]] = {}  # url -> (its origin, the path it asks for)
         self._origins: dict[tuple[str, str, int], _Origin] = {}
-        self._watchdog = _Watchdog()
+        self._watchdog: Watchdog[H1Response] = Watchdog()
         self._tls: ssl.SSLContext | None = None
         self._keepalive_s = keepalive_s  # an idle connection older than this is closed, not reused
 
@@ -439,7 +204,7 @@ class H1Upstream:
             self._urls[url] = hit
         return hit
 
-    async def _connection(self, origin: _Origin, t: UpstreamTimeouts) -> _Connection:
+    async def _connection(self, origin: _Origin, t: UpstreamTimeouts) -> Connection:
         idle = origin.idle
         loop = asyncio.get_running_loop()
         if idle:
@@ -453,7 +218,7 @@ class H1Upstream:
         try:
             async with asyncio.timeout(t.connect_s):
                 _, proto = await loop.create_connection(
-                    lambda: _Connection(origin), origin.host, origin.port, ssl=origin.ssl
+                    lambda: Connection(origin), origin.host, origin.port, ssl=origin.ssl
                 )
         except TimeoutError:
             raise UpstreamTimeout("the engine did not accept a connection within the connect timeout") from None

@@ -415,9 +415,9 @@ async def test_close_mid_body_drops_the_connection_and_the_engine_sees_the_clien
 
 
 async def test_h1_an_unread_body_past_high_water_stops_reading_until_the_reader_catches_up(monkeypatch):
-    from llm_gateway.upstream import h1_client
+    from llm_gateway.upstream import h1_response
 
-    monkeypatch.setattr(h1_client, "HIGH_WATER", 64)
+    monkeypatch.setattr(h1_response, "HIGH_WATER", 64)
     sent = asyncio.Event()
 
     async def script(req, reader, writer):
