@@ -42,7 +42,6 @@ sys.path.insert(0, str(ROOT))
 
 from tests.support.gateway_process import GatewayProcess  # noqa: E402
 from tests.support.real_engines import (  # noqa: E402
-    OLLAMA_CHATML_TEMPLATE,
     EngineNotInstalled,
     OllamaServer,
     free_port,
@@ -120,24 +119,7 @@ def real(workdir: Path) -> Iterator[dict[str, str]]:
             )
             servers.append(eng)
             eng.start()
-            modelfile = eng.workdir / "Modelfile-y"
-            modelfile.write_text(
-                f'FROM {y_gguf}\nTEMPLATE """{OLLAMA_CHATML_TEMPLATE}"""\nPARAMETER stop <|im_end|>\n'
-                f"PARAMETER num_ctx {eng.num_ctx}\n"
-            )
-            assert eng.binary is not None
-            res = subprocess.run(
-                [str(eng.binary), "create", Y, "-f", str(modelfile)],
-                env=eng._env(),
-                cwd=eng.workdir,
-                capture_output=True,
-                text=True,
-                timeout=120,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
-            if res.returncode != 0:
-                raise RuntimeError(f"ollama create {Y} failed: {res.stderr[-2000:]}")
+            eng.create_model(Y, y_gguf, eng.workdir / "Modelfile-y")
         yield {name: eng.url for name, eng in zip(SERVERS, servers, strict=True)}
     finally:
         for eng in servers:

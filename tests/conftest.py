@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import textwrap
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 
 import httpx
 import pytest
@@ -98,6 +98,21 @@ def _start(engine: RealEngine) -> RealEngine:
     except EngineNotInstalled as e:
         require(f"engine not installed: {e}")
         raise
+
+
+@contextmanager
+def engines_started(engines: Sequence[RealEngine]) -> Iterator[None]:
+    """For a fixture that starts its own engines, each appended to `engines` before it is started: an
+    engine (or a model build) not installed while the block runs skips by the skip policy, and every
+    engine in `engines` is stopped when the block ends."""
+    try:
+        yield
+    except EngineNotInstalled as e:
+        require(f"engine not installed: {e}")
+        raise
+    finally:
+        for eng in engines:
+            eng.stop()
 
 
 @pytest.fixture(scope="session")

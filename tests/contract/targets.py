@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.real_engines import OllamaServer, RealEngine, server_sockets
@@ -54,6 +55,8 @@ FORMATS = {
 HAS_AUTH = {"llama-server", "vllm", "sglang", "tabbyapi", "lmdeploy"}
 REPORTS_LOAD = {"llama-server", "vllm", "sglang", "lmdeploy"}
 EMULATOR_KEY = "emulator-engine-key"
+#: the session fixture (tests/conftest.py) that starts each real engine
+REAL_FIXTURES = {"llama-server": "llama_server", "vllm": "vllm_server", "ollama": "ollama_server"}
 
 #: an abandoned generation stops within about a second; this much is for a machine that is very busy
 STOP_DEADLINE_S = 30.0
@@ -132,6 +135,17 @@ class Target:
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    @property
+    def config_fields(self) -> dict[str, str]:
+        """The fields of a suite's gateway CONFIG template that name this target's backend."""
+        return {
+            "engine": self.engine,
+            "url": self.url,
+            "key": self.api_key or "",
+            "model": self.model,
+            "fmt": self.format,
+        }
 
     @property
     def slots(self) -> int:
@@ -386,3 +400,19 @@ def emulated(engine: str, **knobs: Any) -> Target:
 
 def real(engine: str, eng: RealEngine) -> Target:
     return Target(f"{engine}/real", engine, eng.url, eng.model, eng.api_key or None, real=eng)
+
+
+def open_target(request: pytest.FixtureRequest, **knobs: Any) -> Iterator[Target]:
+    """The body of each suite's module-scoped `target` fixture, whose param is "engine/real" or
+    "engine/emulator": a real engine from its session fixture (tests/conftest.py), or an emulator
+    (with `knobs`) started here and stopped when the module is done with it."""
+    engine, kind = request.param.split("/")
+    if kind == "real":
+        yield real(engine, request.getfixturevalue(REAL_FIXTURES[engine]))
+        return
+    t = emulated(engine, **knobs)
+    try:
+        yield t
+    finally:
+        assert t.emulator is not None
+        t.emulator.__exit__(None, None, None)

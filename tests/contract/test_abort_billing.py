@@ -33,14 +33,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llm_gateway.auth import digest_of
 from llm_gateway_emulators import VOCAB
-from tests.contract.targets import Target, emulated, poll, real
+from tests.contract.targets import Target, emulated, open_target, poll
 from tests.support.gateway_process import GatewayProcess
 
 KEY = "sk-contract-billing-0123456789"
 TPM = 1_000_000
 TOKENS_PER_EVENT = 4
 READ_CHUNKS = 20  # content chunks the client reads before it leaves
-REAL = {"llama-server": "llama_server", "vllm": "vllm_server"}
 TARGETS = ["llama-server/real", "vllm/real", "vllm/emulator", "sglang/emulator"]
 CONFIG = """
 server: {{access_log: false}}
@@ -60,29 +59,12 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module", params=TARGETS)
 def target(request: pytest.FixtureRequest) -> Iterator[Target]:
-    engine, kind = request.param.split("/")
-    if kind == "real":
-        yield real(engine, request.getfixturevalue(REAL[engine]))
-        return
-    t = emulated(engine, tokens_per_event=TOKENS_PER_EVENT)
-    try:
-        yield t
-    finally:
-        assert t.emulator is not None
-        t.emulator.__exit__(None, None, None)
+    yield from open_target(request, tokens_per_event=TOKENS_PER_EVENT)
 
 
 @pytest.fixture(scope="module")
 def gateway(target: Target, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    cfg = CONFIG.format(
-        sha=digest_of(KEY),
-        tpm=TPM,
-        engine=target.engine,
-        url=target.url,
-        key=target.api_key or "",
-        model=target.model,
-        fmt=target.format,
-    )
+    cfg = CONFIG.format(sha=digest_of(KEY), tpm=TPM, **target.config_fields)
     with GatewayProcess(cfg, tmp_path_factory.mktemp("gw-billing"), startup_timeout=60) as gw:
         yield gw
 
@@ -157,9 +139,7 @@ def aborting(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     """A gateway in front of an emulator that aborts every generation after ABORT_AFTER tokens."""
     t = emulated(request.param, fault="engine_abort", fault_after_chunks=ABORT_AFTER)
     assert t.emulator is not None
-    cfg = CONFIG.format(
-        sha=digest_of(KEY), tpm=TPM, engine=t.engine, url=t.url, key=t.api_key or "", model=t.model, fmt=t.format
-    )
+    cfg = CONFIG.format(sha=digest_of(KEY), tpm=TPM, **t.config_fields)
     try:
         with GatewayProcess(cfg, tmp_path_factory.mktemp("gw-abort"), startup_timeout=60) as gw:
             yield gw

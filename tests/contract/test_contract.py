@@ -22,11 +22,10 @@ from llm_gateway.adapters.registry import adapter_for
 from llm_gateway.prober import BackendProbeClient
 from llm_gateway.types import BackendInfo
 from llm_gateway.upstream.aiohttp_client import AiohttpUpstream
-from tests.contract.targets import FORMATS, HAS_AUTH, REPORTS_LOAD, Target, emulated, poll, real
+from tests.contract.targets import FORMATS, HAS_AUTH, REPORTS_LOAD, Target, open_target, poll
 from tests.support.gateway_process import GatewayProcess
 from tests.support.raw_http import request_bytes
 
-REAL = {"llama-server": "llama_server", "vllm": "vllm_server", "ollama": "ollama_server"}
 TARGETS = [
     "llama-server/real",
     "vllm/real",
@@ -64,23 +63,12 @@ MSG = [{"role": "user", "content": "Tell me about llamas."}]
 
 @pytest.fixture(scope="module", params=TARGETS)
 def target(request: pytest.FixtureRequest) -> Iterator[Target]:
-    engine, kind = request.param.split("/")
-    if kind == "real":
-        yield real(engine, request.getfixturevalue(REAL[engine]))
-        return
-    t = emulated(engine)
-    try:
-        yield t
-    finally:
-        assert t.emulator is not None
-        t.emulator.__exit__(None, None, None)
+    yield from open_target(request)
 
 
 @pytest.fixture(scope="module")
 def gateway(target: Target, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    cfg = CONFIG.format(
-        engine=target.engine, url=target.url, key=target.api_key or "", model=target.model, fmt=target.format
-    )
+    cfg = CONFIG.format(**target.config_fields)
     with GatewayProcess(cfg, tmp_path_factory.mktemp("gw"), startup_timeout=60) as gw:
         yield gw
 

@@ -28,8 +28,8 @@ import httpx
 import openai
 import pytest
 
-from tests.contract.targets import Target, emulated, real
-from tests.contract.test_contract import REAL, TARGETS
+from tests.contract.targets import Target, open_target
+from tests.contract.test_contract import TARGETS
 from tests.support.gateway_process import GatewayProcess
 
 CONFIG = """
@@ -76,16 +76,7 @@ OLLAMA_TOOLS_TEMPLATE = (
 
 @pytest.fixture(scope="module", params=TARGETS)
 def target(request: pytest.FixtureRequest) -> Iterator[Target]:
-    engine, kind = request.param.split("/")
-    if kind == "real":
-        yield real(engine, request.getfixturevalue(REAL[engine]))
-        return
-    t = emulated(engine)
-    try:
-        yield t
-    finally:
-        assert t.emulator is not None
-        t.emulator.__exit__(None, None, None)
+    yield from open_target(request)
 
 
 @contextlib.contextmanager
@@ -113,14 +104,7 @@ def upstream_model(target: Target) -> Iterator[str]:
 def gateway(target: Target, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     work = tmp_path_factory.mktemp("gw-dialects")
     with upstream_model(target) as model:
-        cfg = CONFIG.format(
-            data=work / "data",
-            engine=target.engine,
-            url=target.url,
-            key=target.api_key or "",
-            model=model,
-            fmt=target.format,
-        )
+        cfg = CONFIG.format(data=work / "data", **{**target.config_fields, "model": model})
         with GatewayProcess(cfg, work, startup_timeout=60) as gw:
             yield gw
 

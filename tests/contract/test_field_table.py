@@ -23,8 +23,8 @@ import pytest
 from llm_gateway.adapters.field_table import PASSED, TRANSLATED
 from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
 from llm_gateway.adapters.registry import ADAPTERS
-from tests.contract.targets import ENGINE_HTTP_TIMEOUT_S, Target, poll
-from tests.contract.test_contract import target  # noqa: F401  (the contract targets, reused)
+from tests.contract.targets import ENGINE_HTTP_TIMEOUT_S, Target, open_target, poll
+from tests.contract.test_contract import TARGETS
 from tests.support.gateway_process import GatewayProcess
 from tests.support.real_engines import OllamaServer
 from tests.unit.test_field_tables import ENGINE_NAMES, VALUES, with_field
@@ -53,11 +53,15 @@ REAL_PASSED = {
 ENGINE_NAMES_ALL = {**ENGINE_NAMES, "ollama": "Ollama"}
 
 
+@pytest.fixture(scope="module", params=TARGETS)
+def target(request: pytest.FixtureRequest) -> Iterator[Target]:
+    """The contract suite's targets (tests/contract/test_contract.py)."""
+    yield from open_target(request)
+
+
 @pytest.fixture(scope="module")
-def gateway(target: Target, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:  # noqa: F811
-    cfg = CONFIG.format(
-        engine=target.engine, url=target.url, key=target.api_key or "", model=target.model, fmt=target.format
-    )
+def gateway(target: Target, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    cfg = CONFIG.format(**target.config_fields)
     with GatewayProcess(cfg, tmp_path_factory.mktemp("gw-fields"), startup_timeout=60) as gw:
         yield gw
 
@@ -128,11 +132,7 @@ def engine_calls(t: Target, endpoint: str) -> Any:
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
-def test_refused_fields_are_400_and_never_reach_the_engine(
-    target: Target,  # noqa: F811
-    oai: openai.OpenAI,
-    endpoint: str,
-) -> None:
+def test_refused_fields_are_400_and_never_reach_the_engine(target: Target, oai: openai.OpenAI, endpoint: str) -> None:
     refused = refused_values(target.engine, endpoint)
     assert refused, f"{target.id}: no refused field: the case would prove nothing"
     before = engine_calls(target, endpoint)
@@ -151,11 +151,7 @@ def _moved(t: Target, endpoint: str, before: Any) -> bool:
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
-def test_passed_fields_are_answered_and_reach_the_engine(
-    target: Target,  # noqa: F811
-    oai: openai.OpenAI,
-    endpoint: str,
-) -> None:
+def test_passed_fields_are_answered_and_reach_the_engine(target: Target, oai: openai.OpenAI, endpoint: str) -> None:
     fields = passed_values(target.engine, endpoint)
     if target.real is not None:
         fields = {f: fv for f, fv in fields.items() if f in REAL_PASSED[target.engine]}

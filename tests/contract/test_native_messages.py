@@ -31,8 +31,8 @@ import pytest
 
 from llm_gateway.adapters.registry import adapter_for
 from llm_gateway.types import BackendInfo
-from tests.contract.targets import Target, emulated, real
-from tests.contract.test_contract import CONFIG, REAL
+from tests.contract.targets import Target, open_target
+from tests.contract.test_contract import CONFIG
 from tests.support.gateway_process import GatewayProcess
 from tests.support.real_engines import RealEngine
 
@@ -47,23 +47,12 @@ T0 = {"temperature": 0}  # a field this SDK no longer types: sent as an extra
 
 @pytest.fixture(scope="module", params=TARGETS)
 def target(request: pytest.FixtureRequest) -> Iterator[Target]:
-    engine, kind = request.param.split("/")
-    if kind == "real":
-        yield real(engine, request.getfixturevalue(REAL[engine]))
-        return
-    t = emulated(engine)
-    try:
-        yield t
-    finally:
-        assert t.emulator is not None
-        t.emulator.__exit__(None, None, None)
+    yield from open_target(request)
 
 
 @pytest.fixture(scope="module")
 def gateway(target: Target, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    cfg = CONFIG.format(
-        engine=target.engine, url=target.url, key=target.api_key or "", model=target.model, fmt=target.format
-    )
+    cfg = CONFIG.format(**target.config_fields)
     with GatewayProcess(cfg, tmp_path_factory.mktemp("gw-native"), startup_timeout=60) as gw:
         yield gw
 

@@ -17,7 +17,6 @@ real Ollama (0.5.4, bigdl-core-cpp's `ollama-lib`, the tiny model, num_ctx 4096)
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionTokenLog
 
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
-from tests.support.real_engines import OLLAMA_CHATML_TEMPLATE, OllamaServer, RealEngine, tiny_gguf
+from tests.support.real_engines import OllamaServer, RealEngine, tiny_gguf
 from tests.support.waiting import wait_until
 
 LONG = " ".join(f"word{i % 50}" for i in range(20000))  # ~140 KB: ~140,000 tokens of the tiny model
@@ -84,13 +83,7 @@ def client(gw: GatewayProcess) -> openai.OpenAI:
 def real_gw(ollama_server: RealEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     assert isinstance(ollama_server, OllamaServer) and ollama_server.binary is not None
     work = tmp_path_factory.mktemp("ollama-truth")
-    modelfile = work / "Modelfile"
-    modelfile.write_text(
-        f"FROM {tiny_gguf('--anti-repeat', '0')}\n"
-        f'TEMPLATE """{OLLAMA_CHATML_TEMPLATE}"""\n'
-        f"PARAMETER stop <|im_end|>\nPARAMETER num_ctx {ollama_server.num_ctx}\n"
-    )
-    ollama(ollama_server, "create", REPEAT_MODEL, "-f", str(modelfile))
+    ollama_server.create_model(REPEAT_MODEL, tiny_gguf("--anti-repeat", "0"), work / "Modelfile")
     models = {"tiny-public": ("ol", "tiny"), "repeat-public": ("ol", REPEAT_MODEL), "windowed-public": ("ol", "tiny")}
     cfg = config({"ol": ollama_server.url}, models, {"windowed-public": ollama_server.num_ctx})
     try:
@@ -102,16 +95,7 @@ def real_gw(ollama_server: RealEngine, tmp_path_factory: pytest.TempPathFactory)
 
 
 def ollama(eng: OllamaServer, *args: str) -> None:
-    res = subprocess.run(
-        [str(eng.binary), *args],
-        env=eng._env(),
-        cwd=eng.workdir,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    res = eng.cli(*args)
     assert res.returncode == 0, f"ollama-lib {' '.join(args)} failed ({res.returncode}): {res.stderr[-2000:]}"
 
 

@@ -30,12 +30,9 @@ import httpx
 import pytest
 
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
-from tests.conftest import require
-from tests.contract.test_ollama_truth import ollama
+from tests.conftest import engines_started
 from tests.support.gateway_process import GatewayProcess
 from tests.support.real_engines import (
-    OLLAMA_CHATML_TEMPLATE,
-    EngineNotInstalled,
     LlamaServer,
     OllamaServer,
     tiny_gguf,
@@ -154,33 +151,21 @@ def gateway(urls: dict[str, str], workdir: Path, engine: str = "ollama") -> Gate
 def real_ollamas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Two real Ollama processes with one loaded model at most, each serving X and Y (two tiny builds)."""
     servers: list[OllamaServer] = []
-    try:
-        try:
-            y_gguf = tiny_gguf("--seed", "4321")
-            for name in SERVERS:
-                eng = OllamaServer(
-                    model_name=X,
-                    num_parallel=1,
-                    num_ctx=512,
-                    workdir=tmp_path_factory.mktemp(f"ollama-residency-{name}"),
-                    env={"OLLAMA_MAX_LOADED_MODELS": "1"},
-                )
-                servers.append(eng)
-                eng.start()
-        except EngineNotInstalled as e:
-            require(f"engine not installed: {e}")
-            raise
-        for eng in servers:
-            modelfile = eng.workdir / "Modelfile-y"
-            modelfile.write_text(
-                f'FROM {y_gguf}\nTEMPLATE """{OLLAMA_CHATML_TEMPLATE}"""\n'
-                "PARAMETER stop <|im_end|>\nPARAMETER num_ctx 512\n"
+    with engines_started(servers):
+        y_gguf = tiny_gguf("--seed", "4321")
+        for name in SERVERS:
+            eng = OllamaServer(
+                model_name=X,
+                num_parallel=1,
+                num_ctx=512,
+                workdir=tmp_path_factory.mktemp(f"ollama-residency-{name}"),
+                env={"OLLAMA_MAX_LOADED_MODELS": "1"},
             )
-            ollama(eng, "create", Y, "-f", str(modelfile))
-        yield {name: eng.url for name, eng in zip(SERVERS, servers, strict=True)}
-    finally:
+            servers.append(eng)
+            eng.start()
         for eng in servers:
-            eng.stop()
+            eng.create_model(Y, y_gguf, eng.workdir / "Modelfile-y")  # at its num_ctx, 512
+        yield {name: eng.url for name, eng in zip(SERVERS, servers, strict=True)}
 
 
 @pytest.mark.real_engine
@@ -235,21 +220,14 @@ def real_llama_routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
     """Two real llama-server routers, each with X and Y (two tiny builds) in its --models-dir."""
     models_dir = tmp_path_factory.mktemp("llama-router-models")
     servers: list[LlamaRouter] = []
-    try:
-        try:
-            shutil.copy(tiny_gguf(), models_dir / f"{X}.gguf")
-            shutil.copy(tiny_gguf("--seed", "4321"), models_dir / f"{Y}.gguf")
-            for name in SERVERS:
-                eng = LlamaRouter(models_dir, tmp_path_factory.mktemp(f"llama-router-{name}"))
-                servers.append(eng)
-                eng.start()
-        except EngineNotInstalled as e:
-            require(f"engine not installed: {e}")
-            raise
+    with engines_started(servers):
+        shutil.copy(tiny_gguf(), models_dir / f"{X}.gguf")
+        shutil.copy(tiny_gguf("--seed", "4321"), models_dir / f"{Y}.gguf")
+        for name in SERVERS:
+            eng = LlamaRouter(models_dir, tmp_path_factory.mktemp(f"llama-router-{name}"))
+            servers.append(eng)
+            eng.start()
         yield {name: eng.url for name, eng in zip(SERVERS, servers, strict=True)}
-    finally:
-        for eng in servers:
-            eng.stop()
 
 
 @pytest.mark.real_engine

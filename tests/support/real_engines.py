@@ -828,15 +828,14 @@ class OllamaServer(RealEngine):
         return sum(cpu_seconds(p) for p in self.runner_pids())
 
     def _after_ready(self) -> None:
-        modelfile = self.workdir / "Modelfile"
-        modelfile.write_text(
-            f"FROM {self.model_path}\n"
-            f'TEMPLATE """{OLLAMA_CHATML_TEMPLATE}"""\n'
-            "PARAMETER stop <|im_end|>\n"
-            f"PARAMETER num_ctx {self.num_ctx}\n"
-        )
-        res = subprocess.run(
-            [str(self.binary), "create", self.model, "-f", str(modelfile)],
+        assert self.model_path is not None
+        self.create_model(self.model, self.model_path, self.workdir / "Modelfile")
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`ollama ARGS` as a client of this server (its environment, in its workdir), 120 s at most."""
+        assert self.binary is not None, "the Ollama CLI before start()"
+        return subprocess.run(
+            [str(self.binary), *args],
             env=self._env(),
             cwd=self.workdir,
             capture_output=True,
@@ -845,9 +844,20 @@ class OllamaServer(RealEngine):
             stdin=subprocess.DEVNULL,
             check=False,
         )
+
+    def create_model(self, name: str, gguf: Path | str, modelfile: Path) -> None:
+        """`ollama create NAME` from `gguf` with the tiny models' ChatML template and stop, at this server's
+        num_ctx (the Modelfile written at `modelfile`); EngineStartError if Ollama refuses it."""
+        modelfile.write_text(
+            f"FROM {gguf}\n"
+            f'TEMPLATE """{OLLAMA_CHATML_TEMPLATE}"""\n'
+            "PARAMETER stop <|im_end|>\n"
+            f"PARAMETER num_ctx {self.num_ctx}\n"
+        )
+        res = self.cli("create", name, "-f", str(modelfile))
         if res.returncode != 0:
             raise EngineStartError(
-                f"ollama-lib create {self.model} failed ({res.returncode}): {res.stderr[-2000:]}\n" + self.log_tail()
+                f"ollama-lib create {name} failed ({res.returncode}): {res.stderr[-2000:]}\n" + self.log_tail()
             )
 
 

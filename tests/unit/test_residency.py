@@ -220,15 +220,21 @@ def engines() -> FakeUpstream:
     return FakeUpstream(routes, default=FakeAnswer.json({"error": "not found"}, status=404))
 
 
+async def backends_chosen(client: httpx.AsyncClient, n: int) -> list[str]:
+    """The backend the gateway chose for each of `n` chat requests to "tiny", sent one after another."""
+    chosen = []
+    for _ in range(n):
+        r = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI})
+        assert r.status_code == 200, r.text
+        chosen.append(r.headers["x-gateway-backend"])
+    return chosen
+
+
 async def test_the_resident_deployment_is_chosen_over_a_cold_one_whatever_the_rotation() -> None:
     up = engines()
     async with gateway_client(make_config(CONFIG), upstream=up) as (client, app):
         await probed(app, up)
-        chosen = []
-        for _ in range(4):
-            r = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI})
-            assert r.status_code == 200, r.text
-            chosen.append(r.headers["x-gateway-backend"])
+        chosen = await backends_chosen(client, 4)
     assert chosen == ["warm"] * 4
 
 
@@ -256,11 +262,7 @@ async def test_prefer_resident_false_leaves_residency_out_of_the_choice() -> Non
     assert cfg.routing.prefer_resident is False
     async with gateway_client(cfg, upstream=up) as (client, app):
         await probed(app, up)
-        chosen = []
-        for _ in range(4):
-            r = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI})
-            assert r.status_code == 200, r.text
-            chosen.append(r.headers["x-gateway-backend"])
+        chosen = await backends_chosen(client, 4)
         cold = (await client.get("/v1/models/cold-only")).json()
     assert sorted(chosen) == ["cold", "cold", "warm", "warm"]
     assert cold["resident"] is False  # what the probes learn is still reported

@@ -26,7 +26,7 @@ from llm_gateway_emulators import textgen
 from llm_gateway_emulators.engines.ollama_logprobs import LogprobStream
 from llm_gateway_emulators.engines.ollama_names import full_name
 from llm_gateway_emulators.engines.ollama_stream import NativeStream, go_json
-from llm_gateway_emulators.engines.ollama_v1 import BUSY, go_json_error
+from llm_gateway_emulators.engines.ollama_v1 import BUSY, RUN_ERROR, go_json_error
 from llm_gateway_emulators.httpserver import Request
 from llm_gateway_emulators.jobs import Reply, Result
 
@@ -145,7 +145,7 @@ class OllamaNative:
             prompt_tokens=pt,
             fmt=fmt,
             body=build,
-            error_reply=lambda: eng.err(500, "an error was encountered while running the model"),
+            error_reply=lambda: eng.err(500, RUN_ERROR),
             busy=eng.err(503, BUSY),
             reasoning=chat,
             effective={

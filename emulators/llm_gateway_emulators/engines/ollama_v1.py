@@ -22,6 +22,7 @@ from llm_gateway_emulators.httpserver import Request
 from llm_gateway_emulators.jobs import Reply, Result, StreamFormat
 
 BUSY = "server busy, please try again.  maximum pending requests exceeded"  # OLLAMA_MAX_QUEUE reached
+RUN_ERROR = "an error was encountered while running the model"  # a generation that failed, on either API
 
 if TYPE_CHECKING:
     from llm_gateway_emulators.engines.ollama import Ollama
@@ -224,7 +225,7 @@ class OllamaV1:
             prompt_tokens=pt,
             fmt=fmt,
             body=build,
-            error_reply=lambda: self.err(500, "an error was encountered while running the model"),
+            error_reply=lambda: self.err(500, RUN_ERROR),
             busy=self.err(503, BUSY),
             reasoning=chat,
             effective={
