@@ -14,6 +14,15 @@ never reports usage) without parsing: the events of one stream share their shape
 event has been measured, a block that starts and ends like it (with its text's key in each event,
 when it has several) is its envelopes around the text (arithmetic on its length); any other block
 is scanned for the strings that carry text.
+
+The commonest block of all, one token's event, is cheaper still once the stream's envelope is known
+(`_learn`): an ordinary event with one text string, generated output already started, is remembered as
+the bytes before its text and the bytes after it. A later block that is exactly that prefix, a text with
+no quote, newline or carriage return (so no other JSON member and no second event can hide in it), and
+that suffix is the same event with other text: nothing in it can be special, and it is passed on as it
+came (or with its prefix and suffix rewritten once, when the model name or a field name is swapped and no
+swap can straddle the text). Two comparisons and three short scans instead of a dozen scans of the block
+(bench/: CPU per relayed event).
 """
 
 from __future__ import annotations
@@ -45,7 +54,16 @@ def usage_from(obj: dict[str, Any]) -> Usage | None:
 class SSERelay(RelayBase):
     """One stream's state. Adapters configure it; they rarely need to subclass it."""
 
-    __slots__ = ("_cal", "_finish_errors", "_finish_renames", "_on_error", "_replacements", "_saw_finish")
+    __slots__ = (
+        "_cal",
+        "_env",
+        "_finish_errors",
+        "_finish_renames",
+        "_learns",
+        "_on_error",
+        "_replacements",
+        "_saw_finish",
+    )
 
     oversized: ClassVar[str] = "the engine sent an SSE event"
 
@@ -75,11 +93,23 @@ class SSERelay(RelayBase):
         #: the shape of this stream's events, once one was measured (`_scan`): where the tail of the
         #: text's prefix sits and its bytes, the bytes after the text, the envelope's length
         self._cal: tuple[int, bytes, bytes, int] | None = None
+        #: one ordinary event's envelope, once learnt (`_learn`): the bytes before its text, after it, and what
+        #: to send instead of each (None: the bytes as they came)
+        self._env: tuple[bytes, bytes, bytes | None, bytes | None] | None = None
+        self._learns = 0  # envelopes learnt (again when one changes, as a per-chunk `created` does each second)
 
     # -- the hot path ------------------------------------------------------------------------------
     def feed(self, data: bytes) -> bytes:
         if self._closed:
             return b""
+        env = self._env
+        if env is not None and data.startswith(env[0]) and data.endswith(env[1]) and not self._buf:
+            a, b = len(env[0]), len(data) - len(env[1])
+            text = data[a:b]
+            if a <= b and b'"' not in text and b"\n" not in text and b"\r" not in text and text[-1:] != b"\\":
+                self.content_events += 1
+                self.text_bytes += b - a
+                return data if env[2] is None else env[2] + text + env[3]  # type: ignore[operator]
         buf = self._buf + data if self._buf else data
         if b"\r" in buf:
             tail = b"\r" if buf.endswith(b"\r") else b""
@@ -89,7 +119,8 @@ class SSERelay(RelayBase):
             return self._hold(buf)
         block = buf[: end + 2]
         self._buf = buf[end + 2 :]
-        if b'"finish_reason":"' in block or b'"finish_reason": "' in block:
+        finish = b'"finish_reason":"' in block or b'"finish_reason": "' in block
+        if finish:
             self._saw_finish = True
         n = block.count(b"\n\n")
         if (
@@ -113,14 +144,41 @@ class SSERelay(RelayBase):
                 self.text_bytes += len(block) - n * cal[3]  # n envelopes of the measured shape around the text
             else:
                 self._scan(block)
+            raw = block
             for old, new in self._replacements:
                 block = block.replace(old, new)
             for old, new in self._finish_renames:
                 block = block.replace(old, new)
             if not self.output_started:
                 self.output_started = has_output(block)
+            elif n == 1 and not finish and self._learns < _MAX_LEARNS and not self._buf:
+                self._learns += 1
+                self._learn(raw, block)
             return block
         return self._slow(block)
+
+    def _learn(self, raw: bytes, out: bytes) -> None:
+        """Remember the envelope of `raw`, one ordinary event relayed as `out`, when it has exactly one text
+        string and no swap of the model or field names could reach into the text."""
+        spans = [m.span(1) for m in _TEXT.finditer(raw)]
+        if len(spans) != 1:
+            return
+        a, b = spans[0]
+        pre, suf, text = raw[:a], raw[b:], raw[a:b]
+        if b'"' in text or b"\n" in text or b"\r" in text or text[-1:] == b"\\":
+            return
+        swaps = self._replacements + self._finish_renames
+        if any(_straddles(old, pre, suf) for old, _ in swaps):
+            return
+        pre_out, suf_out = pre, suf
+        for old, new in swaps:
+            pre_out, suf_out = pre_out.replace(old, new), suf_out.replace(old, new)
+        if pre_out + text + suf_out != out:  # swaps that feed one another: not for the envelope
+            return
+        if pre_out == pre and suf_out == suf:
+            self._env = (pre, suf, None, None)
+        else:
+            self._env = (pre, suf, pre_out, suf_out)
 
     def _scan(self, block: bytes) -> None:
         """Count the text of a block the cheap way cannot; learn the shape of its last event from it."""
@@ -261,6 +319,26 @@ def text_bytes(data: bytes) -> int:
     """Bytes of generated text in relayed events: the content, text, reasoning and tool-call argument
     strings, as sent (JSON escapes included)."""
     return sum(m.end(1) - m.start(1) for m in _TEXT.finditer(data))
+
+
+_MAX_LEARNS = 16  # a stream whose envelope keeps changing (or cannot be learnt) stops trying
+
+
+def _straddles(old: bytes, pre: bytes, suf: bytes) -> bool:
+    """Could `old` match across the text of an event `pre + text + suf`, for some text with no quote in it?
+    `pre` ends with the text string's opening quote and `suf` starts with its closing one."""
+    q = old.find(b'"')
+    if q < 0:  # no quote: it could lie in the text itself
+        return True
+    if q > 0 and suf.startswith(old[q:]):  # begins in the text, ends in the suffix
+        return True
+    for i in range(q, len(old) - 1):  # begins in the prefix at one of its quotes, goes on into the text
+        if old[i : i + 1] == b'"' and pre.endswith(old[: i + 1]):
+            rest = old[i + 1 :]
+            j = rest.find(b'"')
+            if j < 0 or suf.startswith(rest[j:]):
+                return True
+    return False
 
 
 def _has_usage(data: bytes) -> bool:

@@ -63,7 +63,17 @@ class _Origin:
 class Connection(asyncio.Protocol):
     """One TCP connection to an engine, carrying at most one exchange at a time."""
 
-    __slots__ = ("_header_bytes", "closed", "exchange", "idle_since", "origin", "parser", "transport", "until_close")
+    __slots__ = (
+        "_body",
+        "_header_bytes",
+        "closed",
+        "exchange",
+        "idle_since",
+        "origin",
+        "parser",
+        "transport",
+        "until_close",
+    )
 
     def __init__(self, origin: _Origin) -> None:
         self.origin = origin
@@ -74,6 +84,9 @@ class Connection(asyncio.Protocol):
         self.until_close = False  # the body has neither a length nor chunks: it ends with the connection
         self._header_bytes = 0
         self.idle_since = 0.0
+        #: the body chunks parsed from the read at hand: handed to the exchange as one piece when the read is
+        #: parsed (a busy gateway reads several of an engine's chunks at once; one feed, one relayed write)
+        self._body: list[bytes] = []
 
     # -- asyncio.Protocol -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -86,7 +99,20 @@ class Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
+            self._flush_body()  # what came before the fault was the engine's
             self._fail(UpstreamProtocolError(f"the engine sent an invalid HTTP response: {e}"))
+            return
+        if self._body:
+            self._flush_body()
+
+    def _flush_body(self) -> None:
+        body = self._body
+        if body:
+            data = body[0] if len(body) == 1 else b"".join(body)
+            body.clear()
+            ex = self.exchange
+            if ex is not None:
+                ex.feed(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -134,14 +160,17 @@ class Connection(asyncio.Protocol):
         ex.headers_done(status)
 
     def on_body(self, body: bytes) -> None:
-        ex = self.exchange
-        if ex is not None:
-            ex.feed(body)
+        if self.exchange is not None:
+            self._body.append(body)
 
     def on_message_complete(self) -> None:
         ex = self.exchange
         if ex is None or not ex.headers_in:
             return
+        if self._body:
+            self._flush_body()
+            if self.exchange is not ex:  # the exchange's sink let go of it while taking the body
+                return
         self.exchange = None
         keep = self.parser.should_keep_alive() and not self.until_close
         ex.complete()

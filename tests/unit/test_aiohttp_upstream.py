@@ -501,6 +501,31 @@ async def test_h1_pipe_hands_each_chunk_over_as_it_arrives_until_the_sink_stops(
     await c.aclose()
 
 
+async def test_h1_chunks_that_arrive_in_one_read_are_handed_over_as_one_piece_before_the_end():
+    # a busy gateway reads several of an engine's chunks at once: one feed of the sink, so one relayed write
+    sent = asyncio.Event()
+
+    async def script(req, reader, writer):
+        writer.write(head(content_type="text/event-stream", transfer_encoding="chunked") + chunked(b"data: a\n\n"))
+        await writer.drain()
+        await sent.wait()
+        writer.write(chunked(b"data: b\n\n") + chunked(b"data: c\n\n") + chunked(b"data: d\n\n") + b"0\r\n\r\n")
+
+    c = H1Upstream()
+    async with TinyEngine(script) as eng:
+        resp = await c.send("GET", eng.url + "/s", {}, None, T)
+        assert await resp.read_chunk() == b"data: a\n\n"
+        got: list[bytes] = []
+        piped = resp.pipe(lambda data: got.append(data) is None)
+        assert piped is not None
+        sent.set()
+        await asyncio.wait_for(piped, 5)
+        assert got == [b"data: b\n\ndata: c\n\ndata: d\n\n"]  # one piece, taken before the body ended
+        assert await resp.read_chunk() == b""
+        resp.close()
+    await c.aclose()
+
+
 async def test_h1_pipe_ends_with_the_body_and_a_silence_past_idle_s_is_a_timeout():
     async with TinyEngine(stream_then(lambda w: asyncio.sleep(5))) as eng:
         c = H1Upstream()

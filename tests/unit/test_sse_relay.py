@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import llm_gateway.adapters.relay_base as relay_base
+import llm_gateway.adapters.sse_relay as sse_relay
 from llm_gateway.adapters.lmdeploy import LMDeployAdapter
 from llm_gateway.adapters.sglang import SGLangAdapter
 from llm_gateway.adapters.sse_relay import DONE, SSERelay, has_output, usage_from
@@ -668,3 +669,110 @@ def test_output_started_is_set_by_the_feed_that_first_relays_output(name: str):
         assert relay.output_started is has_output(seen)
     relay.finish()
     assert relay.output_started is whole.output_started
+
+
+# -- the learnt envelope (one token's event, the commonest block) ---------------------------------------
+
+
+def no_envelope(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sse_relay, "_MAX_LEARNS", 0)
+
+
+def event_by_event(relay: SSERelay, stream: bytes) -> tuple:
+    """Feed one event per call, as an engine's chunks arrive; everything the relay reports."""
+    evs = [e + b"\n\n" for e in stream.split(b"\n\n") if e]
+    out = b"".join(relay.feed(e) for e in evs) + relay.finish()
+    err = relay.error.code if relay.error else None
+    return out, relay.usage, relay.content_events, relay.text_bytes, relay.output_started, err
+
+
+def test_ordinary_token_events_go_through_the_envelope_unchanged():
+    relay = make_relay({})
+    for e in (ROLE, chunk("a"), chunk("b")):
+        relay.feed(e)
+    assert relay._env is not None  # learnt from the first ordinary event after the output started
+    ev = chunk("the next token")
+    out = relay.feed(ev)
+    assert out is ev  # passed on as it came: no copy, no rewrite
+    assert (relay.content_events, relay.text_bytes) == (4, 2 + len("the next token"))
+
+
+def test_the_envelope_swaps_the_public_model_name_and_field_names():
+    relay = make_relay(dict(upstream="tiny-llama", public="public-model"))
+    for e in (ROLE, chunk("a"), chunk("b")):
+        relay.feed(e)
+    assert relay._env is not None and relay._env[2] is not None
+    assert relay.feed(chunk("c")) == chunk("c", model="public-model")
+
+
+def test_an_event_that_hides_a_member_in_its_text_leaves_the_envelope():
+    relay = make_relay({})
+    for e in (ROLE, chunk("a"), chunk("b")):
+        relay.feed(e)
+    # valid JSON whose "text" runs from the content string through a top-level usage to a string after it
+    sneaky = chunk("x").replace(
+        b'"content":"x"', b'"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":4},"w":[{"d":{"c":"y"'
+    )
+    orjson.loads(sneaky[6:])
+    relay.feed(sneaky)
+    assert relay.usage == Usage(3, 4)  # parsed, not passed over as text
+
+
+def test_two_events_in_one_block_never_pass_as_one_envelope():
+    relay = make_relay({})
+    for e in (ROLE, chunk("a"), chunk("b")):
+        relay.feed(e)
+    relay.feed(chunk("c") + chunk(None, "stop"))
+    assert relay.content_events == 5 and relay.finish() == DONE  # the finish in the second event was seen
+
+
+@pytest.mark.parametrize(
+    ("old", "straddles"),
+    [
+        (b'"reasoning":', False),  # needs a quote right after "reasoning": the text has none
+        (b'"model":"tiny"', False),
+        (b"plain", True),  # no quote: could be inside the text
+        (b'ab"},"logprobs"', True),  # begins in the text, ends in the suffix
+        (b'"content":"ab"}', True),  # begins in the prefix, runs through the text into the suffix
+        (b'"content":"ab', True),  # begins in the prefix, ends in the text
+    ],
+)
+def test_a_swap_that_could_reach_into_the_text_is_found(old: bytes, straddles: bool):
+    pre = b'data: {"model":"tiny","choices":[{"delta":{"content":"'
+    suf = b'"},"logprobs":null}]}\n\n'
+    assert sse_relay._straddles(old, pre, suf) is straddles
+
+
+_TEXTS = st.text(st.characters(codec="utf-8"), max_size=12)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    texts=st.lists(_TEXTS, min_size=1, max_size=12),
+    created_changes=st.sets(st.integers(0, 11)),
+    renamed=st.booleans(),
+    reasoning_at=st.sets(st.integers(0, 11)),
+    end=st.sampled_from(["stop", "abort", "cut", "error"]),
+)
+def test_event_by_event_feeding_is_the_same_with_and_without_the_envelope(
+    texts, created_changes, renamed, reasoning_at, end
+):
+    stream = ROLE
+    for i, t in enumerate(texts):
+        ev = chunk(t)
+        if i in created_changes:
+            ev = ev.replace(b"1796007492", b"1796007493")
+        if i in reasoning_at:
+            ev = ev.replace(b'"content":', b'"reasoning":')
+        stream += ev
+    stream += {
+        "stop": chunk(None, "stop") + usage_chunk() + DONE,
+        "abort": chunk(None, "abort") + DONE,
+        "cut": b"",
+        "error": b'data: {"error":{"message":"boom","code":500}}\n\n',
+    }[end]
+    opts = dict(upstream="tiny-llama", public="public-model") if renamed else {}
+    fast = event_by_event(make_relay(opts), stream)
+    with pytest.MonkeyPatch.context() as mp:
+        no_envelope(mp)
+        assert fast == event_by_event(make_relay(opts), stream)
