@@ -35,16 +35,17 @@ class ClientExchange(Protocol):
         """A whole answer: status, headers (content type and length are added) and body."""
         ...
 
-    async def start(self, status: int, headers: Headers) -> None:
-        """The head of a streamed answer; the body follows with `write` and ends with `end`."""
+    async def start(self, status: int, headers: Headers, *, hold: bool = False) -> None:
+        """The head of a streamed answer; the body follows with `write` and ends with `end`. `hold`: the
+        caller writes at once, and the head may wait to leave with that first part (one send)."""
         ...
 
     async def write(self, data: bytes) -> None:
         """Part of a streamed body, sent at once."""
         ...
 
-    async def end(self) -> None:
-        """The end of a streamed body."""
+    async def end(self, data: bytes = b"") -> None:
+        """The end of a streamed body, `data` its last part (sent with the end: one send)."""
         ...
 
     def watch_disconnect(self, delay_s: float = 0.0) -> None:

@@ -6,7 +6,10 @@ engine's shapes) straight to the client, the first generated output timed as TTF
 it batched into the inter-token histogram, a failure after the first byte ended in the client's
 dialect, the breaker told how the stream ended, and the usage (the engine's, or estimated from what was
 relayed) recorded for billing. It is the hottest loop of the gateway: per event one read, one feed,
-one write (bench/: CPU per relayed event).
+one write (bench/: CPU per relayed event). The head leaves with the engine's first chunk when that came
+with the engine's headers, and the stream's last part with its end: one send each, not two. Once the
+engine's `[DONE]` is relayed the client's answer is ended at once; the rest of the engine's body (its
+chunked terminator) is read after, to keep the connection for the next request.
 """
 
 from __future__ import annotations
@@ -39,8 +42,6 @@ async def relay_stream(
         (b"cache-control", b"no-cache"),
         (b"x-accel-buffering", b"no"),
     ]
-    if job.early is None or not job.early.started:
-        await call.start(200, headers)
     itl = metrics.child(metrics.itl, dep.model, dep.backend.name)
     gaps: list[float] = []  # inter-token latencies, observed in batches (observe_many)
     first = True
@@ -71,43 +72,60 @@ async def relay_stream(
     # what cannot be written at once (the client's socket is full) is kept and written here, waiting
     pipe: Callable[[Callable[[bytes], bool]], asyncio.Future[None] | None] | None = getattr(resp, "pipe", None)
     try_write: Callable[[bytes], bool] | None = getattr(call, "try_write", None)
+    if try_write is None:
+        pipe = None
+    #: what is still to be written: the last part of the stream (written with the end: one send) or what
+    #: the client's socket could not take at once
     kept: list[bytes] = []
 
     def sink(chunk: bytes) -> bool:
         out = feed(chunk)
         if out:
             timed(out)
-            if not try_write(out):  # type: ignore[misc]  # only piped with a try_write
+            if relay.done or relay.error is not None or not try_write(out):  # type: ignore[misc]
                 kept.append(out)
                 return False
         return relay.error is None
 
     try:
-        while True:
-            piped = pipe(sink) if pipe is not None and try_write is not None else None
+        if job.early is None or not job.early.started:
+            # the engine's first chunk is often in hand with its headers: the head leaves with it, one send
+            buffered: Callable[[], bool] | None = getattr(resp, "buffered", None)
+            out = feed(await read()) if buffered is not None and buffered() else b""
+            if out:
+                timed(out)
+            await call.start(200, headers, hold=bool(out))
+            if out:
+                if relay.done or relay.error is not None:
+                    kept.append(out)
+                else:
+                    await write(out)
+        while not (relay.done or relay.error is not None):
+            piped = pipe(sink) if pipe is not None else None
             if piped is not None:
                 await piped
+                if relay.done or relay.error is not None:
+                    break
                 for out in kept:
                     await write(out)
                 kept.clear()
-                if relay.error is not None:
-                    break
                 continue
             chunk = await read()
             if not chunk:
                 if tail := relay.finish():
-                    await write(tail)
+                    kept.append(tail)
                 break
             out = feed(chunk)
             if out:
                 timed(out)
-                await write(out)
-            if relay.error is not None:
-                break
+                if relay.done or relay.error is not None:
+                    kept.append(out)
+                else:
+                    await write(out)
     except GatewayError as e:  # the engine failed mid-body: cut, idle timeout, reset
         err = e
         if relay.error is None:
-            await call.write(cut(e))
+            kept.append(cut(e))
     finally:
         observe_many(itl, gaps)
         rec.prompt_tokens, rec.completion_tokens, rec.usage_estimated = usage_or_estimate(relay, job.info.prompt_tokens)
@@ -119,7 +137,13 @@ async def relay_stream(
     if err is not None:
         rec.outcome, rec.error = "stream_error", err.code
     call.stop_watching()
-    await call.end()
+    await call.end(kept[0] if len(kept) == 1 else b"".join(kept))
+    if relay.done and err is None:  # the client has its answer; the rest of the body frees the connection
+        try:
+            while await read():
+                pass
+        except GatewayError:
+            pass
     return relay.usage
 
 

@@ -63,6 +63,8 @@ class StreamRelay(Protocol):
     #: bytes of generated text passed on (content, text, reasoning, tool-call arguments)
     text_bytes: int
     error: GatewayError | None
+    #: True once the engine ended the stream cleanly and its last bytes were passed on: nothing follows
+    done: bool
     #: True once the relay has passed on generated output (non-empty text, reasoning, or a tool call):
     #: role-only and empty chunks do not count (the service's time-to-first-token)
     output_started: bool

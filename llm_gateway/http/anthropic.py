@@ -58,11 +58,12 @@ class AnthropicExchange(CallExchange):
         headers.append((b"request-id", self.rid.encode()))
         await self._call.respond(status, body, headers, content_type)
 
-    async def start(self, status: int, headers: Headers) -> None:
+    async def start(self, status: int, headers: Headers, *, hold: bool = False) -> None:
         if not self._native:
             self._stream = StreamTranslator(self._req.stop_sequences, self._req.prompt_estimate)
         headers.append((b"request-id", self.rid.encode()))
-        await self._call.start(status, headers)
+        # a translated first part can be empty: then the head would wait for the next one
+        await self._call.start(status, headers, hold=hold and self._native)
 
     async def write(self, data: bytes) -> None:
         if self._stream is None:  # a native answer: already Anthropic's events
@@ -72,12 +73,12 @@ class AnthropicExchange(CallExchange):
         if out:
             await self._call.write(out)
 
-    async def end(self) -> None:
-        if self._stream is not None:
-            tail = self._stream.finish()
-            if tail:
-                await self._call.write(tail)
-        await self._call.end()
+    async def end(self, data: bytes = b"") -> None:
+        if self._stream is None:
+            await self._call.end(data)
+            return
+        out = self._stream.feed(data) if data else b""
+        await self._call.end(out + self._stream.finish())
 
 
 async def messages(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:

@@ -17,8 +17,10 @@ says `COALESCE`) leaves in one write, its head held back until its body comes, w
 the head and the body apart: one send syscall per answer instead of two (bench/profile.sh: the
 syscalls are most of what uvicorn costs here). A stream's events are written by `write_chunk`, which
 frames and writes a chunk directly when nothing else is pending, instead of an ASGI message and
-uvicorn's checks per event; `body_arrived` says when reading the body cannot wait. The app reaches
-both through its `send` (the cycle's bound method: `send.__self__`), never through the scope: the
+uvicorn's checks per event; `body_arrived` says when reading the body cannot wait. A client that goes
+away is told to the cycle's `on_disconnect` callback from the protocol's `connection_lost`, where ASGI
+would need a task per request waiting on `receive()` for it. The app reaches
+these through its `send` (the cycle's bound method: `send.__self__`), never through the scope: the
 cycle holds the scope, and a scope holding the cycle's methods would make every request a reference
 cycle for the garbage collector (tens of ms of pauses at a thousand requests a second, bench/).
 """
@@ -26,6 +28,7 @@ cycle for the garbage collector (tens of ms of pauses at a thousand requests a s
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -89,6 +92,8 @@ class CoalescingCycle(RequestResponseCycle):
     body message that follows it, in one write."""
 
     _held: list[bytes] | None = None
+    #: called once when the client goes away before the answer is complete (set and cleared by the app)
+    on_disconnect: Callable[[], None] | None = None
 
     async def send(self, message: Any) -> None:
         held = self._held
@@ -261,6 +266,12 @@ class GatewayProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        cycle = self.cycle
+        if cycle is not None and cycle.disconnected:
+            left = getattr(cycle, "on_disconnect", None)
+            if left is not None:
+                cycle.on_disconnect = None  # type: ignore[attr-defined]  # a CoalescingCycle's
+                left()
 
 
 def protocol_class(max_connections: int, header_timeout_s: float, max_header_bytes: int) -> type[GatewayProtocol]:

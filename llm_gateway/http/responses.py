@@ -80,9 +80,9 @@ class ResponsesExchange(CallExchange):
             body = orjson.dumps(resp)
         await self._call.respond(status, body, headers, content_type)
 
-    async def start(self, status: int, headers: Headers) -> None:
+    async def start(self, status: int, headers: Headers, *, hold: bool = False) -> None:
         self._stream = ResponsesStream(self._req, self.id)
-        await self._call.start(status, headers)
+        await self._call.start(status, headers)  # a translated first part can be empty: the head goes now
 
     async def write(self, data: bytes) -> None:
         stream = self._stream
@@ -93,13 +93,17 @@ class ResponsesExchange(CallExchange):
         if out:
             await self._call.write(out)
 
-    async def end(self) -> None:
+    async def end(self, data: bytes = b"") -> None:
         stream = self._stream
-        if stream is not None:
-            tail = stream.finish()
-            if tail:
-                await self._call.write(tail)
-        await self._call.end()
+        if stream is None:
+            await self._call.end()
+            return
+        out = b""
+        if data:
+            out = stream.feed(data)
+            if stream.terminal is not None and stream.terminal != "response.failed":
+                await self._save(stream.response, stream.turn)  # before the last event: chaining finds it
+        await self._call.end(out + stream.finish())
 
     async def _save(self, resp: dict[str, Any], turn: dict[str, Any]) -> bool:
         """Store the finished response (when asked); False if the store failed."""

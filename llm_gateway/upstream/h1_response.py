@@ -180,6 +180,10 @@ class H1Response:
                 conn.transport.resume_reading()
         return data
 
+    def buffered(self) -> bool:
+        """Is a chunk in hand (`read_chunk` answers without waiting)?"""
+        return bool(self._chunks)
+
     async def read_chunk(self) -> bytes:
         while True:
             if self._chunks:
