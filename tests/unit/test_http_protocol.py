@@ -22,6 +22,7 @@ import pytest
 from uvicorn.server import ServerState
 
 from llm_gateway.http import hardened_protocol
+from llm_gateway.http.call import Call
 from llm_gateway.http.hardened_protocol import COALESCE, GatewayProtocol
 from llm_gateway.http.server import uvicorn_config
 from llm_gateway.settings import ServerConfig
@@ -169,6 +170,9 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Reads the whole body, answers 200 with what it saw. `/early` answers 401 without reading it;
     `/stream` answers chunked, its events written by the scope's direct writer where it takes them."""
     assert scope["type"] == "http"
+    if scope["path"].startswith("/call-"):
+        await call_app(scope, receive, send)
+        return
     if scope["path"] == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         if STREAM_GATE:
@@ -198,6 +202,30 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         start[COALESCE] = True
     await send(start)
     await send({"type": "http.response.body", "body": answer})
+
+
+CALL_EVENTS: list[str] = []  # what `/call-wait` saw
+
+
+async def call_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The app's side as the gateway writes it, through `Call`: `/call-stream` holds its head for the first
+    event and ends with its last; `/call-wait` watches for the client leaving while it waits."""
+    call = Call(scope, receive, send, "rid-1")
+    if scope["path"] == "/call-stream":
+        await call.start(200, [(b"content-type", b"text/event-stream")], hold=True)
+        await call.write(b"data: 0\n\n")
+        await call.write(b"data: 1\n\n")
+        await call.end(b"data: [DONE]\n\n")
+        return
+    call.watch_disconnect()
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        CALL_EVENTS.append(f"cancelled disconnected={call.disconnected}")
+        raise
+    finally:
+        call.stop_watching()
+        CALL_EVENTS.append(f"stopped on_disconnect={send.__self__.on_disconnect}")
 
 
 @dataclass
@@ -360,6 +388,30 @@ async def test_stream_events_are_written_directly_framed_as_uvicorn_frames_them(
     assert dechunk(body) == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n", b""]
     if not paused:
         assert conn.transport.writes == 6  # head, one per event, [DONE], the terminator
+
+
+async def test_a_held_stream_head_leaves_with_the_first_event_and_the_last_event_with_the_end(server: Server) -> None:
+    conn = server.connect()
+    conn.send(request("GET", "/call-stream"))
+    await server.settle()
+    head, _, body = bytes(conn.transport.out).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
+    assert dechunk(body) == [b"data: 0\n\n", b"data: 1\n\n", b"data: [DONE]\n\n", b""]
+    assert conn.transport.writes == 3  # head + first event, the second, the last + the terminator
+
+
+async def test_a_client_that_leaves_cancels_the_handler_through_the_protocol_without_a_watcher_task(
+    server: Server,
+) -> None:
+    CALL_EVENTS.clear()
+    conn = server.connect()
+    conn.send(request("GET", "/call-wait"))
+    await server.settle()
+    tasks = asyncio.all_tasks()
+    assert not any("Call._watch" in repr(t.get_coro()) for t in tasks), tasks  # no task waits on receive()
+    conn.proto.connection_lost(None)
+    await server.settle()
+    assert CALL_EVENTS == ["cancelled disconnected=True", "stopped on_disconnect=None"]
 
 
 async def test_headers_and_a_large_body_in_one_read_are_not_taken_for_oversized_headers(server: Server) -> None:
