@@ -33,6 +33,7 @@ class Call:
         "_arrived",
         "_cycle",
         "_direct",
+        "_held",
         "_timer",
         "_watcher",
         "disconnected",
@@ -63,6 +64,7 @@ class Call:
         self._arrived: Callable[[], bool] | None = getattr(cycle, "body_arrived", None)
         #: the cycle that says when the client left (`on_disconnect`), or None: a watcher task does
         self._cycle: CoalescingCycle | None = cycle if isinstance(cycle, CoalescingCycle) else None
+        self._held: tuple[int, Headers] | None = None  # a stream's head waiting for its first part (start(hold))
 
     def header(self, name: bytes) -> bytes | None:
         for k, v in self.scope["headers"]:
@@ -165,17 +167,36 @@ class Call:
         self.started = True
         self.status = status
         headers.append((b"content-type", content_type))
-        headers.append((b"content-length", str(len(body)).encode()))
+        headers.append((b"content-length", b"%d" % len(body)))
+        cycle = self._cycle
+        if cycle is not None and cycle.respond_now(status, headers, body):
+            return
         await self.send({"type": "http.response.start", "status": status, "headers": headers, COALESCE: True})
         await self.send({"type": "http.response.body", "body": body})
 
     async def start(self, status: int, headers: Headers, *, hold: bool = False) -> None:
         self.started = True
         self.status = status
+        cycle = self._cycle
+        if cycle is not None:
+            if hold:
+                self._held = (status, headers)  # written with the first part, by write() or end()
+                return
+            if cycle.start_now(status, headers, b""):
+                return
         msg = {"type": "http.response.start", "status": status, "headers": headers}
         if hold:
             msg[COALESCE] = True
         await self.send(msg)
+
+    async def _send_held(self, data: bytes, last: bool) -> None:
+        """The held head with `data`, and the end when `last`."""
+        status, headers = self._held  # type: ignore[misc]
+        self._held = None
+        if self._cycle is not None and self._cycle.start_now(status, headers, data, last):
+            return
+        await self.send({"type": "http.response.start", "status": status, "headers": headers, COALESCE: True})
+        await self.send({"type": "http.response.body", "body": data, "more_body": not last})
 
     def try_write(self, data: bytes) -> bool:
         """Write a chunk of a started stream now if the server can without waiting; False: nothing
@@ -184,11 +205,20 @@ class Call:
         return direct is not None and direct(data)
 
     async def write(self, data: bytes) -> None:
+        if self._held is not None:
+            await self._send_held(data, False)
+            return
         direct = self._direct
         if direct is None or not direct(data):
             await self.send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def end(self, data: bytes = b"") -> None:
+        if self._held is not None:
+            await self._send_held(data, True)
+            return
+        cycle = self._cycle
+        if cycle is not None and cycle.end_now(data):
+            return
         await self.send({"type": "http.response.body", "body": data})
 
 

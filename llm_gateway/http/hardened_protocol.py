@@ -15,7 +15,10 @@ This subclasses uvicorn's private HttpToolsProtocol, which is why uvicorn is pin
 Each request's cycle is a `CoalescingCycle`: a whole answer (`Call.respond`, whose start message
 says `COALESCE`) leaves in one write, its head held back until its body comes, where uvicorn writes
 the head and the body apart: one send syscall per answer instead of two (bench/profile.sh: the
-syscalls are most of what uvicorn costs here). A stream's events are written by `write_chunk`, which
+syscalls are most of what uvicorn costs here). `Call` writes its answers through `respond_now`,
+`start_now` and `end_now`: the bytes uvicorn's `send` would write, checked as it checks them, in one write,
+without the ASGI messages, uvicorn's per-header loop and regexes or the capture (they fall back to `send`
+whenever it must do something else). A stream's events are written by `write_chunk`, which
 frames and writes a chunk directly when nothing else is pending, instead of an ASGI message and
 uvicorn's checks per event; `body_arrived` says when reading the body cannot wait. A client that goes
 away is told to the cycle's `on_disconnect` callback from the protocol's `connection_lost`, where ASGI
@@ -32,7 +35,13 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 _REASON = {
     400: b"Bad Request",
@@ -111,6 +120,93 @@ class CoalescingCycle(RequestResponseCycle):
             self._held = cap.parts
         else:
             cap.flush()
+
+    # -- the app's answers written directly (Call): what uvicorn's `send` writes, one write, no messages --
+    def _head(self, status: int, headers: list[tuple[bytes, bytes]]) -> list[bytes] | None:
+        """The status line and headers as uvicorn's `send` writes them, checked as it checks them; None when
+        `send` must write them itself: the response started, the client gone, its socket full, the access
+        log on, a 100-continue pending, a HEAD request, or the app's own framing or connection headers."""
+        if (
+            self.response_started
+            or self.disconnected
+            or self.flow.write_paused
+            or self.access_log
+            or self.waiting_for_100_continue
+            or self.scope["method"] == "HEAD"
+        ):
+            return None
+        content = [STATUS_LINE[status]]
+        for name, value in self.default_headers:
+            content += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            content += (name, b": ", value, b"\r\n")
+        names = b"\n".join([name for name, _ in headers])
+        if (
+            HEADER_RE.search(names.replace(b"\n", b""))
+            or HEADER_VALUE_RE.search(b"\t".join([value for _, value in headers]))
+            or b"connection" in names
+            or b"transfer-encoding" in names
+        ):
+            return None  # uvicorn's send raises for a bad one, and reads the framing ones
+        if not self.keep_alive:
+            content.append(b"connection: close\r\n")
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        return content
+
+    def _complete(self) -> None:
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+
+    def respond_now(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """A whole answer, its headers carrying its content-length, in one write; False: nothing written
+        (`send` it)."""
+        content = self._head(status, headers)
+        if content is None:
+            return False
+        self.chunked_encoding = False
+        self.expected_content_length = 0
+        content += (b"\r\n", body)
+        self.transport.write(b"".join(content))
+        self._complete()
+        return True
+
+    def start_now(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes, last: bool = False) -> bool:
+        """The head of a chunked answer with its first part (if any), and its end when `last`, in one
+        write; False: nothing written (`send` it)."""
+        content = self._head(status, headers)
+        if content is None:
+            return False
+        self.chunked_encoding = True
+        self.expected_content_length = 0
+        content.append(b"transfer-encoding: chunked\r\n\r\n")
+        if data:
+            content += (b"%x\r\n" % len(data), data, b"\r\n")
+        if last:
+            content.append(b"0\r\n\r\n")
+        self.transport.write(b"".join(content))
+        if last:
+            self._complete()
+        return True
+
+    def end_now(self, data: bytes) -> bool:
+        """The last part of a started chunked answer and its end, in one write; False: nothing written
+        (`send` it)."""
+        if (
+            self._held is not None
+            or not self.response_started
+            or self.response_complete
+            or not self.chunked_encoding
+            or self.flow.write_paused
+            or self.disconnected
+        ):
+            return False
+        self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
+        self._complete()
+        return True
 
     def body_arrived(self) -> bool:
         """Has the whole request body been parsed? Then `receive` answers without waiting (uvicorn sets its
