@@ -71,17 +71,30 @@ async def relay_stream(
     # a plain OpenAI stream): each chunk is fed and written inside the upstream connection's callback;
     # what cannot be written at once (the client's socket is full) is kept and written here, waiting
     pipe: Callable[[Callable[[bytes], bool]], asyncio.Future[None] | None] | None = getattr(resp, "pipe", None)
-    try_write: Callable[[bytes], bool] | None = getattr(call, "try_write", None)
+    direct_writer: Callable[[], Callable[[bytes], bool] | None] | None = getattr(call, "direct_writer", None)
+    try_write = direct_writer() if direct_writer is not None else None
     if try_write is None:
         pipe = None
     #: what is still to be written: the last part of the stream (written with the end: one send) or what
     #: the client's socket could not take at once
     kept: list[bytes] = []
+    perf_counter = time.perf_counter
 
     def sink(chunk: bytes) -> bool:
+        """One engine chunk, inside the upstream connection's callback: fed, timed (`timed` inline: this
+        runs once per event) and written."""
+        nonlocal last
         out = feed(chunk)
         if out:
-            timed(out)
+            if first:
+                timed(out)
+            else:
+                now = perf_counter()
+                gaps.append(now - last)
+                last = now
+                if len(gaps) >= 64:
+                    observe_many(itl, gaps)
+                    gaps.clear()
             if relay.done or relay.error is not None or not try_write(out):  # type: ignore[misc]
                 kept.append(out)
                 return False

@@ -198,11 +198,11 @@ class Call:
         await self.send({"type": "http.response.start", "status": status, "headers": headers, COALESCE: True})
         await self.send({"type": "http.response.body", "body": data, "more_body": not last})
 
-    def try_write(self, data: bytes) -> bool:
-        """Write a chunk of a started stream now if the server can without waiting; False: nothing
-        written (`write` it)."""
-        direct = self._direct
-        return direct is not None and direct(data)
+    def direct_writer(self) -> Callable[[bytes], bool] | None:
+        """The server's own chunk writer, for the relay's per-event loop: it writes a chunk of the started
+        stream now if the server can without waiting (True), else writes nothing (False: `write` it); None
+        when the server has none."""
+        return self._direct
 
     async def write(self, data: bytes) -> None:
         if self._held is not None:
