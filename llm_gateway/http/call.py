@@ -217,7 +217,7 @@ class Call:
             await self._send_held(data, True)
             return
         cycle = self._cycle
-        if cycle is not None and cycle.end_now(data):
+        if cycle is not None and cycle.write_chunk(data, True):
             return
         await self.send({"type": "http.response.body", "body": data})
 

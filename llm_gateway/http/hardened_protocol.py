@@ -16,9 +16,9 @@ Each request's cycle is a `CoalescingCycle`: a whole answer (`Call.respond`, who
 says `COALESCE`) leaves in one write, its head held back until its body comes, where uvicorn writes
 the head and the body apart: one send syscall per answer instead of two (bench/profile.sh: the
 syscalls are most of what uvicorn costs here). `Call` writes its answers through `respond_now`,
-`start_now` and `end_now`: the bytes uvicorn's `send` would write, checked as it checks them, in one write,
-without the ASGI messages, uvicorn's per-header loop and regexes or the capture (they fall back to `send`
-whenever it must do something else). A stream's events are written by `write_chunk`, which
+`start_now` and `write_chunk(last=True)`: the bytes uvicorn's `send` would write, checked as it checks
+them, in one write, without the ASGI messages, uvicorn's per-header loop and regexes or the capture (they
+fall back to `send` whenever it must do something else). A stream's events are written by `write_chunk`, which
 frames and writes a chunk directly when nothing else is pending, instead of an ASGI message and
 uvicorn's checks per event; `body_arrived` says when reading the body cannot wait. A client that goes
 away is told to the cycle's `on_disconnect` callback from the protocol's `connection_lost`, where ASGI
@@ -192,34 +192,18 @@ class CoalescingCycle(RequestResponseCycle):
             self._complete()
         return True
 
-    def end_now(self, data: bytes) -> bool:
-        """The last part of a started chunked answer and its end, in one write; False: nothing written
-        (`send` it)."""
-        if (
-            self._held is not None
-            or not self.response_started
-            or self.response_complete
-            or not self.chunked_encoding
-            or self.flow.write_paused
-            or self.disconnected
-        ):
-            return False
-        self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
-        self._complete()
-        return True
-
     def body_arrived(self) -> bool:
         """Has the whole request body been parsed? Then `receive` answers without waiting (uvicorn sets its
         message event with the body's end), so reading it needs no timeout."""
         return not self.more_body
 
-    def write_chunk(self, data: bytes) -> bool:
+    def write_chunk(self, data: bytes, last: bool = False) -> bool:
         """Write one chunk of a started chunked response now, framed as uvicorn's `send` frames it, without
-        an ASGI message per event; False (nothing written) when `send` must do it: no response started
-        or it is complete, not chunked, its head held, the client gone, or its socket's buffer full
-        (`send` waits for it to drain)."""
+        an ASGI message per event, and with `last` the response's end too (in the same write); False
+        (nothing written) when `send` must do it: no response started or it is complete, not chunked, its
+        head held, the client gone, or its socket's buffer full (`send` waits for it to drain)."""
         if (
-            not data
+            not (data or last)
             or self._held is not None
             or not self.response_started
             or self.response_complete
@@ -228,7 +212,11 @@ class CoalescingCycle(RequestResponseCycle):
             or self.disconnected
         ):
             return False
-        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        if not last:
+            self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            return True
+        self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
+        self._complete()
         return True
 
 
