@@ -15,7 +15,7 @@ import uvicorn
 from llm_gateway.app import create_app
 from llm_gateway.http.server import uvicorn_config
 from llm_gateway.upstream.h1_client import H1Upstream
-from tests.conftest import TEST_KEY, make_config
+from tests.conftest import ONE_BACKEND, TEST_KEY, make_config
 from tests.unit.test_aiohttp_upstream import TinyEngine, chunked, head
 
 TERMINATOR_DELAY_S = 1.0  # the engine's chunked terminator comes this long after its [DONE]: far over an answer's time
@@ -41,20 +41,6 @@ async def slow_terminator(req, reader, writer) -> None:
     await writer.drain()
 
 
-CONFIG = """
-server: {{access_log: false}}
-auth:
-  mode: keys
-  keys:
-    - {{name: alice, sha256: "${{ALICE_SHA}}"}}
-backends:
-  - {{name: eng, engine: vllm, url: "{url}", timeouts: {{connect_s: 1, first_byte_s: 2, idle_s: 2, total_s: 10}}}}
-models:
-  - name: m
-    deployments: [{{backend: eng, model: m, format: safetensors}}]
-"""
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,7 +49,7 @@ def free_port() -> int:
 
 async def test_the_answer_ends_at_done_and_the_engines_connection_is_reused() -> None:
     async with TinyEngine(slow_terminator) as eng:
-        config = make_config(CONFIG.format(url=eng.url))
+        config = make_config(ONE_BACKEND.replace("http://engine-a.test", eng.url))
         port = free_port()
         server = uvicorn.Server(
             uvicorn_config(create_app(config, upstream=H1Upstream(), probes=False), config.server, "127.0.0.1", port)
@@ -74,7 +60,7 @@ async def test_the_answer_ends_at_done_and_the_engines_connection_is_reused() ->
                 await asyncio.sleep(0.01)
             headers = {"authorization": f"Bearer {TEST_KEY}"}
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers) as client:
-                body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+                body = {"model": "public-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
                 for _ in range(3):
                     t0 = time.perf_counter()
                     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
