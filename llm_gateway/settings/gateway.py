@@ -1,0 +1,196 @@
+"""The engines and the models they serve (backends, deployments, probing, timeouts), routing, and
+`GatewayConfig`, the whole configuration with the checks that span sections.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from llm_gateway.adapters.registry import formats_for, schedules_by_priority, unsupported_capabilities
+from llm_gateway.settings.access import AdminConfig, AuthConfig, LimitsConfig, Price
+from llm_gateway.settings.server import DatabaseConfig, ServerConfig, UsageConfig
+from llm_gateway.settings.vocabulary import (
+    Capability,
+    EngineKind,
+    Name,
+    PriorityClass,
+    Strategy,
+    Strict,
+    WeightFormat,
+    dupes,
+)
+
+
+class Timeouts(Strict):
+    connect_s: float = Field(5.0, gt=0)
+    first_byte_s: float = Field(120.0, gt=0, description="until the engine's response headers")
+    idle_s: float = Field(120.0, gt=0, description="longest silence between two chunks of a body")
+    total_s: float = Field(1800.0, gt=0, description="whole upstream exchange, streams included")
+
+
+class ProbeConfig(Strict):
+    interval_s: float = Field(5.0, gt=0)
+    timeout_s: float = Field(2.0, gt=0)
+
+
+class BackendConfig(Strict):
+    name: Name
+    engine: EngineKind
+    url: str
+    api_key: SecretStr | None = None
+    timeouts: Timeouts = Timeouts()
+    probe: ProbeConfig = ProbeConfig()
+    capacity: int = Field(1, ge=1, description="requests the engine runs at once (slots, batch size)")
+    max_concurrency: int | None = Field(None, ge=1, description="gateway-side cap per deployment")
+    max_queue: int = Field(64, ge=0, description="requests that may wait for a free slot")
+    queue_timeout_s: float = Field(30.0, gt=0)
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_none(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError("must be an http:// or https:// URL")
+        if not parts.hostname:
+            raise ValueError("must name a host")
+        if parts.username or parts.password:
+            raise ValueError("must not carry credentials; use api_key")
+        if parts.query or parts.fragment:
+            raise ValueError("must not have a query or fragment")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as e:
+            raise ValueError(f"bad port: {e}") from None
+        return v.rstrip("/")
+
+
+class DeploymentConfig(Strict):
+    backend: Name
+    model: str = Field(min_length=1, description="the model name the engine knows")
+    format: WeightFormat
+    capabilities: frozenset[Capability] = frozenset({"chat", "completions"})
+    weight: float = Field(1.0, gt=0)
+    priority: int = 0
+    max_concurrency: int | None = Field(None, ge=1)
+    engine_priority: bool = Field(
+        False, description="pass the request's class to the engine's scheduler (vLLM/SGLang priority scheduling)"
+    )
+    context_length: int | None = Field(
+        None, ge=1, description="the context window in tokens, over what the engine reports (None: as probed)"
+    )
+
+
+class AffinityConfig(Strict):
+    prefix_chars: int = Field(512, ge=16, description="prompt characters hashed into the affinity key")
+    max_load: float = Field(1.5, gt=0, description="leave the sticky deployment above this load per slot")
+
+
+class ModelConfig(Strict):
+    name: Name
+    aliases: tuple[Name, ...] = ()
+    strategy: Strategy = "least_load"
+    deployments: tuple[DeploymentConfig, ...] = Field(min_length=1)
+    fallbacks: tuple[Name, ...] = ()
+    affinity: AffinityConfig = AffinityConfig()
+    price: Price | None = Field(None, description="for cost budgets and the usage report")
+
+
+class RoutingConfig(Strict):
+    retries: int = Field(2, ge=0, le=10)
+    retry_budget_s: float = Field(10.0, gt=0)
+    backoff_base_ms: float = Field(25.0, ge=0)
+    breaker_failures: int = Field(5, ge=1)
+    breaker_cooldown_s: float = Field(10.0, gt=0)
+    stale_after_probes: float = Field(3.0, gt=0, description="a load signal older than this many intervals is unknown")
+    prefer_resident: bool = Field(
+        True, description="a deployment whose model would load cold counts a full slot of load; false: load alone"
+    )
+    format_header: str = "x-gateway-format"
+    session_header: str = "x-session-id"
+    priority_header: str = Field("x-gateway-priority", description="a request may lower its key's class with it")
+    fair_queuing: bool = Field(True, description="order queues by class and fair share; false: FIFO")
+    starvation_s: float = Field(10.0, gt=0, description="a lower class waiting this long goes before a higher one")
+    queue_progress_s: float = Field(
+        1.0, ge=0, description="a queued stream gets an SSE comment with its place this often; 0: never"
+    )
+    reserved_slots: dict[PriorityClass, int] = Field(
+        default_factory=dict,
+        description="per deployment with a concurrency limit: its last N slots are kept for this class and above",
+    )
+
+
+class GatewayConfig(BaseSettings):
+    """The whole configuration. Environment overrides: GATEWAY_SERVER__PORT=9000 and so on."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", env_nested_delimiter="__", extra="forbid", frozen=True)
+
+    server: ServerConfig = ServerConfig()
+    auth: AuthConfig = AuthConfig()
+    admin: AdminConfig = AdminConfig()
+    limits: LimitsConfig = LimitsConfig()
+    routing: RoutingConfig = RoutingConfig()
+    database: DatabaseConfig = DatabaseConfig()
+    usage: UsageConfig = UsageConfig()
+    backends: tuple[BackendConfig, ...] = ()
+    models: tuple[ModelConfig, ...] = ()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # the environment wins over the file (init kwargs come from the YAML file)
+        return (env_settings, init_settings)
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> GatewayConfig:
+        dupes("backends name", [b.name for b in self.backends])
+        if {k.sha256 for k in self.admin.keys} & {k.sha256 for k in self.auth.keys}:
+            raise ValueError("admin.keys: an admin key must not also be a client key (auth.keys)")
+        backends = {b.name: b for b in self.backends}
+        public: list[str] = []
+        for m in self.models:
+            public.append(m.name)
+            public.extend(m.aliases)
+        dupes("model name or alias", public)
+        names = {m.name for m in self.models}
+        for mi, m in enumerate(self.models):
+            for di, d in enumerate(m.deployments):
+                where = f"models[{mi}].deployments[{di}]"
+                b = backends.get(d.backend)
+                if b is None:
+                    raise ValueError(f"{where}.backend: no backend named {d.backend!r}")
+                allowed = formats_for(b.engine)
+                if allowed is not None and d.format not in allowed:
+                    raise ValueError(
+                        f"{where}.format: engine {b.engine!r} (backend {b.name!r}) cannot load "
+                        f"{d.format!r} weights; it loads {', '.join(sorted(allowed))}"
+                    )
+                bad = d.capabilities & unsupported_capabilities(b.engine)
+                if bad:
+                    raise ValueError(f"{where}.capabilities: engine {b.engine!r} cannot serve {', '.join(sorted(bad))}")
+                if d.engine_priority and not schedules_by_priority(b.engine):
+                    raise ValueError(f"{where}.engine_priority: engine {b.engine!r} does not schedule by priority")
+            for f in m.fallbacks:
+                if f not in names:
+                    raise ValueError(f"models[{mi}].fallbacks: no model named {f!r}")
+                if f == m.name:
+                    raise ValueError(f"models[{mi}].fallbacks: a model cannot fall back to itself")
+        if not any(m.price for m in self.models):
+            for ki, k in enumerate(self.auth.keys):
+                for lim in (k.limits, *k.model_limits.values()):
+                    if lim.budget is not None and lim.budget.cost is not None:
+                        raise ValueError(f"auth.keys[{ki}]: a cost budget needs models[].price on the models it uses")
+        return self

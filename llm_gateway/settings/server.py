@@ -1,0 +1,114 @@
+"""The gateway process's own sections: the HTTP server (ports, limits on requests, timeouts, CORS,
+logging, the upstream client), the usage ledger and the database.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
+
+from llm_gateway.settings.vocabulary import Strict
+
+
+class CorsConfig(Strict):
+    """CORS for browser clients; off (no CORS headers at all) while `allow_origins` is empty."""
+
+    allow_origins: tuple[str, ...] = Field((), description='origins allowed, e.g. "https://app.example.com"; "*": any')
+    allow_headers: tuple[str, ...] = (
+        "authorization",
+        "content-type",
+        "x-api-key",
+        "x-request-id",
+        "anthropic-version",
+        "anthropic-beta",
+        "x-session-id",
+        "x-gateway-format",
+    )
+    max_age_s: int = Field(600, ge=0, description="how long a browser may cache a preflight answer")
+
+    @field_validator("allow_origins")
+    @classmethod
+    def _check_origins(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for origin in v:
+            origin = origin.rstrip("/").lower()
+            if origin != "*":
+                parts = urlsplit(origin)
+                if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query:
+                    raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path) or '*'")
+            out.append(origin)
+        return tuple(out)
+
+    @field_validator("allow_headers")
+    @classmethod
+    def _lower(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(h.lower() for h in v)
+
+
+class ServerConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="also serve /metrics on this port")
+    metrics_on_main_port: bool = True
+    admin_port: int | None = Field(
+        None, ge=0, le=65535, description="serve the admin API (/admin) on this port alone, not on the main port"
+    )
+    cors: CorsConfig = CorsConfig()
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_header_bytes: int = Field(32 * 1024, ge=1024)
+    header_timeout_s: float = Field(15.0, gt=0)
+    body_timeout_s: float = Field(60.0, gt=0)
+    keepalive_timeout_s: float = Field(30.0, gt=0)
+    max_connections: int = Field(16384, ge=1)
+    graceful_shutdown_s: float = Field(30.0, ge=0)
+    access_log: bool = True
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    upstream_client: Literal["h1", "aiohttp", "httpx"] = Field(
+        "h1", description="the HTTP client to engines: the gateway's own HTTP/1.1 client, or aiohttp or httpx"
+    )
+    reasoning_field: Literal["reasoning_content", "reasoning"] = Field(
+        "reasoning_content", description="the one name reasoning text gets in answers, whatever the engine calls it"
+    )
+    reload_poll_s: float = Field(2.0, ge=0, description="config file check interval; 0 turns watching off")
+    data_dir: str = Field("data", description="where the embedded database lives (relative: to the working directory)")
+
+
+class UsageConfig(Strict):
+    """The usage ledger: one row per generation request in the database, written in batches behind the
+    request path (a bounded buffer; past it rows are counted as dropped)."""
+
+    ledger: bool = Field(False, description="keep the ledger in the database (database.url or server.data_dir)")
+    buffer_rows: int = Field(10_000, ge=1, description="rows held while the database is slow or down")
+    batch_rows: int = Field(500, ge=1, description="rows per INSERT")
+    flush_interval_s: float = Field(1.0, gt=0)
+
+
+DATABASE_SCHEMES = ("postgresql+asyncpg", "sqlite+aiosqlite")
+
+
+class DatabaseConfig(Strict):
+    url: SecretStr | None = Field(
+        None,
+        description="postgresql+asyncpg://user:password@host:5432/db for a database the replicas share; "
+        "unset: the embedded SQLite file in server.data_dir",
+    )
+    pool_size: int = Field(5, ge=1, le=100, description="connections each replica keeps to a shared database")
+    connect_timeout_s: float = Field(5.0, gt=0, description="to connect; past it the database is unavailable (503)")
+    statement_timeout_s: float = Field(
+        10.0, gt=0, description="per statement, lock waits included, before it is cancelled (SQLite: the busy timeout)"
+    )
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _empty_url_is_none(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @field_validator("url")
+    @classmethod
+    def _check_scheme(cls, v: SecretStr | None) -> SecretStr | None:
+        # the message never echoes the value: it is a secret (and without "://" it could be all password)
+        if v is not None and v.get_secret_value().partition("://")[0] not in DATABASE_SCHEMES:
+            raise ValueError("must start with postgresql+asyncpg:// (a shared Postgres) or sqlite+aiosqlite://")
+        return v
