@@ -116,7 +116,7 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
 
 
 #: the most UTF-8 bytes of non-blank text a token averages under any tokenizer in use (the rule of
-#: adapters/ollama_request.min_tokens, which the Ollama adapter checks answers with)
+#: adapters/ollama_prompt.min_tokens, which the Ollama adapter checks answers with)
 FLOOR_BYTES_PER_TOKEN = 8
 _BLANKS = (" ", "\n", "\t", "\r")
 #: the ceiling's allowances, in tokens, for what a chat template adds (see the module's docstring)

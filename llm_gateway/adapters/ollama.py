@@ -19,7 +19,7 @@ prompt be cut silently:
   or, at HEAD fb3076099 (llm/llama_server.go), the llama-server error `exceed_context_size_error`
   wrapped in its own; /api/embed answers "input length exceeds maximum context length" from 0.5.4
   on (server/routes.go `EmbedHandler` @2ddc32d). All of these become 400 `context_length_exceeded`,
-  as llama-server's does. A prompt whose lower-bound size (`ollama_request.min_tokens`) already
+  as llama-server's does. A prompt whose lower-bound size (`ollama_prompt.min_tokens`) already
   reaches a `num_ctx` set in the request is refused before it is sent.
 - Detected afterwards where it cannot: Ollama before 0.12.6 (the 0.5.4 of our tests included) has no
   `truncate` for chat/generate; its runner keeps `num_ctx` tokens of a longer prompt (0.5.4
@@ -61,7 +61,8 @@ import orjson
 
 from llm_gateway.adapters.base import Adapter, ProbeClient, UpstreamRequest
 from llm_gateway.adapters.error_bodies import EngineError, json_object, parse_error_body, upstream_error
-from llm_gateway.adapters.ollama_request import PromptFacts, native_body, prompt_facts
+from llm_gateway.adapters.ollama_prompt import PromptFacts, context_message, is_context_error, prompt_facts
+from llm_gateway.adapters.ollama_request import native_body
 from llm_gateway.adapters.ollama_stream import (
     OllamaRelay,
     chat_logprobs,
@@ -77,14 +78,6 @@ from llm_gateway.types import BackendInfo, CallContext, Endpoint, ProbeResult, U
 
 _PATHS = {"chat": "/api/chat", "completions": "/api/generate", "embeddings": "/api/embed"}
 _CLIENT_HINTS = ("must be of type", "invalid", "cannot unmarshal", "unknown option", "json schema")
-#: Ollama's words for a prompt longer than the context window, across versions (see the module docstring)
-_CONTEXT_HINTS = (
-    "exceeds the context length",
-    "exceeds maximum context length",
-    "exceeds the available context size",
-    "exceed_context_size_error",
-    "longer than the context length",
-)
 #: the first version with logprobs (59241c5be, v0.12.11); truncate came in v0.12.6 (6544e1473)
 LOGPROBS_SINCE = (0, 12, 11)
 _FACTS_KEPT = 4096  # calls built and not yet answered whose facts are kept (a bound, not a queue size)
@@ -98,22 +91,6 @@ def parse_version(text: Any) -> tuple[int, int, int] | None:
     if len(head) < 3 or not all(p.isdigit() for p in head[:3]):
         return None
     return int(head[0]), int(head[1]), int(head[2])
-
-
-def _context_message(message: str) -> str:
-    """The words of an Ollama error, unwrapping the llama-server JSON error that HEAD puts in its own."""
-    try:
-        inner = orjson.loads(message)
-    except orjson.JSONDecodeError:
-        return message
-    err = inner.get("error") if isinstance(inner, dict) else None
-    text = err.get("message") if isinstance(err, dict) else None
-    return text if isinstance(text, str) else message
-
-
-def _is_context_error(message: str) -> bool:
-    low = message.lower()
-    return any(h in low for h in _CONTEXT_HINTS)
 
 
 def _local_host(url: str) -> str | None:
@@ -332,7 +309,7 @@ class OllamaAdapter(Adapter):
             )
         if status == 499:
             return upstream_error(name, self.kind, 499, err, retryable=False, client_error=True)
-        if status in (400, 500) and _is_context_error(err.message):
+        if status in (400, 500) and is_context_error(err.message):
             return self._context_error(err.message)
         if status == 500 and any(h in err.message.lower() for h in _CLIENT_HINTS):
             # Ollama answers 500 for bad option types and bad schemas: the request's fault
@@ -341,11 +318,11 @@ class OllamaAdapter(Adapter):
         return upstream_error(name, self.kind, status, err, retryable=status in (429, 502, 503, 504), busy=busy)
 
     def _context_error(self, message: str) -> EngineErrorAnswer:
-        err = EngineError(_context_message(message), code="context_length_exceeded")
+        err = EngineError(context_message(message), code="context_length_exceeded")
         return upstream_error(self.backend.name, self.kind, 400, err, client_error=True)
 
     def _frame_error(self, message: str) -> EngineErrorAnswer:
-        if _is_context_error(message):
+        if is_context_error(message):
             return self._context_error(message)
         return EngineErrorAnswer(
             f"backend '{self.backend.name}' (ollama) failed mid-stream: {message}",

@@ -15,13 +15,12 @@ an Ollama before 0.12.11) is refused with a 400 `unsupported_parameter` naming t
 `truncate: false` is always sent (unless the client set `truncate` itself): from Ollama 0.12.6 on a
 prompt longer than the context window is then an error instead of being cut (ollama/ollama
 `api/types.go` `ChatRequest.Truncate`, added by 6544e1473, in v0.12.6 1813ff85a027d7d4d76761a2bf12c2198dfaa0cf);
-older versions ignore the unknown field (Go's decoder) and truncate, which `PromptFacts` lets the
+older versions ignore the unknown field (Go's decoder) and truncate, which `PromptFacts` (ollama_prompt.py) lets the
 adapter detect afterwards.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -376,57 +375,3 @@ def _embed_input(value: Any) -> str | list[str]:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return value
     raise InvalidRequest("the Ollama backend embeds strings or arrays of strings, not token ids", param="input")
-
-
-# -- what was asked, for reading the answer -----------------------------------------------------------
-
-#: no tokenizer in use averages more bytes a token than this over a prompt's non-blank text (prose runs
-#: 3 to 5, CJK 2 to 4, code and base64 less); vocabularies hold long runs of blanks as one token
-MAX_BYTES_PER_TOKEN = 8
-_BLANKS = (b" ", b"\n", b"\t", b"\r")
-
-
-def min_tokens(text: str) -> int:
-    """A lower bound of the tokens of `text` under any tokenizer in use: its UTF-8 bytes that are not
-    blanks, at `MAX_BYTES_PER_TOKEN` (C-speed: a few milliseconds for the largest body)."""
-    raw = text.encode("utf-8", "surrogatepass")
-    return (len(raw) - sum(raw.count(b) for b in _BLANKS)) // MAX_BYTES_PER_TOKEN
-
-
-@dataclass(frozen=True, slots=True)
-class PromptFacts:
-    """What the adapter asked of Ollama for one call, read back with its answer."""
-
-    #: a lower bound of the prompt's tokens (`min_tokens` of its text; images and templates not counted)
-    floor: int = 0
-    #: the context window the request set itself (`num_ctx`), else None (the model's own, not known here)
-    num_ctx: int | None = None
-    #: False when the client asked Ollama to truncate (`truncate: true`): a cut prompt is then no surprise
-    check_truncation: bool = False
-    logprobs: bool = False
-
-
-def prompt_facts(endpoint: Endpoint, body: dict[str, Any], native: dict[str, Any]) -> PromptFacts:
-    """The facts of one built request: `body` the client's, `native` what goes to Ollama."""
-    if endpoint == "chat":
-        texts = [_content_text(m.get("content")) for m in body.get("messages") or [] if isinstance(m, dict)]
-    elif endpoint == "completions":
-        texts = [native.get("prompt") or ""]
-    else:
-        return PromptFacts()  # /api/embed honours truncate: false in every version (an error up front)
-    opts = native.get("options")
-    num_ctx = opts.get("num_ctx") if isinstance(opts, dict) else None
-    return PromptFacts(
-        floor=sum(min_tokens(t) for t in texts),
-        num_ctx=num_ctx if isinstance(num_ctx, int) and not isinstance(num_ctx, bool) and num_ctx > 0 else None,
-        check_truncation=native.get("truncate") is False,
-        logprobs=native.get("logprobs") is True,
-    )
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return ""

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from llm_gateway.adapters.ollama_request import PromptFacts
+from llm_gateway.adapters.ollama_prompt import PromptFacts
 from llm_gateway.adapters.relay_base import RelayBase
 from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import CallContext, Usage

@@ -25,6 +25,7 @@ from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 
 from llm_gateway.adapters.ollama import ChargedError, OllamaAdapter, parse_version
+from llm_gateway.adapters.ollama_prompt import min_tokens
 from llm_gateway.adapters.ollama_request import (
     CHAT_FIELDS,
     COMPLETIONS_FIELDS,
@@ -32,7 +33,6 @@ from llm_gateway.adapters.ollama_request import (
     HINT,
     REFUSED,
     TRANSLATED,
-    min_tokens,
 )
 from llm_gateway.errors import EngineErrorAnswer, InvalidRequest
 from llm_gateway.types import BackendInfo, CallContext, Usage
