@@ -13,6 +13,12 @@ same target process as the repository's own scenarios, with the load from board_
   2 fds per stream: steps above the target's fd limit are not run, the cap is reported with RSS per stream.
 - `rss_plateau`: RSS idle, peak under load (wrk c64 for --duration), and after: sampled every 0.5 s until two
   samples agree within 1 % (at most 10 s), the plateau the process settles on.
+- `st_split` (not a board's, the repository's own reading of "CPU per streamed event"): st64_c16's load (16
+  streams back to back on keep-alive connections, 1 ms per token) once with 8 tokens and once with 128,
+  --duration each after 1 s unrecorded; the target's CPU per stream at the two lengths gives its marginal
+  CPU per token (the slope) and its fixed CPU per stream (setup, the first and last events, accounting: the
+  intercept). st64_c16's figure is about fixed / 64 + marginal, so this says which of the two a gap to
+  another proxy is in.
 """
 
 from __future__ import annotations
@@ -30,12 +36,13 @@ from typing import Any
 import procstat as ps
 import targets as tg
 
-SCENARIOS = ("frontier", "pace20_c16", "stall20", "rss_plateau")
+SCENARIOS = ("frontier", "pace20_c16", "stall20", "rss_plateau", "st_split")
 BOUNDS_MS = (1, 5, 10, 50)
 DEFAULT_RATES = "250,500,1000,1500,2000,2500,3000,3500,4000,5000,6000,8000,10000"
 PACE_MS, PACE_TOKENS, PACE_C = 20.0, 64, 16
 STALL_FACTOR = 10  # a gap over 10x the pace is a stall (the board's rule)
 PROXY_FDS_PER_STREAM = 2  # client side + upstream side
+SPLIT_TOKENS, SPLIT_C, SPLIT_TPOT_MS = (8, 128), 16, 1.0
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -199,6 +206,39 @@ def stall(ctx: Any, url: str, pid: int | None, sampler: ps.Sampler | None) -> di
     }
 
 
+def split_costs(points: dict[int, float]) -> tuple[float, float]:
+    """(marginal CPU per token, fixed CPU per stream) through two (tokens per stream -> CPU per stream) points."""
+    (lo, c_lo), (hi, c_hi) = sorted(points.items())
+    per_token = (c_hi - c_lo) / (hi - lo)
+    return per_token, c_lo - lo * per_token
+
+
+def st_split(ctx: Any, url: str, pid: int | None, stream: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    if not pid:
+        return {"skipped": "no target process (direct)"}
+    a = ctx.a
+    runs: dict[int, dict[str, Any]] = {}
+    for n in SPLIT_TOKENS:  # the client and the engine's pace of st64_c16, two lengths
+        stream(ctx, url, SPLIT_C, 1, n)  # unrecorded: pools grown, this length's bodies cached by the engine
+        r, cpu, cpu1 = _measured(pid, functools.partial(stream, ctx, url, SPLIT_C, a.duration, n))
+        if not r["requests"] or r["errors"] or cpu is None:
+            raise RuntimeError(f"{n}-token streams: {r['requests']} good, {r['errors']} errors {r['error_kinds']}")
+        runs[n] = {"streams": r["requests"], "cpu_us_per_stream": 1e6 * cpu / r["requests"], "cpu1_pct": cpu1}
+    per_token, fixed = split_costs({n: x["cpu_us_per_stream"] for n, x in runs.items()})
+    print(
+        "    st_split: "
+        + ", ".join(f"{n} tokens {x['cpu_us_per_stream']:,.0f} us/stream" for n, x in runs.items())
+        + f": {per_token:.1f} us per token, {fixed:,.0f} us per stream fixed",
+        flush=True,
+    )
+    return {
+        "runs": {str(n): x for n, x in runs.items()},
+        "cpu_us_per_token": per_token,
+        "cpu_us_per_stream_fixed": fixed,
+        "errors": 0,
+    }
+
+
 def rss_plateau(
     ctx: Any, url: str, pid: int | None, sampler: ps.Sampler | None, wrk: Callable[..., dict[str, Any]]
 ) -> dict[str, Any]:
@@ -220,8 +260,16 @@ def rss_plateau(
 
 
 def run_scenario(
-    ctx: Any, scn: str, base: str, pid: int | None, sampler: ps.Sampler | None, wrk: Callable[..., dict[str, Any]]
+    ctx: Any,
+    scn: str,
+    base: str,
+    pid: int | None,
+    sampler: ps.Sampler | None,
+    wrk: Callable[..., dict[str, Any]],
+    stream: Callable[..., dict[str, Any]],
 ) -> dict[str, Any]:
+    """One board scenario against the running target; `wrk` and `stream` are load_generators' run_wrk and
+    run_stream (passed in: load_generators imports the run's tables, which import this module)."""
     url = base + "/v1/chat/completions"
     try:
         if scn == "frontier":
@@ -232,6 +280,8 @@ def run_scenario(
             return stall(ctx, url, pid, sampler)
         if scn == "rss_plateau":
             return rss_plateau(ctx, url, pid, sampler, wrk)
+        if scn == "st_split":
+            return st_split(ctx, url, pid, stream)
     except (RuntimeError, subprocess.TimeoutExpired, OSError) as e:  # one scenario must not sink the target
         print(f"    {scn}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
         return {"error": f"{type(e).__name__}: {str(e)[:500]}"}

@@ -32,6 +32,8 @@ def _v(s: dict[str, Any], scn: str, *keys: str) -> float | None:
 METRICS: tuple[tuple[str, str, tuple[str, ...], bool, bool, int], ...] = (
     ("CPU µs / request (c64)", "ns_c64", ("cpu_us_per_req",), False, True, 0),
     ("CPU µs / streamed event (st64_c16)", "st64_c16", ("cpu_us_per_chunk",), False, True, 1),
+    ("CPU µs / streamed token, marginal (st_split)", "st_split", ("cpu_us_per_token",), False, True, 1),
+    ("CPU µs / stream, fixed (st_split)", "st_split", ("cpu_us_per_stream_fixed",), False, True, 0),
     ("req/s at c64", "ns_c64", ("rps",), False, False, 0),
     ("added p99 at c1, ms", "ns_c1", ("p99",), True, True, 2),
     ("frontier req/s, p99 < 1 ms", "frontier", ("best_rps", "1"), False, False, 0),
@@ -84,7 +86,7 @@ def render(data: dict[str, Any]) -> list[str]:
     cfg = data.get("config", {})
     scns = set(cfg.get("scenarios", ()))
     peers = set(cfg.get("targets", ())) & set(RATIO_TO)
-    if not scns & {"frontier", "pace20_c16", "stall20", "rss_plateau"} and not (
+    if not scns & {"frontier", "pace20_c16", "stall20", "rss_plateau", "st_split"} and not (
         peers and scns & {"ns_c1", "ns_c64", "st64_c16"}
     ):
         return []  # neither a board scenario nor a peer to compare the gateway with

@@ -94,7 +94,7 @@ def bench_target(ctx: Ctx, name: str, scenarios: list[str]) -> dict:
             if scn in LOAD:
                 res["scenarios"][scn] = load_scenario(ctx, name, scn, base, pid, sampler)
             elif scn in board.SCENARIOS:
-                res["scenarios"][scn] = board.run_scenario(ctx, scn, base, pid, sampler, run_wrk)
+                res["scenarios"][scn] = board.run_scenario(ctx, scn, base, pid, sampler, run_wrk, run_stream)
             elif scn == "rss_1k" and pid and sampler:
                 r = res["scenarios"][scn] = rss_1k(ctx, base, pid, sampler)
                 print(

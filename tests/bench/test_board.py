@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -150,7 +153,49 @@ def test_smg_runs_with_its_api_key_on_one_worker() -> None:
     assert targets.target_command("aiohttp", None) == f"{targets.PROJECT_PY} {BENCH}/proxies/aiohttp_bare.py"
 
 
-@pytest.mark.parametrize("scn", ["frontier", "pace20_c16", "stall20", "rss_plateau"])
+def test_st_split_is_the_line_through_two_stream_lengths() -> None:
+    import board
+
+    assert board.split_costs({128: 2_600.0, 8: 440.0}) == (18.0, 296.0)  # (2600-440)/120; 440 - 8*18
+    assert board.split_costs({8: 500.0, 128: 500.0}) == (0.0, 500.0)
+
+
+_SPLIT_CTX = SimpleNamespace(a=SimpleNamespace(duration=1.0))  # a run's context: its options, as run.py's
+
+
+def test_st_split_measures_the_targets_cpu_at_each_length() -> None:
+    import board
+
+    calls: list[tuple[int, float]] = []
+
+    def stream(ctx: object, url: str, conc: int, dur: float, tokens: int) -> dict:
+        calls.append((tokens, dur))
+        # this process is the "target": 100 ms of CPU a call + 2 ms per token, for 10 streams (CPU from /proc
+        # counts in 10 ms ticks: large enough to read)
+        end = time.process_time() + 0.1 + tokens * 0.002
+        while time.process_time() < end:
+            pass
+        return {"requests": 10, "errors": 0, "error_kinds": {}}
+
+    out = board.st_split(_SPLIT_CTX, "http://x", os.getpid(), stream)
+    assert calls == [(8, 1), (8, 1.0), (128, 1), (128, 1.0)]  # each length: 1 s unrecorded, then --duration
+    assert set(out["runs"]) == {"8", "128"} and out["errors"] == 0
+    # 10 streams a call: 200 us of CPU per token, 10 ms per stream fixed (bounds: a tick either way, and a busy box)
+    assert 150 <= out["cpu_us_per_token"] <= 260 and 8_000 <= out["cpu_us_per_stream_fixed"] <= 12_500
+    assert board.st_split(_SPLIT_CTX, "http://x", None, stream) == {"skipped": "no target process (direct)"}
+
+
+def test_board_report_shows_the_split_of_stream_cpu() -> None:
+    gw = {"st_split": {"cpu_us_per_token": 19.0, "cpu_us_per_stream_fixed": 400.0}}
+    smg = {"st_split": {"cpu_us_per_token": 15.2, "cpu_us_per_stream_fixed": 240.0}}
+    data = _run(gw, smg, {"st_split": {"skipped": "no target process (direct)"}})
+    data["config"]["scenarios"] = ["st_split"]
+    text = "\n".join(board_report.render(data))
+    assert "| CPU µs / streamed token, marginal (st_split) | 0.80x | - |" in text  # 15.2/19; aiohttp not run
+    assert "| CPU µs / stream, fixed (st_split) | 400 | 240 | - | - |" in text  # direct: no process of its own
+
+
+@pytest.mark.parametrize("scn", ["frontier", "pace20_c16", "stall20", "rss_plateau", "st_split"])
 def test_every_board_scenario_is_a_run_scenario(scn: str) -> None:
     import board
     import run
