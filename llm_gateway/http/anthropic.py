@@ -65,19 +65,24 @@ class AnthropicExchange(CallExchange):
         # a translated first part can be empty: then the head would wait for the next one
         await self._call.start(status, headers, hold=hold and self._native)
 
+    def _now(self, data: bytes) -> tuple[bytes, bool]:
+        stream = self._stream
+        return (data if stream is None else stream.feed(data)), True  # None: a native answer, already Anthropic's
+
     async def write(self, data: bytes) -> None:
-        if self._stream is None:  # a native answer: already Anthropic's events
-            await self._call.write(data)
-            return
-        out = self._stream.feed(data)
+        out, data = self._take_unsent(data)
+        if data:
+            out += data if self._stream is None else self._stream.feed(data)  # native: already Anthropic's
         if out:
             await self._call.write(out)
 
     async def end(self, data: bytes = b"") -> None:
+        out, data = self._take_unsent(data)
         if self._stream is None:
-            await self._call.end(data)
+            await self._call.end(out + data)
             return
-        out = self._stream.feed(data) if data else b""
+        if data:
+            out += self._stream.feed(data)
         await self._call.end(out + self._stream.finish())
 
 

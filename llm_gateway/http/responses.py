@@ -84,10 +84,18 @@ class ResponsesExchange(CallExchange):
         self._stream = ResponsesStream(self._req, self.id)
         await self._call.start(status, headers)  # a translated first part can be empty: the head goes now
 
+    def _now(self, data: bytes) -> tuple[bytes, bool]:
+        stream = self._stream
+        assert stream is not None, "a relayed chunk before start()"
+        out = stream.feed(data)
+        return out, stream.terminal is None  # the last event waits for the Response to be stored
+
     async def write(self, data: bytes) -> None:
         stream = self._stream
         assert stream is not None, "write() before start()"
-        out = stream.feed(data)
+        out, data = self._take_unsent(data)
+        if data:
+            out += stream.feed(data)
         if stream.terminal is not None and stream.terminal != "response.failed":
             await self._save(stream.response, stream.turn)  # before the last event: chaining finds it
         if out:
@@ -98,11 +106,11 @@ class ResponsesExchange(CallExchange):
         if stream is None:
             await self._call.end()
             return
-        out = b""
+        out, data = self._take_unsent(data)
         if data:
-            out = stream.feed(data)
-            if stream.terminal is not None and stream.terminal != "response.failed":
-                await self._save(stream.response, stream.turn)  # before the last event: chaining finds it
+            out += stream.feed(data)
+        if stream.terminal is not None and stream.terminal != "response.failed":
+            await self._save(stream.response, stream.turn)  # before the last event: chaining finds it
         await self._call.end(out + stream.finish())
 
     async def _save(self, resp: dict[str, Any], turn: dict[str, Any]) -> bool:

@@ -8,7 +8,9 @@ engine's real input and output counts) and `message_stop`. A block ends when out
 starts. An error event in the OpenAI stream (the engine failed after the first byte) becomes
 Anthropic's `event: error` with its envelope, and nothing follows it. Frames are
 `event: NAME\\ndata: JSON\\n\\n`. Each OpenAI event is parsed once; the service writes whole events
-(a partial one is held until the rest comes).
+(a partial one is held until the rest comes). Once a text block is open, a token event shaped like the
+last one parsed (chat_events.text_in) becomes its `text_delta` without being parsed: the text as the
+engine escaped it, between the frame's own bytes.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from llm_gateway.ingress.anthropic_response import (
     stop_reason,
     usage,
 )
-from llm_gateway.ingress.chat_events import data_of
+from llm_gateway.ingress.chat_events import ChatEvents, parse_event, plain_text, text_envelope, text_in
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+_TEXT_DELTA_END = b'"}}\n\n'  # what `frame` writes after a text_delta's text
+_MAX_LEARNS = 16  # token envelopes learnt per stream (again when one changes, as `created` does each second)
 
 
 def frame(name: bytes, obj: dict[str, Any]) -> bytes:
@@ -41,11 +45,13 @@ class StreamTranslator:
 
     __slots__ = (
         "_blocks",
-        "_buf",
         "_deltas",
         "_done",
+        "_env",
+        "_events",
         "_finish",
         "_index",
+        "_learns",
         "_matched",
         "_open",
         "_started",
@@ -59,7 +65,7 @@ class StreamTranslator:
     def __init__(self, stops: tuple[str, ...], prompt_estimate: int) -> None:
         self._stops = stops
         self.estimate = prompt_estimate
-        self._buf = b""
+        self._events = ChatEvents()
         self._started = False  # message_start sent
         self._done = False  # message_stop or an error sent: nothing more
         self._index = -1  # the index of the last block started
@@ -71,6 +77,9 @@ class StreamTranslator:
         self._finish: Any = None
         self._matched: Any = None
         self._usage: Any = None
+        #: a token event's bytes before and after its text, the frame's bytes before it, and the block index
+        self._env: tuple[bytes, bytes, bytes, int] | None = None
+        self._learns = 0
 
     @property
     def done(self) -> bool:
@@ -79,29 +88,38 @@ class StreamTranslator:
     def feed(self, data: bytes) -> bytes:
         if self._done:
             return b""
-        buf = self._buf + data if self._buf else data
-        end = buf.rfind(b"\n\n")
-        if end < 0:
-            self._buf = buf
-            return b""
-        self._buf = buf[end + 2 :]
         out: list[bytes] = []
-        for raw in buf[: end + 2].split(b"\n\n"):
+        env = self._env
+        for raw in self._events.feed(data):
             if self._done:
                 break
-            payload = data_of(raw)
-            if payload is None:
+            if env is not None and self._index == env[3]:  # that text block is still the open one
+                got = text_in(raw, env[0], env[1])
+                if got is not None:  # a token like the last one parsed: its text_delta, unparsed
+                    self._deltas += 1
+                    out.append(env[2] + got[0] + _TEXT_DELTA_END)
+                    continue
+            ev = parse_event(raw)  # the relay passes only JSON events: nothing else can be told to the client
+            if ev is None:
                 continue
-            if payload == b"[DONE]":
+            if not isinstance(ev, dict):  # DONE
                 out.append(self._end())
                 continue
-            try:
-                obj = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                continue  # the relay passes only JSON events; nothing else can be told to the client
-            if isinstance(obj, dict):
-                out.append(self._event(obj))
+            out.append(self._event(ev))
+            if self._open == "text" and self._learns < _MAX_LEARNS and self._learn(raw, ev):
+                env = self._env
         return b"".join(out)
+
+    def _learn(self, event: bytes, obj: dict[str, Any]) -> bool:
+        """Learn the shape of `event` if it is a plain token (its text now in the open text block)."""
+        text = plain_text(obj)
+        found = text_envelope(event, text) if text is not None else None
+        if found is None:
+            return False
+        self._learns += 1
+        head = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d' % self._index
+        self._env = (*found, head + b',"delta":{"type":"text_delta","text":"', self._index)
+        return True
 
     def finish(self) -> bytes:
         """At the end of the service's stream: the closing events, unless they (or an error) went out."""

@@ -12,6 +12,8 @@ engine failed after the first byte) becomes `response.failed` with the error, an
 Every event has a `sequence_number`. Frames are `event: TYPE\\ndata: JSON\\n\\n`.
 Fragments of a tool call whose item has closed (an engine interleaving two calls) cannot be put
 back into a closed item: they are dropped from the stream, as Anthropic's translation does.
+Once a text item is open, a token event shaped like the last one parsed (chat_events.text_in) becomes
+its `response.output_text.delta` without being parsed: the text as the engine escaped it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from llm_gateway.ingress.chat_events import DONE, ChatEvents
+from llm_gateway.ingress.chat_events import ChatEvents, parse_event, plain_text, text_envelope, text_in
 from llm_gateway.ingress.responses_items import new_id
 from llm_gateway.ingress.responses_request import ResponsesRequest
 from llm_gateway.ingress.responses_response import (
@@ -39,6 +41,11 @@ from llm_gateway.ingress.responses_response import (
 _ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded"})
 
 
+_TEXT_DELTA_HEAD = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":'
+_TEXT_DELTA_END = b'","logprobs":[]}\n\n'  # what `_frame` writes after a text delta without logprobs
+_MAX_LEARNS = 16  # token envelopes learnt per stream (again when one changes, as `created` does each second)
+
+
 class ResponsesStream:
     """One stream's translation: `feed()` each write of the service, `finish()` at its end. Once
     `terminal` is set, `response` is the final Response object and `turn` the assistant's chat
@@ -47,10 +54,12 @@ class ResponsesStream:
     __slots__ = (
         "_calls",
         "_deltas",
+        "_env",
         "_events",
         "_finish",
         "_item",
         "_kind",
+        "_learns",
         "_seq",
         "_started",
         "_text",
@@ -78,19 +87,48 @@ class ResponsesStream:
         self._deltas = 0
         self._finish: Any = None
         self._usage: Any = None
+        #: a token event's bytes before and after its text, the delta frame's bytes between its sequence
+        #: number and its text, and the text item they belong to
+        self._env: tuple[bytes, bytes, bytes, dict[str, Any]] | None = None
+        self._learns = 0
 
     def feed(self, data: bytes) -> bytes:
         if self.terminal is not None:
             return b""
         out: list[bytes] = []
-        for ev in self._events.feed(data):
+        env = self._env
+        for raw in self._events.feed(data):
             if self.terminal is not None:
                 break
-            if ev == DONE:
+            if env is not None and self._kind == "text" and self._item is env[3]:
+                got = text_in(raw, env[0], env[1])
+                if got is not None:  # a token like the last one parsed: its output_text.delta, unparsed
+                    self._text.append(got[1])
+                    self._deltas += 1
+                    self._seq += 1
+                    out.append(_TEXT_DELTA_HEAD + b"%d" % (self._seq - 1) + env[2] + got[0] + _TEXT_DELTA_END)
+                    continue
+            ev = parse_event(raw)
+            if ev is None:
+                continue
+            if not isinstance(ev, dict):  # DONE
                 out.append(self._end())
-            elif isinstance(ev, dict):
-                out.append(self._event(ev))
+                continue
+            out.append(self._event(ev))
+            if self._kind == "text" and self._learns < _MAX_LEARNS and self._learn(raw, ev):
+                env = self._env
         return b"".join(out)
+
+    def _learn(self, event: bytes, obj: dict[str, Any]) -> bool:
+        """Learn the shape of `event` if it is a plain token (its text now in the open text item)."""
+        text = plain_text(obj)
+        found = text_envelope(event, text) if text is not None else None
+        if found is None:
+            return False
+        self._learns += 1
+        where = b',"item_id":%b,"output_index":%d' % (orjson.dumps(self._item["id"]), len(self.response["output"]))
+        self._env = (*found, where + b',"content_index":0,"delta":"', self._item)
+        return True
 
     def finish(self) -> bytes:
         """At the end of the service's stream: the end, or a failure if the stream never said it ended."""
