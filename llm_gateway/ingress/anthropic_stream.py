@@ -28,7 +28,7 @@ from llm_gateway.ingress.anthropic_response import (
     stop_reason,
     usage,
 )
-from llm_gateway.ingress.chat_events import ChatEvents, parse_event, plain_text, text_envelope, text_in
+from llm_gateway.ingress.chat_events import ChatEvents, parse_event, text_in, token_envelope
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
@@ -112,8 +112,7 @@ class StreamTranslator:
 
     def _learn(self, event: bytes, obj: dict[str, Any]) -> bool:
         """Learn the shape of `event` if it is a plain token (its text now in the open text block)."""
-        text = plain_text(obj)
-        found = text_envelope(event, text) if text is not None else None
+        found = token_envelope(event, obj)
         if found is None:
             return False
         self._learns += 1

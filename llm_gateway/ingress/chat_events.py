@@ -6,7 +6,7 @@ rest arrives, and `parse_event` parses one once: its JSON object, or `[DONE]` as
 what is not JSON (nothing the relays pass) says nothing.
 
 The token events of a stream differ only in their text, so a translation may learn their bytes around
-the text from one it parsed (`plain_text`, `text_envelope`) and then take the next one's text without
+the text from one it parsed (`token_envelope`) and then take the next one's text without
 parsing it (`text_in`): the text is copied as the engine escaped it, checked to be a valid JSON string.
 """
 
@@ -98,6 +98,12 @@ def text_envelope(event: bytes, text: str) -> tuple[bytes, bytes] | None:
     except orjson.JSONDecodeError:
         return None
     return (event[:a], event[b:]) if same else None
+
+
+def token_envelope(event: bytes, obj: dict[str, Any]) -> tuple[bytes, bytes] | None:
+    """`text_envelope` of `event` (parsed: `obj`) when it is a plain token (`plain_text`), else None."""
+    text = plain_text(obj)
+    return text_envelope(event, text) if text is not None else None
 
 
 def text_in(data: bytes, before: bytes, after: bytes) -> tuple[bytes, str] | None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from llm_gateway.ingress.chat_events import ChatEvents, parse_event, plain_text, text_envelope, text_in
+from llm_gateway.ingress.chat_events import ChatEvents, parse_event, text_in, token_envelope
 from llm_gateway.ingress.responses_items import new_id
 from llm_gateway.ingress.responses_request import ResponsesRequest
 from llm_gateway.ingress.responses_response import (
@@ -121,8 +121,7 @@ class ResponsesStream:
 
     def _learn(self, event: bytes, obj: dict[str, Any]) -> bool:
         """Learn the shape of `event` if it is a plain token (its text now in the open text item)."""
-        text = plain_text(obj)
-        found = text_envelope(event, text) if text is not None else None
+        found = token_envelope(event, obj)
         if found is None:
             return False
         self._learns += 1

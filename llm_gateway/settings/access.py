@@ -12,6 +12,13 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from llm_gateway.settings.vocabulary import Name, PriorityClass, Strict, dupes
 
 
+def _sha256_hex(v: str, of: str) -> str:
+    """A key's configured digest, lower-cased; 64 hex characters or an error naming what it digests."""
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", v):
+        raise ValueError(f"must be 64 hex characters (sha256 of {of}; see `llm-gateway keys new`)")
+    return v.lower()
+
+
 class Budget(Strict):
     """Tokens and/or cost a key may spend per UTC day or calendar month (reserved up front, settled with
     the real usage, like `tpm`); cost is in the currency of `models[].price`."""
@@ -65,9 +72,7 @@ class KeyConfig(Strict):
     @field_validator("sha256")
     @classmethod
     def _check_digest(cls, v: str) -> str:
-        if not re.fullmatch(r"[0-9a-fA-F]{64}", v):
-            raise ValueError("must be 64 hex characters (sha256 of the key; see `llm-gateway keys new`)")
-        return v.lower()
+        return _sha256_hex(v, "the key")
 
 
 class AuthConfig(Strict):
@@ -88,9 +93,7 @@ class AdminKeyConfig(Strict):
     @field_validator("sha256")
     @classmethod
     def _check_digest(cls, v: str) -> str:
-        if not re.fullmatch(r"[0-9a-fA-F]{64}", v):
-            raise ValueError("must be 64 hex characters (sha256 of the admin key; see `llm-gateway keys new`)")
-        return v.lower()
+        return _sha256_hex(v, "the admin key")
 
 
 class AdminConfig(Strict):
