@@ -113,8 +113,9 @@ class StreamTranslator:
     def _learn(self, event: bytes, obj: dict[str, Any]) -> bool:
         """Learn the shape of `event` if it is a plain token (its text now in the open text block)."""
         found = token_envelope(event, obj)
-        if found is None:
-            return False
+        env = self._env
+        if found is None or (env is not None and env[3] == self._index and env[:2] == found):
+            return False  # not a token, or the shape already known (a token parsed for its text: a quote)
         self._learns += 1
         head = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d' % self._index
         self._env = (*found, head + b',"delta":{"type":"text_delta","text":"', self._index)

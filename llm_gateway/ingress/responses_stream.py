@@ -122,8 +122,9 @@ class ResponsesStream:
     def _learn(self, event: bytes, obj: dict[str, Any]) -> bool:
         """Learn the shape of `event` if it is a plain token (its text now in the open text item)."""
         found = token_envelope(event, obj)
-        if found is None:
-            return False
+        env = self._env
+        if found is None or (env is not None and env[3] is self._item and env[:2] == found):
+            return False  # not a token, or the shape already known (a token parsed for its text: a quote)
         self._learns += 1
         where = b',"item_id":%b,"output_index":%d' % (orjson.dumps(self._item["id"]), len(self.response["output"]))
         self._env = (*found, where + b',"content_index":0,"delta":"', self._item)
