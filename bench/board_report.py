@@ -76,6 +76,7 @@ def machine(data: dict[str, Any]) -> str:
     smg = v.get("smg_venv", {}).get("smg")
     return (
         f"{v.get('cpu', '?')}, {v.get('ncpu', '?')} cores, kernel {v.get('kernel', '?')}, Python {v.get('python', '?')}"
+        + (f" at {v['interpreter']}" if v.get("interpreter") else "")
         + (f", smg {smg}" if smg else "")
         + f"; git {v.get('git', '?')}, {data.get('date', '?')}"
     )

@@ -339,7 +339,8 @@ def _tail(data: dict, cols: list[str]) -> list[str]:
     v = data.get("versions", {})
     if v:
         out.append(
-            f"\nVersions: python {v.get('python')}, {v.get('cpu')} x{v.get('ncpu')}, kernel {v.get('kernel')}, "
+            f"\nVersions: python {v.get('python')} at {v.get('interpreter', '?')}, {v.get('cpu')} x{v.get('ncpu')}, "
+            f"kernel {v.get('kernel')}, "
             f"{v.get('wrk')}, git {v.get('git')}; gateway venv {v.get('gateway_venv')}; naive venv "
             f"{v.get('naive_venv')}; litellm venv {v.get('litellm_venv') or 'absent'}"
         )

@@ -12,6 +12,21 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$here")"
 py="${BENCH_PY:-$repo/.venv/bin/python}"
+# BENCH_INTERPRETER=/usr/bin/python3: every Python the bench runs (the gateway, the bare aiohttp proxy, the fake
+# engine, the load clients) on that interpreter, from a venv made once for it with the project installed
+# editable: bench/.venvs/py-<version>-<digest of its path>. The interpreter's build matters: pyenv's default
+# (libpython as a shared library, no profile-guided build) costs the gateway 5-15% more CPU than Debian's
+# python3 or the Docker image's python:3.11-slim (see README, Performance).
+if [ -n "${BENCH_INTERPRETER:-}" ] && [ -z "${BENCH_PY:-}" ]; then
+  tag=$("$BENCH_INTERPRETER" -c 'import hashlib, sys; v = sys.version_info
+print("%d.%d.%d-%s" % (v[0], v[1], v[2], hashlib.sha256(sys.executable.encode()).hexdigest()[:8]))')
+  py="$here/.venvs/py-$tag/bin/python"
+  if ! "$py" -c "import llm_gateway, aiohttp, uvloop, yaml" 2>/dev/null; then
+    echo "bench: making a venv for $BENCH_INTERPRETER in $here/.venvs/py-$tag" >&2
+    "$BENCH_INTERPRETER" -m venv --clear "$here/.venvs/py-$tag"
+    "$py" -m pip install -q --disable-pip-version-check -c "$repo/constraints.txt" -e "$repo"
+  fi
+fi
 
 if ! command -v wrk >/dev/null 2>&1; then
   echo "bench: installing wrk (apt)" >&2

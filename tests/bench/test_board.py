@@ -140,6 +140,21 @@ def test_board_report_puts_the_ratios_first_and_subtracts_direct() -> None:
     assert "| frontier req/s, p99 < 5 ms | 3,000 | - | - |" in text
 
 
+def test_the_report_names_the_interpreter_and_how_it_was_built() -> None:
+    import run  # bench/run.py
+
+    line = run.interpreter(sys.executable)
+    path, _, facts = line.partition(" (")
+    assert path == os.path.realpath(sys._base_executable)  # the interpreter itself, not the venv's link
+    shared = any("libpython" in x for x in Path("/proc/self/maps").read_text().splitlines())
+    assert facts.startswith("libpython shared" if shared else "libpython linked in")
+    assert run.interpreter("/nonexistent/python") == "?"
+    data = _run({}, {}, {})
+    data["versions"]["interpreter"] = line
+    data["config"]["scenarios"] = ["frontier"]
+    assert f"Python 3.11.7 at {line};" in board_report.render(data)[0]
+
+
 def test_main_report_has_a_column_and_a_ratio_for_smg() -> None:
     gw = {"ns_c1": {"p50": 0.5, "p99": 1.0, "errors": 0, "cpu_us_per_req": 300.0, "rps": 1.0}}
     smg = {"ns_c1": {"p50": 0.3, "p99": 0.6, "errors": 0, "cpu_us_per_req": 150.0, "rps": 1.0}}
