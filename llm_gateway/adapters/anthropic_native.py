@@ -168,7 +168,7 @@ class MessagesRelay(RelayBase):
         if self._closed:
             return b""
         buf = self._buf + data if self._buf else data
-        if b"\r" in buf:
+        if buf.find(b"\r") >= 0:  # `find`, not `in`: see sse_relay.py
             tail = b"\r" if buf.endswith(b"\r") else b""
             buf = buf[: len(buf) - len(tail)].replace(b"\r\n", b"\n") + tail
         end = buf.rfind(b"\n\n")
@@ -197,7 +197,7 @@ class MessagesRelay(RelayBase):
                 self.output_started = True
             return raw + b"\n\n"
         if name == b"content_block_start":
-            if not self.output_started and b'"tool_use"' in payload:
+            if not self.output_started and payload.find(b'"tool_use"') >= 0:
                 self.output_started = True
             return raw + b"\n\n"
         if name not in (b"message_start", b"message_delta", b"message_stop", b"error"):

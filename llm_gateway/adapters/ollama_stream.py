@@ -188,7 +188,7 @@ class OllamaRelay(RelayBase):
         if self._closed:
             return b""
         buf = self._buf + data if self._buf else data
-        if b"\n" not in buf:
+        if buf.find(b"\n") < 0:  # `find`, not `in`: see sse_relay.py
             return self._hold(buf)
         *lines, self._buf = buf.split(b"\n")
         out = []

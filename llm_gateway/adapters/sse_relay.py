@@ -23,6 +23,10 @@ that suffix is the same event with other text: nothing in it can be special, and
 came (or with its prefix and suffix rewritten once, when the model name or a field name is swapped and no
 swap can straddle the text). Two comparisons and three short scans instead of a dozen scans of the block
 (bench/: CPU per relayed event).
+
+The per-event paths test for a byte string with `data.find(x) < 0`, not `x not in data`: CPython (3.11 to
+3.13) answers `bytes in bytes` by first trying `x` as an integer, which raises and clears a formatted
+TypeError each time (70 ns on 3.11, 400 on 3.13, per test; `find` 50-100 ns in all).
 """
 
 from __future__ import annotations
@@ -106,12 +110,12 @@ class SSERelay(RelayBase):
         if env is not None and data.startswith(env[0]) and data.endswith(env[1]) and not self._buf:
             a, b = len(env[0]), len(data) - len(env[1])
             text = data[a:b]
-            if a <= b and b'"' not in text and b"\n" not in text and b"\r" not in text and text[-1:] != b"\\":
+            if a <= b and text.find(b'"') < 0 and text.find(b"\n") < 0 and text.find(b"\r") < 0 and text[-1:] != b"\\":
                 self.content_events += 1
                 self.text_bytes += b - a
                 return data if env[2] is None else env[2] + text + env[3]  # type: ignore[operator]
         buf = self._buf + data if self._buf else data
-        if b"\r" in buf:
+        if buf.find(b"\r") >= 0:
             tail = b"\r" if buf.endswith(b"\r") else b""
             buf = buf[: len(buf) - len(tail)].replace(b"\r\n", b"\n") + tail
         end = buf.rfind(b"\n\n")
@@ -119,7 +123,7 @@ class SSERelay(RelayBase):
             return self._hold(buf)
         block = buf[: end + 2]
         self._buf = buf[end + 2 :]
-        finish = b'"finish_reason":"' in block or b'"finish_reason": "' in block
+        finish = block.find(b'"finish_reason":"') >= 0 or block.find(b'"finish_reason": "') >= 0
         if finish:
             self._saw_finish = True
         n = block.count(b"\n\n")
@@ -128,9 +132,9 @@ class SSERelay(RelayBase):
             and block.count(b"\n") == 2 * n  # every event is one line
             and block.count(b"\n\ndata: {") == n - 1
             and block.count(b"}\n\n") == n
-            and b"[DONE]" not in block
+            and block.find(b"[DONE]") < 0
             and not _has_usage(block)  # `"usage": null` on every chunk (LMDeploy, vLLM) stays on the fast path
-            and b'{"error"' not in block
+            and block.find(b'{"error"') < 0
             and not (self._finish_errors and self._saw_finish)
         ):
             self.content_events += n
@@ -165,7 +169,7 @@ class SSERelay(RelayBase):
             return
         a, b = spans[0]
         pre, suf, text = raw[:a], raw[b:], raw[a:b]
-        if b'"' in text or b"\n" in text or b"\r" in text or text[-1:] == b"\\":
+        if text.find(b'"') >= 0 or text.find(b"\n") >= 0 or text.find(b"\r") >= 0 or text[-1:] == b"\\":
             return
         swaps = self._replacements + self._finish_renames
         if any(_straddles(old, pre, suf) for old, _ in swaps):
@@ -219,8 +223,8 @@ class SSERelay(RelayBase):
             payload[:1] == b"{"
             and payload[-1:] == b"}"
             and not _has_usage(payload)
-            and b'"error"' not in payload
-            and not any(f in payload for f in self._finish_errors)
+            and payload.find(b'"error"') < 0
+            and not any(payload.find(f) >= 0 for f in self._finish_errors)
         ):  # an ordinary chunk in a block with something special elsewhere: no need to parse it
             self.content_events += 1
             self.text_bytes += text_bytes(payload)
@@ -279,7 +283,7 @@ class SSERelay(RelayBase):
                 orjson.loads(payload)
             except orjson.JSONDecodeError:
                 return self._fail(StreamInterrupted("the engine's stream ended in the middle of an event"))
-        if b'"finish_reason":"' in payload or b'"finish_reason": "' in payload:
+        if payload.find(b'"finish_reason":"') >= 0 or payload.find(b'"finish_reason": "') >= 0:
             self._saw_finish = True
         return self._slow(b"data: " + payload + b"\n\n")
 
@@ -342,14 +346,14 @@ def _straddles(old: bytes, pre: bytes, suf: bytes) -> bool:
 
 
 def _has_usage(data: bytes) -> bool:
-    return b'"usage":{' in data or b'"usage": {' in data
+    return data.find(b'"usage":{') >= 0 or data.find(b'"usage": {') >= 0
 
 
 def _data_of(raw: bytes) -> bytes | None:
     raw = raw.strip(b"\n")
     if not raw:
         return None
-    if raw.startswith(b"data: ") and b"\n" not in raw:
+    if raw.startswith(b"data: ") and raw.find(b"\n") < 0:
         return raw[6:]
     parts = []
     for line in raw.split(b"\n"):
