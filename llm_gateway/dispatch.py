@@ -312,9 +312,10 @@ class Dispatcher:
             static = eligible(group, info)
             if gi == 0 and not static:
                 raise explain_ineligible(group, info)
-            if gi == 0 and not any(fits(d, info) for g in groups for d in eligible(g, info)):
+            fitting = [d for d in static if fits(d, info)]
+            if gi == 0 and not fitting and not _fits_in_any(groups[1:], info):
                 raise explain_too_long(group, static, info)
-            static = [d for d in static if fits(d, info)]
+            static = fitting
             while True:
                 now = time.monotonic()
                 live = [
@@ -370,6 +371,16 @@ class Dispatcher:
             f"no healthy backend for model '{route.name}': " + _why_unavailable(groups[0], time.monotonic()),
             headers={"retry-after": "2"},
         )
+
+
+def _fits_in_any(groups: list[ModelRoute], info: RequestInfo) -> bool:
+    """Does the request fit a deployment of any of these routes? (Loops, not `any(genexpr)`: closing a
+    generator early raises GeneratorExit in it, once per request.)"""
+    for g in groups:
+        for d in eligible(g, info):
+            if fits(d, info):
+                return True
+    return False
 
 
 def _more_to_try(
