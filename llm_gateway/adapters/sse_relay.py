@@ -238,7 +238,7 @@ class SSERelay(RelayBase):
         if "error" in obj and "choices" not in obj:
             return self._fail(self._on_error(obj))
         for f in self._finish_errors:
-            if f in payload:
+            if payload.find(f) >= 0:
                 reason = f.split(b'"')[-2].decode()
                 return self._fail(StreamInterrupted(f"the engine ended the generation with finish_reason '{reason}'"))
         usage = usage_from(obj)

@@ -144,8 +144,8 @@ class CoalescingCycle(RequestResponseCycle):
         if (
             HEADER_RE.search(names.replace(b"\n", b""))
             or HEADER_VALUE_RE.search(b"\t".join([value for _, value in headers]))
-            or b"connection" in names
-            or b"transfer-encoding" in names
+            or names.find(b"connection") >= 0  # `find`, not `in`: see adapters/sse_relay.py
+            or names.find(b"transfer-encoding") >= 0
         ):
             return None  # uvicorn's send raises for a bad one, and reads the framing ones
         if not self.keep_alive:
