@@ -118,7 +118,6 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
 #: the most UTF-8 bytes of non-blank text a token averages under any tokenizer in use (the rule of
 #: adapters/ollama_prompt.min_tokens, which the Ollama adapter checks answers with)
 FLOOR_BYTES_PER_TOKEN = 8
-_BLANKS = (" ", "\n", "\t", "\r")
 #: the ceiling's allowances, in tokens, for what a chat template adds (see the module's docstring)
 CEILING_BASE = 256
 CEILING_PER_MESSAGE = 32
@@ -133,7 +132,8 @@ def _utf8_size(text: str) -> int:
 def _bounds(text: str) -> tuple[int, int]:
     """(`min_tokens(text)`, its UTF-8 bytes: at most one token each)."""
     size = _utf8_size(text)
-    return (size - sum(text.count(b) for b in _BLANKS)) // FLOOR_BYTES_PER_TOKEN, size
+    blanks = text.count(" ") + text.count("\n") + text.count("\t") + text.count("\r")  # no genexpr: once per message
+    return (size - blanks) // FLOOR_BYTES_PER_TOKEN, size
 
 
 def min_tokens(text: str) -> int:
