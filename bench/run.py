@@ -71,7 +71,7 @@ def table(data: dict) -> str:
 
 def interpreter(py: str) -> str:
     """Which CPython build runs the Python targets: its real path and how it was built (the build moves
-    the gateway's CPU by 5-15%: a shared libpython without PGO, pyenv's default, is the slow one)."""
+    the gateway's CPU by up to ~10%: a shared libpython without PGO, pyenv's default, is the slow one)."""
     code = (
         "import os, sys, sysconfig\n"
         "args = sysconfig.get_config_var('CONFIG_ARGS') or ''\n"

@@ -15,7 +15,7 @@ py="${BENCH_PY:-$repo/.venv/bin/python}"
 # BENCH_INTERPRETER=/usr/bin/python3: every Python the bench runs (the gateway, the bare aiohttp proxy, the fake
 # engine, the load clients) on that interpreter, from a venv made once for it with the project installed
 # editable: bench/.venvs/py-<version>-<digest of its path>. The interpreter's build matters: pyenv's default
-# (libpython as a shared library, no profile-guided build) costs the gateway 5-15% more CPU than Debian's
+# (libpython as a shared library, no profile-guided build) costs the gateway up to ~10% more CPU than Debian's
 # python3 or the Docker image's python:3.11-slim (see README, Performance).
 if [ -n "${BENCH_INTERPRETER:-}" ] && [ -z "${BENCH_PY:-}" ]; then
   tag=$("$BENCH_INTERPRETER" -c 'import hashlib, sys; v = sys.version_info
