@@ -8,6 +8,7 @@ The plan of the house, bottom first; every import points down (tests/unit/test_i
 - `ingress/` (other APIs to and from OpenAI chat, pure translation: Anthropic Messages);
 - `settings` (the config schema), `config_loader`, `auth` (keys), `routing/` (table, selection,
   admission, breaker), `limits/` (stores and limiter), `observability/` (metrics, access log);
+- `candidates` (which deployments can serve a request, and whether it fits their context windows);
 - `dispatch` (retries and failover), `prober` (health and load), `runtime` (shared objects and the
   per-config part a reload swaps), `service` (the steps of one request), `reload`;
 - `http/` (raw ASGI surface, handlers, the hardened uvicorn protocol), `app` (the composition root),

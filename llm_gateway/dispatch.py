@@ -1,13 +1,9 @@
 """Getting one request onto a deployment: candidates, selection, admission, retries, failover.
 
-Candidates are the model's deployments that can serve the request at all (format constraint,
-capabilities), whose context window, where it is known, the request fits (`fits`: the prompt's tokens
-by the engine's own count where prompt_count.py made one, else their lower bound, plus `max_tokens`
-where the engine counts it; a 400 `context_length_exceeded` before any engine is called when no
-deployment of the model or its fallbacks fits), then those that
-are routable now (backend not down or loading, breaker not open, model present). Selection orders
-them; admission takes a slot (or queues for one, bounded);
-the exchange runs. A failure that is the backend's (connection refused or reset, 502/503/504,
+Candidates are the model's deployments that can serve the request at all and that it fits
+(candidates.py; a 400 before any engine is called when no deployment of the model or its fallbacks
+fits), then those that are routable now (backend not down or loading, breaker not open, model
+present). Selection orders them; admission takes a slot (or queues for one, bounded); the exchange runs. A failure that is the backend's (connection refused or reset, 502/503/504,
 engine queue full, timeout) is retried on another deployment, before any byte reached the client,
 bounded in count and time, with jittered backoff. When every deployment of a model is unavailable,
 the model's configured fallbacks are tried in order.
@@ -28,12 +24,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from llm_gateway.auth import Principal
+from llm_gateway.candidates import eligible, explain_ineligible, explain_too_long, fits, fits_in_any
 from llm_gateway.errors import (
     BackendFailure,
     ConnectFailed,
     EngineErrorAnswer,
     GatewayError,
-    InvalidRequest,
     NoHealthyBackend,
     Overloaded,
 )
@@ -106,83 +102,6 @@ def _refused(message: str, reason: str, deps: list[Deployment]) -> Overloaded:
     """429 queue_full, with a Retry-After from the queues' drain rate and the reason in a header."""
     wait = min(d.admission.retry_after_s() for d in deps) if deps else 1
     return Overloaded(message, headers={"retry-after": str(wait), REJECT_REASON_HEADER: reason})
-
-
-def eligible(route: ModelRoute, info: RequestInfo) -> list[Deployment]:
-    """Deployments that could serve this request at all (ignores health); cached per route and need."""
-    key = (info.format, info.needs)
-    found = route.eligible.get(key)
-    if found is None:
-        found = [
-            d
-            for d in route.deployments
-            if (info.format is None or d.cfg.format == info.format) and info.needs <= d.cfg.capabilities
-        ]
-        if len(route.eligible) < 256:
-            route.eligible[key] = found
-    return found
-
-
-def explain_ineligible(route: ModelRoute, info: RequestInfo) -> InvalidRequest:
-    if info.format is not None and not any(d.cfg.format == info.format for d in route.deployments):
-        have = sorted({d.cfg.format for d in route.deployments})
-        return InvalidRequest(
-            f"no deployment of model '{route.name}' serves the '{info.format}' weight format "
-            f"(it has: {', '.join(have)})",
-            param="model",
-            code="format_unavailable",
-        )
-    missing = sorted(info.needs - set().union(*(d.cfg.capabilities for d in route.deployments)))
-    return InvalidRequest(
-        f"model '{route.name}' has no deployment with the capabilities this request needs: "
-        f"{', '.join(missing) or 'a combination'}",
-        param="model",
-        code="capability_unavailable",
-    )
-
-
-def output_counted(d: Deployment, info: RequestInfo) -> int:
-    """The output tokens the fit check adds to the prompt: `max_tokens` where the deployment's engine
-    refuses a prompt plus `max_tokens` over its window; 0 where it cuts the generation at the window's
-    end, or when the request sets none (the engines then fill what is left)."""
-    return (info.max_tokens or 0) if d.backend.adapter.window_counts_output else 0
-
-
-def fits(d: Deployment, info: RequestInfo) -> bool:
-    """Can the request fit the deployment's context window? An unknown window fits (no refusal on a
-    guess); the prompt counts as the engine counted it where it was asked (an ambiguous size), else at
-    its lower bound (request_info `prompt_floor`), so a request the engine would take is never kept
-    from it."""
-    window = d.context_length
-    if window is None:
-        return True
-    exact = info.prompt_exact
-    n = info.prompt_floor if exact is None else exact.get(d.model, info.prompt_floor)
-    return n + output_counted(d, info) <= window
-
-
-def explain_too_long(route: ModelRoute, deps: list[Deployment], info: RequestInfo) -> InvalidRequest:
-    """400 `context_length_exceeded` (OpenAI's code), naming the window that came nearest and the count."""
-    nearest = max(deps, key=lambda d: (d.context_length or 0) - output_counted(d, info))
-    window, out = nearest.context_length, output_counted(nearest, info)
-    exact = info.prompt_exact.get(nearest.model) if info.prompt_exact else None
-    prompt = info.prompt_floor if exact is None else exact
-    need = f"{'at least ' if exact is None else ''}{prompt + out} tokens"
-    if out:
-        need += f" ({prompt} of prompt and max_tokens {out})"
-    how = (
-        "by the gateway's estimate (a lower bound of the prompt's tokens)"
-        if exact is None
-        else "its prompt counted by the engine's own tokenizer"
-    )
-    return InvalidRequest(
-        f"This model's maximum context length is {window} tokens (model '{route.name}'"
-        + (", its largest deployment" if len(deps) > 1 else "")
-        + f"). However, this request needs {need}, {how}. Please reduce the length of the prompt"
-        + (" or max_tokens." if out else "."),
-        param="messages" if "chat" in info.needs else "prompt" if "completions" in info.needs else "input",
-        code="context_length_exceeded",
-    )
 
 
 # the engine lacks this route or model: a config mismatch for one endpoint, not ill health (its chat may
@@ -313,7 +232,7 @@ class Dispatcher:
             if gi == 0 and not static:
                 raise explain_ineligible(group, info)
             fitting = [d for d in static if fits(d, info)]
-            if gi == 0 and not fitting and not _fits_in_any(groups[1:], info):
+            if gi == 0 and not fitting and not fits_in_any(groups[1:], info):
                 raise explain_too_long(group, static, info)
             static = fitting
             while True:
@@ -371,16 +290,6 @@ class Dispatcher:
             f"no healthy backend for model '{route.name}': " + _why_unavailable(groups[0], time.monotonic()),
             headers={"retry-after": "2"},
         )
-
-
-def _fits_in_any(groups: list[ModelRoute], info: RequestInfo) -> bool:
-    """Does the request fit a deployment of any of these routes? (Loops, not `any(genexpr)`: closing a
-    generator early raises GeneratorExit in it, once per request.)"""
-    for g in groups:
-        for d in eligible(g, info):
-            if fits(d, info):
-                return True
-    return False
 
 
 def _more_to_try(

@@ -1,6 +1,6 @@
 """Exact prompt counts, only where a request's size is ambiguous for a deployment's context window.
 
-The fit check (dispatch.fits) judges a prompt on its lower bound (request_info `prompt_floor`), so the
+The fit check (candidates.fits) judges a prompt on its lower bound (request_info `prompt_floor`), so the
 gateway never refuses what an engine would take. A chat request also has an upper bound
 (`prompt_ceiling`: every UTF-8 byte a token, plus the template's allowances). Where a deployment's
 known window lies between the two (`floor + output <= window < ceiling + output`) the bound cannot
@@ -34,7 +34,7 @@ import orjson
 from llm_gateway.adapters.base import Adapter
 from llm_gateway.adapters.openai_compat import prompt_fields
 from llm_gateway.backend_calls import COUNT_ATTEMPTS, BackendPoster
-from llm_gateway.dispatch import eligible, output_counted
+from llm_gateway.candidates import eligible, output_counted
 from llm_gateway.errors import GatewayError
 from llm_gateway.observability.metrics import Metrics
 from llm_gateway.request_info import RequestInfo

@@ -24,7 +24,8 @@ from typing import Any
 
 from llm_gateway.auth import Principal
 from llm_gateway.backend_calls import COUNT_ATTEMPTS, ERROR_BODY_LIMIT, BackendPoster
-from llm_gateway.dispatch import eligible, priority_rank, release, ticket_for
+from llm_gateway.candidates import eligible
+from llm_gateway.dispatch import priority_rank, release, ticket_for
 from llm_gateway.errors import GatewayError, ModelNotFound, UpstreamProtocolError
 from llm_gateway.exchange import ClientExchange, NativeDialect
 from llm_gateway.job import Job

@@ -107,7 +107,7 @@ class Adapter(ABC):
     schedules_by_priority: ClassVar[bool] = False
     #: does the engine refuse a request whose prompt plus `max_tokens` exceeds its context window (vLLM,
     #: SGLang), rather than only one whose prompt does, cutting the generation at the window's end
-    #: (llama-server)? Read by selection's fit check (dispatch.fits); False never refuses a valid request.
+    #: (llama-server)? Read by selection's fit check (candidates.fits); False never refuses a valid request.
     window_counts_output: ClassVar[bool] = False
 
     def engine_priority(self, rank: int) -> int:

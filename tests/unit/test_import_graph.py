@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config_loader", "auth", "routing"),  # loading config, keys, routing state and pure decisions
     ("limits", "state"),  # rate-limit stores and the limiter (reads the key's principal); the database
     ("observability",),  # metrics (reads the routing table at scrape time), access log, records
+    ("candidates",),  # which deployments can serve a request at all, and whether it fits their windows
     (
         "dispatch",
         "prober",
