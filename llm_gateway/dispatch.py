@@ -3,8 +3,9 @@
 Candidates are the model's deployments that can serve the request at all and that it fits
 (candidates.py; a 400 before any engine is called when no deployment of the model or its fallbacks
 fits), then those that are routable now (backend not down or loading, breaker not open, model
-present). Selection orders them; admission takes a slot (or queues for one, bounded); the exchange runs. A failure that is the backend's (connection refused or reset, 502/503/504,
-engine queue full, timeout) is retried on another deployment, before any byte reached the client,
+present). Selection orders them; admission takes a slot (or queues for one, bounded); the exchange
+runs. A failure that is the backend's (connection refused or reset, 502/503/504, engine queue full,
+timeout) is retried on another deployment, before any byte reached the client,
 bounded in count and time, with jittered backoff. When every deployment of a model is unavailable,
 the model's configured fallbacks are tried in order.
 A request waits in a deployment's queue with its `Ticket` (key, class, estimated tokens: see
