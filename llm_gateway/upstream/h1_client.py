@@ -103,12 +103,24 @@ class Connection(asyncio.Protocol):
             self._fail(UpstreamProtocolError(f"the engine sent an invalid HTTP response: {e}"))
             return
         body = self._body
-        if body:  # `_flush_body`, inline: once per read of a stream
+        if body:  # `_flush_body` and the exchange's `feed`, inline: once per read of a stream
             data = body[0] if len(body) == 1 else b"".join(body)
             body.clear()
             ex = self.exchange
-            if ex is not None:
+            if ex is None:
+                return
+            sink = ex.sink
+            if sink is None:
                 ex.feed(data)
+                return
+            try:
+                if sink(data):
+                    ex.fed += 1
+                    return
+            except Exception as e:
+                ex.sink_failed(e)
+                return
+            ex.unpipe()
 
     def _flush_body(self) -> None:
         body = self._body

@@ -540,6 +540,38 @@ async def test_h1_pipe_ends_with_the_body_and_a_silence_past_idle_s_is_a_timeout
         await c.aclose()
 
 
+async def test_h1_a_piped_stream_slower_than_the_watchdog_but_never_silent_for_idle_s_is_not_a_timeout():
+    # piped chunks are counted, not timed one by one: the watchdog must see the count move and time a
+    # silence from there, or a steady stream longer than idle_s would be cut
+    async def script(req, reader, writer):
+        writer.write(head(content_type="text/event-stream", transfer_encoding="chunked"))
+        await writer.drain()
+        for i in range(8):
+            await asyncio.sleep(0.2)
+            writer.write(chunked(b"data: %d\n\n" % i))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async with TinyEngine(script) as eng:
+        c = H1Upstream()
+        t = UpstreamTimeouts(connect_s=1, first_byte_s=1, idle_s=0.5, total_s=10)
+        resp = await c.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", t)
+        got: list[bytes] = []
+
+        def sink(data: bytes) -> bool:
+            got.append(data)
+            return True
+
+        piped = resp.pipe(sink)
+        assert piped is not None
+        await asyncio.wait_for(piped, 5)
+        assert await resp.read_chunk() == b""  # the body's end, not an UpstreamTimeout
+        assert b"".join(got) == b"".join(b"data: %d\n\n" % i for i in range(8))
+        resp.close()
+        await c.aclose()
+
+
 async def test_h1_what_the_sink_raises_is_raised_where_it_was_piped():
     async def script(req, reader, writer):
         writer.write(head(content_type="text/event-stream", transfer_encoding="chunked"))
