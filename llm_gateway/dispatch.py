@@ -34,7 +34,7 @@ from llm_gateway.errors import (
     NoHealthyBackend,
     Overloaded,
 )
-from llm_gateway.observability.metrics import Metrics
+from llm_gateway.observability.metrics import Metrics, inc, observe
 from llm_gateway.request_info import RequestInfo, affinity_key
 from llm_gateway.routing import selection
 from llm_gateway.routing.admission import ANONYMOUS, Ticket
@@ -197,7 +197,7 @@ class Dispatcher:
             ok = await _wait_reporting(d, trace)
         waited = time.monotonic() - t
         trace.waited_s += waited
-        self.metrics.child(self.metrics.queue_wait, CLASS_NAMES.get(ticket.priority, "default")).observe(waited)
+        observe(self.metrics.child(self.metrics.queue_wait, CLASS_NAMES.get(ticket.priority, "default")), waited)
         if not ok:
             raise _refused(
                 f"no slot of a deployment freed up within {d.backend.cfg.queue_timeout_s:g}s", "queue_timeout", [d]
@@ -207,9 +207,12 @@ class Dispatcher:
 
     def _admitted(self, ticket: Ticket) -> None:
         if ticket.key:
-            self.metrics.child(
-                self.metrics.admitted_tokens, ticket.key, CLASS_NAMES.get(ticket.priority, "default")
-            ).inc(ticket.cost)
+            inc(
+                self.metrics.child(
+                    self.metrics.admitted_tokens, ticket.key, CLASS_NAMES.get(ticket.priority, "default")
+                ),
+                ticket.cost,
+            )
 
     async def run(
         self,

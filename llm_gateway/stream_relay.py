@@ -22,7 +22,7 @@ from llm_gateway.adapters.base import Adapter, StreamRelay
 from llm_gateway.adapters.relay_base import usage_or_estimate
 from llm_gateway.errors import DONE, GatewayError
 from llm_gateway.job import Job
-from llm_gateway.observability.metrics import Metrics, observe_many
+from llm_gateway.observability.metrics import Metrics, observe, observe_many
 from llm_gateway.routing.table import Deployment
 from llm_gateway.types import CallContext, Usage
 from llm_gateway.upstream.base import UpstreamResponse
@@ -59,7 +59,7 @@ async def relay_stream(
             if relay.output_started:  # not a role-only or empty chunk: the first generated output
                 first = False
                 rec.ttft_s = now - rec.t0
-                metrics.child(metrics.ttft, dep.model, dep.backend.name).observe(rec.ttft_s)
+                observe(metrics.child(metrics.ttft, dep.model, dep.backend.name), rec.ttft_s)
         else:
             gaps.append(now - last)
             if len(gaps) >= 64:

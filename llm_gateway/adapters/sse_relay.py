@@ -222,13 +222,19 @@ class SSERelay(RelayBase):
             self.output_started = has_output(joined)
         return joined
 
+    def _has_finish_error(self, payload: bytes) -> bool:
+        for f in self._finish_errors:  # noqa: SIM110  # a loop, not any(genexpr): no generator per event
+            if payload.find(f) >= 0:
+                return True
+        return False
+
     def _event(self, payload: bytes) -> bytes:
         if (
             payload[:1] == b"{"
             and payload[-1:] == b"}"
             and not _has_usage(payload)
             and payload.find(b'"error"') < 0
-            and not any(payload.find(f) >= 0 for f in self._finish_errors)
+            and not self._has_finish_error(payload)
         ):  # an ordinary chunk in a block with something special elsewhere: no need to parse it
             self.content_events += 1
             self.text_bytes += text_bytes(payload)

@@ -86,13 +86,6 @@ def _methods(path: str) -> str | None:
     return None
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for k, v in scope["headers"]:
-        if k == name:
-            return v  # type: ignore[no-any-return]
-    return None
-
-
 class GatewayApp:
     def __init__(
         self,
@@ -128,19 +121,16 @@ class GatewayApp:
         if handler is None and (path.startswith(ADMIN_PREFIX) or path == STATUS_PAGE) and self.admin is not None:
             await self.admin(scope, receive, send)
             return
-        rid_in = None
-        for k, v in scope["headers"]:
-            if k == b"x-request-id":
-                rid_in = v
-                break
+        by_name = dict(reversed(scope["headers"]))  # a header sent twice: its first value
+        rid_in = by_name.get(b"x-request-id")
         rid = rid_in.decode() if rid_in is not None and _RID.match(rid_in) else os.urandom(12).hex()
         if self.cors is not None:
-            origin = _header(scope, b"origin")
+            origin = by_name.get(b"origin")
             if origin is not None:
                 send = self.cors.wrap(origin, send)
-                if method == "OPTIONS" and handler is None and _header(scope, b"access-control-request-method"):
+                if method == "OPTIONS" and handler is None and by_name.get(b"access-control-request-method"):
                     handler = self.cors.preflight_handler(path)
-        call = Call(scope, receive, send, rid)
+        call = Call(scope, receive, send, rid, by_name)
         rec = RequestRecord(rid, t0, method, path if path in PATHS else "other")
         rt = self.gw.runtime
         try:

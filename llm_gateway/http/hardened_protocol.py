@@ -235,7 +235,6 @@ class GatewayProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._awaiting_headers = True
         self._header_bytes = 0
-        self._parsed_header_bytes = 0
         self._message_parsed = False  # the current request has been parsed to its end
         self._response_done = False  # ... and answered
         self._header_timer: asyncio.TimerHandle | None = None
@@ -308,23 +307,20 @@ class GatewayProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._awaiting_headers = True
-        self._parsed_header_bytes = 0
         self._message_parsed = self._response_done = False
         self._arm()
 
-    def on_url(self, url: bytes) -> None:
-        self._parsed_header_bytes += len(url)
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._parsed_header_bytes += len(name) + len(value) + 4
-        super().on_header(name, value)
+    def _parsed_header_bytes(self) -> int:
+        """The size of the request's headers as parsed: the URL, and each header with its ": " and CRLF."""
+        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
-        self._header_bytes = 0
+        received, self._header_bytes = self._header_bytes, 0
         self._disarm()
-        if self._parsed_header_bytes > self.max_header_bytes:  # they all came in one read
+        # headers over the cap that all came in one read (a read that ended with them is refused in
+        # `data_received`); counted only when the reads since the request began could hold that many
+        if received > self.max_header_bytes and self._parsed_header_bytes() > self.max_header_bytes:
             self._refuse(
                 431,
                 "request_header_fields_too_large",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from llm_gateway.observability.logs import AccessLog
-from llm_gateway.observability.metrics import Metrics
+from llm_gateway.observability.metrics import Metrics, inc, observe
 
 UNKNOWN = "unknown"
 NONE = "none"
@@ -73,17 +73,17 @@ def finish_record(metrics: Metrics, access: AccessLog, rec: RequestRecord, usage
         usage.record(rec, duration)
     sc = f"{rec.status // 100}xx" if rec.status else "none"
     child = metrics.child
-    child(metrics.requests, rec.model, rec.backend, rec.engine, rec.endpoint, sc, rec.outcome).inc()
+    inc(child(metrics.requests, rec.model, rec.backend, rec.engine, rec.endpoint, sc, rec.outcome))
     if rec.backend != NONE:
-        child(metrics.duration, rec.model, rec.backend, rec.endpoint).observe(duration)
-        if rec.prompt_tokens:
-            child(metrics.prompt_tokens, rec.model, rec.backend).inc(rec.prompt_tokens)
-        if rec.completion_tokens:
-            child(metrics.completion_tokens, rec.model, rec.backend).inc(rec.completion_tokens)
+        observe(child(metrics.duration, rec.model, rec.backend, rec.endpoint), duration)
+        if rec.prompt_tokens is not None and rec.prompt_tokens > 0:
+            inc(child(metrics.prompt_tokens, rec.model, rec.backend), rec.prompt_tokens)
+        if rec.completion_tokens is not None and rec.completion_tokens > 0:
+            inc(child(metrics.completion_tokens, rec.model, rec.backend), rec.completion_tokens)
     overhead = rec.overhead_s
     if overhead is None:
         overhead = max(0.0, duration - rec.upstream_s - rec.waited_s)
-    child(metrics.overhead, rec.endpoint).observe(overhead)
+    observe(child(metrics.overhead, rec.endpoint), overhead)
     if access.enabled:
         fields: dict[str, Any] = {
             "request_id": rec.rid,

@@ -1,5 +1,7 @@
 """Inter-token latencies are observed in batches (observability/metrics.observe_many): the histogram a
 stream leaves must be exactly the one observing each gap would leave, and every gap of a stream counts.
+The request path's single counts and observations go straight to the children's values (`inc`,
+`observe`): the series must be the ones prometheus-client's own `inc` and `observe` leave.
 """
 
 from __future__ import annotations
@@ -7,9 +9,9 @@ from __future__ import annotations
 import random
 
 import orjson
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from llm_gateway.observability.metrics import ITL_BUCKETS, observe_many
+from llm_gateway.observability.metrics import DURATION_BUCKETS, ITL_BUCKETS, inc, observe, observe_many
 from tests.conftest import ONE_BACKEND, TEST_KEY, gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream
 
@@ -32,6 +34,29 @@ def test_a_batch_leaves_the_histogram_that_one_observation_at_a_time_leaves() ->
     assert got.keys() == want.keys()
     for k, v in want.items():
         assert abs(got[k] - v) < 1e-6, k
+
+
+def test_the_direct_inc_and_observe_leave_the_series_prometheus_clients_own_leave() -> None:
+    rng = random.Random(11)
+    values = [rng.choice(DURATION_BUCKETS) for _ in range(40)] + [rng.uniform(0, 900) for _ in range(200)] + [0.0]
+    own, direct = (Histogram("h", "h", ["m"], buckets=DURATION_BUCKETS, registry=CollectorRegistry()) for _ in range(2))
+    own_c, direct_c = (Counter("c", "c", ["m"], registry=CollectorRegistry()) for _ in range(2))
+    for v in values:
+        own.labels("x").observe(v)
+        observe(direct.labels("x"), v)
+        own_c.labels("x").inc(int(v))
+        inc(direct_c.labels("x"), int(v))
+    own_c.labels("y").inc()
+    inc(direct_c.labels("y"))
+    got, want = samples(direct), samples(own)
+    assert got.keys() == want.keys() and sum(want.values()) > 0
+    for k, v in want.items():
+        assert abs(got[k] - v) < 1e-6, k
+    counts = [
+        {s.labels["m"]: s.value for m in c.collect() for s in m.samples if s.name == "c_total"}
+        for c in (own_c, direct_c)
+    ]
+    assert counts[0] == counts[1] and counts[0]["y"] == 1
 
 
 def chunk(text: str, finish: str | None = None) -> bytes:
