@@ -140,18 +140,20 @@ class CoalescingCycle(RequestResponseCycle):
         ):
             return None
         content = [STATUS_LINE[status]]
-        for name, value in self.default_headers:
-            content += (name, b": ", value, b"\r\n")
-        for name, value in headers:
-            content += (name, b": ", value, b"\r\n")
-        names = b"\n".join([name for name, _ in headers])
-        if (
-            HEADER_RE.search(names.replace(b"\n", b""))
-            or HEADER_VALUE_RE.search(b"\t".join([value for _, value in headers]))
-            or names.find(b"connection") >= 0  # `find`, not `in`: see adapters/sse_relay.py
-            or names.find(b"transfer-encoding") >= 0
-        ):
-            return None  # uvicorn's send raises for a bad one, and reads the framing ones
+        # "name: value" lines joined in C (map over the pairs), not a Python loop over a dozen headers
+        if self.default_headers:
+            content += (b"\r\n".join(map(b": ".join, self.default_headers)), b"\r\n")
+        if headers:
+            content += (b"\r\n".join(map(b": ".join, headers)), b"\r\n")
+            names, values = zip(*headers, strict=True)  # in C too, where two list comprehensions were
+            joined = b"\n".join(names)
+            if (
+                HEADER_RE.search(b"".join(names))
+                or HEADER_VALUE_RE.search(b"\t".join(values))
+                or joined.find(b"connection") >= 0  # `find`, not `in`: see adapters/sse_relay.py
+                or joined.find(b"transfer-encoding") >= 0
+            ):
+                return None  # uvicorn's send raises for a bad one, and reads the framing ones
         if not self.keep_alive:
             content.append(b"connection: close\r\n")
         self.response_started = True

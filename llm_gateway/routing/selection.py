@@ -36,9 +36,10 @@ KV_KNEE = 0.85  # KV-cache fill above which new work starts to evict or queue
 COLD_LOAD = 1.0  # slots of load a cold load counts as (a resident model is preferred until saturated)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CandidateView:
-    """What selection may know about one deployment; built fresh for each request."""
+    """What selection may know about one deployment; built fresh for each request (not frozen: a frozen
+    dataclass sets each field through object.__setattr__, twice the cost of building it)."""
 
     key: str  # a stable identity: backend name + upstream model
     in_flight: int  # the gateway's own requests to this backend now

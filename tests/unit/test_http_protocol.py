@@ -718,3 +718,41 @@ async def test_a_request_leaves_no_reference_cycle_behind(server: Server) -> Non
     finally:
         gc.enable()
     assert found < 50, f"{found} objects in reference cycles after 50 requests"
+
+
+# -- the direct head: what it writes itself, what it leaves to uvicorn's checks -------------------------------
+def direct_head(headers: list[tuple[bytes, bytes]]) -> list[bytes] | None:
+    """`_head` of a started connection's cycle (as `respond_now` and `start_now` call it)."""
+    cycle = object.__new__(hardened_protocol.CoalescingCycle)
+    cycle.response_started = cycle.disconnected = cycle.access_log = cycle.waiting_for_100_continue = False
+    cycle.flow = type("Flow", (), {"write_paused": False})()
+    cycle.scope = {"method": "POST"}
+    cycle.default_headers = [(b"date", b"Tue, 01 Dec 2026 00:00:00 GMT")]
+    cycle.keep_alive = True
+    return cycle._head(200, headers)
+
+
+@pytest.mark.parametrize(
+    ("headers", "direct"),
+    [
+        ([(b"content-type", b"text/event-stream"), (b"x-request-id", b"abc")], True),
+        ([], True),
+        ([(b"x-ok", b"a\tb")], True),  # a tab is a legal value byte
+        ([(b"x-ok", b"fine"), (b"x-bad", b"a\r\nset-cookie: x=1")], False),  # header injection
+        ([(b"x-bad", b"nul\x00")], False),
+        ([(b"x bad", b"1")], False),  # a space in a name
+        ([(b"x-ok", b"1"), (b"x:bad", b"1")], False),
+        ([(b"connection", b"close")], False),  # framing and connection headers: uvicorn reads them
+        ([(b"x-ok", b"1"), (b"transfer-encoding", b"chunked")], False),
+    ],
+)
+def test_the_direct_head_writes_only_headers_uvicorns_send_would_accept_unread(
+    headers: list[tuple[bytes, bytes]], direct: bool
+) -> None:
+    content = direct_head(headers)
+    assert (content is not None) is direct
+    if content is not None:
+        head = b"".join(content)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\ndate: ")
+        for name, value in headers:
+            assert b"\r\n" + name + b": " + value + b"\r\n" in head
