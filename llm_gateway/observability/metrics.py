@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -299,19 +299,24 @@ def observe(child: Any, value: float) -> None:
 def observe_many(child: Any, values: list[float]) -> None:
     """What `observe(v)` for each of `values` does to a Histogram child, with each bucket and the sum
     incremented once: prometheus-client takes two locks per observation, which a stream's relay would
-    pay per token (the inter-token latencies are batched, tests/unit/test_metrics.py checks the result
-    is the same). Relies on prometheus-client's child layout (pinned in constraints.txt)."""
+    pay per token (the inter-token latencies are batched, tests/unit/test_metrics_batching.py checks the result
+    is the same). The values are sorted once and each bucket's count read off with one bisect per bound:
+    a bisect per value was a C call per relayed event. Relies on prometheus-client's child layout
+    (pinned in constraints.txt)."""
     if not values:
         return
-    bounds = child._upper_bounds  # ascending, the last +Inf: `amount <= bound` is bisect_left's index
-    counts = [0] * len(bounds)
-    for v in values:
-        counts[bisect_left(bounds, v)] += 1
+    ordered = sorted(values)
+    n = len(ordered)
     buckets = child._buckets
-    for i, c in enumerate(counts):
-        if c:
-            buckets[i].inc(c)
-    child._sum.inc(math.fsum(values))
+    below = 0  # values at or under the previous bound
+    for i, bound in enumerate(child._upper_bounds):  # ascending, the last +Inf; a value v counts in the
+        upto = bisect_right(ordered, bound, below)  # first bucket whose bound is >= v
+        if upto > below:
+            buckets[i].inc(upto - below)
+            below = upto
+            if below == n:
+                break
+    child._sum.inc(math.fsum(ordered))
 
 
 def _num(v: float | None) -> float:

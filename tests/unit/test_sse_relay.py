@@ -718,6 +718,23 @@ def test_an_event_that_hides_a_member_in_its_text_leaves_the_envelope():
     assert relay.usage == Usage(3, 4)  # parsed, not passed over as text
 
 
+@pytest.mark.parametrize(
+    "text",
+    [b"a\nb", b"a\r\nb", b"a\rb", b"ab\\", b'a\\"b', b"a\\nb"],
+    ids=["raw-lf", "raw-crlf", "raw-cr", "trailing-backslash", "escaped-quote", "escaped-lf"],
+)
+def test_text_with_line_breaks_quotes_or_a_trailing_backslash_is_relayed_as_without_the_envelope(text: bytes):
+    # the envelope passes an event over only when reading it could not tell anything else: raw line
+    # breaks (SSE splits there, CRLF is normalised), a quote or a trailing backslash (the string would end
+    # or run on) must be read as the relay without an envelope reads them
+    bad = chunk("x").replace(b'"content":"x"', b'"content":"' + text + b'"')
+    stream = ROLE + chunk("a") + chunk("b") + bad + chunk("c") + chunk(None, "stop") + DONE
+    fast = event_by_event(make_relay({}), stream)
+    with pytest.MonkeyPatch.context() as mp:
+        no_envelope(mp)
+        assert fast == event_by_event(make_relay({}), stream)
+
+
 def test_two_events_in_one_block_never_pass_as_one_envelope():
     relay = make_relay({})
     for e in (ROLE, chunk("a"), chunk("b")):
