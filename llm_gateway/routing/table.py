@@ -38,14 +38,15 @@ class Backend:
     resident: dict[str, bool] | None = None
     in_flight: int = 0
     busy_until: float = 0.0
+    #: the config's name and the adapter's engine kind, read on every request: plain attributes, not
+    #: properties over the pydantic config (a Python call each); a reload keeps a backend only with the
+    #: same name and engine, so they never change
+    name: str = field(init=False)
+    kind: str = field(init=False)
 
-    @property
-    def name(self) -> str:
-        return self.cfg.name
-
-    @property
-    def kind(self) -> str:
-        return self.adapter.kind
+    def __post_init__(self) -> None:
+        self.name = self.cfg.name
+        self.kind = self.adapter.kind
 
     def routable(self) -> bool:
         return self.state in ROUTABLE
@@ -70,10 +71,11 @@ class Deployment:
     admission: Admission
     breaker: Breaker
     key: str
+    #: the engine's name for the model (the config's `model`), fixed: it is part of the deployment's key
+    upstream_model: str = field(init=False)
 
-    @property
-    def upstream_model(self) -> str:
-        return self.cfg.model
+    def __post_init__(self) -> None:
+        self.upstream_model = self.cfg.model
 
     @property
     def capacity(self) -> int:
@@ -88,7 +90,7 @@ class Deployment:
         known = self.backend.context_lengths
         if not known:
             return None
-        found = known.get(self.cfg.model)
+        found = known.get(self.upstream_model)
         if found is None and self.backend.adapter.ignores_model_name and len(known) == 1:
             return next(iter(known.values()))
         return found
@@ -100,7 +102,7 @@ class Deployment:
         known = self.backend.resident
         if not known:
             return None
-        found = known.get(self.cfg.model)
+        found = known.get(self.upstream_model)
         if found is None and self.backend.adapter.ignores_model_name and len(known) == 1:
             return next(iter(known.values()))
         return found
@@ -109,7 +111,7 @@ class Deployment:
         models = self.backend.models
         if models is None or self.backend.adapter.ignores_model_name:
             return True
-        return self.cfg.model in models
+        return self.upstream_model in models
 
 
 @dataclass(eq=False)
@@ -118,10 +120,10 @@ class ModelRoute:
     deployments: list[Deployment]
     rotation: int = 0
     eligible: dict[tuple[str | None, frozenset[str]], list[Deployment]] = field(default_factory=dict)
+    name: str = field(init=False)  # the public name (a route is built anew on every reload)
 
-    @property
-    def name(self) -> str:
-        return self.cfg.name
+    def __post_init__(self) -> None:
+        self.name = self.cfg.name
 
 
 @dataclass(eq=False)
