@@ -67,6 +67,12 @@ class _Refused(Exception):
     pass
 
 
+#: the bytes uvicorn's `send` refuses in header names and values: its two regexes are single character
+#: classes, so deleting these bytes (`translate`, a table lookup a byte) tells what a search would, at
+#: half its cost
+_NAME_REFUSED = bytes(b for b in range(256) if HEADER_RE.match(bytes((b,))))
+_VALUE_REFUSED = bytes(b for b in range(256) if HEADER_VALUE_RE.match(bytes((b,))))
+
 _SIZE_LINES_N = 4096
 #: the size lines of the chunks of a stream's events, which are almost all shorter than this
 _SIZE_LINES = tuple(b"%x\r\n" % n for n in range(_SIZE_LINES_N))
@@ -147,9 +153,10 @@ class CoalescingCycle(RequestResponseCycle):
             content += (b"\r\n".join(map(b": ".join, headers)), b"\r\n")
             names, values = zip(*headers, strict=True)  # in C too, where two list comprehensions were
             joined = b"\n".join(names)
+            all_names, all_values = b"".join(names), b"\t".join(values)
             if (
-                HEADER_RE.search(b"".join(names))
-                or HEADER_VALUE_RE.search(b"\t".join(values))
+                len(all_names.translate(None, _NAME_REFUSED)) != len(all_names)
+                or len(all_values.translate(None, _VALUE_REFUSED)) != len(all_values)
                 or joined.find(b"connection") >= 0  # `find`, not `in`: see adapters/sse_relay.py
                 or joined.find(b"transfer-encoding") >= 0
             ):

@@ -756,3 +756,22 @@ def test_the_direct_head_writes_only_headers_uvicorns_send_would_accept_unread(
         assert head.startswith(b"HTTP/1.1 200 OK\r\ndate: ")
         for name, value in headers:
             assert b"\r\n" + name + b": " + value + b"\r\n" in head
+
+
+def test_the_direct_heads_byte_check_refuses_exactly_what_uvicorns_header_regexes_refuse() -> None:
+    # the check deletes the refused bytes instead of searching: the same verdict on any string only while
+    # uvicorn's patterns stay single character classes (it is pinned; this fails if that ever changes)
+    import random
+
+    from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE
+
+    rng = random.Random(5)
+    alphabet = bytes(range(256))
+    samples = [bytes(rng.choices(alphabet, k=rng.randint(0, 6))) for _ in range(4000)]
+    samples += [bytes((b,)) for b in range(256)] + [b"x-request-id", b"text/event-stream; charset=utf-8"]
+    for regex, refused in (
+        (HEADER_RE, hardened_protocol._NAME_REFUSED),
+        (HEADER_VALUE_RE, hardened_protocol._VALUE_REFUSED),
+    ):
+        for s in samples:
+            assert (regex.search(s) is not None) == (len(s.translate(None, refused)) != len(s)), (regex.pattern, s)
