@@ -254,9 +254,8 @@ class H1Upstream:
             self._urls[url] = hit
         return hit
 
-    async def _connection(self, origin: _Origin, t: UpstreamTimeouts) -> Connection:
+    async def _connection(self, origin: _Origin, t: UpstreamTimeouts, loop: asyncio.AbstractEventLoop) -> Connection:
         idle = origin.idle
-        loop = asyncio.get_running_loop()
         if idle:
             too_old = loop.time() - self._keepalive_s
             while idle:
@@ -293,8 +292,8 @@ class H1Upstream:
         else:
             head.append(b"\r\n")
         request = b"".join(head)
-        loop = asyncio.get_running_loop()
-        conn = await self._connection(origin, timeouts)
+        loop = asyncio.get_running_loop()  # once a request: in 3.11 each look-up is a getpid() syscall
+        conn = await self._connection(origin, timeouts, loop)
         resp = H1Response(conn, timeouts, self._watchdog, loop)
         conn.start(resp, request)
         try:
