@@ -24,6 +24,7 @@ command -v ninja >/dev/null || need+=(ninja-build)
 command -v wrk >/dev/null || need+=(wrk)
 command -v chromium >/dev/null || need+=(chromium)  # tests/e2e/test_status_page.py: the status page in a real browser
 command -v gcc >/dev/null || need+=(gcc)
+command -v valgrind >/dev/null || need+=(valgrind)  # bench/instructions.py's callgrind count (tests/bench/test_instructions.py)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== apt-get install ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
