@@ -66,6 +66,7 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_body",
         "_header_bytes",
+        "_more",
         "closed",
         "exchange",
         "idle_since",
@@ -84,9 +85,11 @@ class Connection(asyncio.Protocol):
         self.until_close = False  # the body has neither a length nor chunks: it ends with the connection
         self._header_bytes = 0
         self.idle_since = 0.0
-        #: the body chunks parsed from the read at hand: handed to the exchange as one piece when the read is
-        #: parsed (a busy gateway reads several of an engine's chunks at once; one feed, one relayed write)
-        self._body: list[bytes] = []
+        #: the body parsed from the read at hand, handed to the exchange as one piece when the read is parsed
+        #: (a busy gateway reads several of an engine's chunks at once; one feed, one relayed write): its first
+        #: chunk, and the chunks after it (a read of one chunk, the usual one, makes no list calls)
+        self._body: bytes | None = None
+        self._more: list[bytes] = []
 
     # -- asyncio.Protocol -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -102,19 +105,22 @@ class Connection(asyncio.Protocol):
             self._flush_body()  # what came before the fault was the engine's
             self._fail(UpstreamProtocolError(f"the engine sent an invalid HTTP response: {e}"))
             return
-        body = self._body
-        if body:  # `_flush_body` and the exchange's `feed`, inline: once per read of a stream
-            data = body[0] if len(body) == 1 else b"".join(body)
-            body.clear()
+        piece = self._body
+        if piece is not None:  # `_flush_body` and the exchange's `feed`, inline: once per read of a stream
+            self._body = None
+            more = self._more
+            if more:
+                piece = b"".join((piece, *more))
+                more.clear()
             ex = self.exchange
             if ex is None:
                 return
             sink = ex.sink
             if sink is None:
-                ex.feed(data)
+                ex.feed(piece)
                 return
             try:
-                if sink(data):
+                if sink(piece):
                     ex.fed += 1
                     return
             except Exception as e:
@@ -123,10 +129,13 @@ class Connection(asyncio.Protocol):
             ex.unpipe()
 
     def _flush_body(self) -> None:
-        body = self._body
-        if body:
-            data = body[0] if len(body) == 1 else b"".join(body)
-            body.clear()
+        data = self._body
+        if data is not None:
+            self._body = None
+            more = self._more
+            if more:
+                data = b"".join((data, *more))
+                more.clear()
             ex = self.exchange
             if ex is not None:
                 ex.feed(data)
@@ -178,13 +187,16 @@ class Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         if self.exchange is not None:
-            self._body.append(body)
+            if self._body is None:
+                self._body = body
+            else:
+                self._more.append(body)
 
     def on_message_complete(self) -> None:
         ex = self.exchange
         if ex is None or not ex.headers_in:
             return
-        if self._body:
+        if self._body is not None:
             self._flush_body()
             if self.exchange is not ex:  # the exchange's sink let go of it while taking the body
                 return
