@@ -5,8 +5,9 @@ The board's CPU figures (run.py) are what the performance issue's acceptance rea
 callgrind counts the instructions a process executes in user space: the same to about 0.5 % run to
 run. Each target runs under `valgrind --tool=callgrind` with instrumentation off until it is warm;
 `--streams` streams (at `--concurrency`) of each length in `--tokens` are counted between a zero and a
-dump of its counters. Two lengths give the instructions per relayed event (the slope) and per stream,
-fixed (the intercept), as `st_split` does for CPU time. The fake engine's pace (`--tpot-ms`, default
+dump of its counters, less what it does idle for as long (timers, probes: counted alone, `--idle-s`). Two
+lengths give the instructions per relayed event (the slope) and per stream, fixed (the intercept), as
+`st_split` does for CPU time. The fake engine's pace (`--tpot-ms`, default
 30) is slow enough that the target, ~50x slower under valgrind, still reads each event on its own.
 
 What it does not count: the kernel (syscalls and TCP, about 40 % of a proxy's CPU on loopback), and
@@ -133,6 +134,9 @@ def measure(name: str, cmd: str, cwd: Path, a: argparse.Namespace, engine_url: s
         target.control("-i", "on")
         for tokens in a.tokens:
             streams(url, max(4, a.streams // 4), a.concurrency, tokens, a.tpot_ms)  # warm, now instrumented
+        # what the target does with no traffic (timers, probes, a config watcher) runs for as long as a count
+        # does: measured alone and taken off, or the longer streams would be charged with more of it
+        idle_rate = target.count(lambda: time.sleep(a.idle_s)) / a.idle_s
         per_stream: dict[int, float] = {}
         for tokens in a.tokens:
             good: list[int] = []
@@ -140,15 +144,23 @@ def measure(name: str, cmd: str, cwd: Path, a: argparse.Namespace, engine_url: s
             def run(t: int = tokens, into: list[int] = good) -> None:
                 into.append(streams(url, a.streams, a.concurrency, t, a.tpot_ms))
 
+            t0 = time.monotonic()
             ir = target.count(run)
+            busy = ir - idle_rate * (time.monotonic() - t0)
             if good[0] != a.streams:
                 raise RuntimeError(f"{name}: {good[0]} of {a.streams} {tokens}-token streams were good")
-            per_stream[tokens] = ir / a.streams
+            per_stream[tokens] = busy / a.streams
             print(f"  {name}: {tokens} tokens {per_stream[tokens]:,.0f} instructions a stream", flush=True)
     finally:
         target.stop()
     per_event, fixed = split(per_stream)
-    return {**{f"ir_per_stream_{k}": v for k, v in per_stream.items()}, "ir_per_event": per_event, "ir_fixed": fixed}
+    print(f"  {name}: idle {idle_rate:,.0f} instructions a second (taken off)", flush=True)
+    return {
+        **{f"ir_per_stream_{k}": v for k, v in per_stream.items()},
+        "ir_per_event": per_event,
+        "ir_fixed": fixed,
+        "ir_idle_per_s": idle_rate,
+    }
 
 
 def table(results: dict[str, dict[str, float]], tokens: list[int]) -> str:
@@ -174,6 +186,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--tpot-ms", type=int, default=30, help="the fake engine's pace")
     ap.add_argument("--start-timeout", type=float, default=240.0)
+    ap.add_argument("--idle-s", type=float, default=10.0, help="the idle count's length (taken off each count)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
     a.tokens = [int(t) for t in a.tokens.split(",")]
@@ -231,7 +244,10 @@ def main() -> None:
     print(table(results, a.tokens))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
+    if not os.environ.get("BENCH_KEEP_DUMPS"):
+        shutil.rmtree(out, ignore_errors=True)
+    else:
+        print(f"dumps kept in {out}")
 
 
 if __name__ == "__main__":
