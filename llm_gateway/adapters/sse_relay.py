@@ -89,10 +89,8 @@ class SSERelay(RelayBase):
             rep.append((b'"model":"' + up + b'"', b'"model":"' + pub + b'"'))
             rep.append((b'"model": "' + up + b'"', b'"model": "' + pub + b'"'))
         self._replacements = tuple(rep)
-        self._finish_errors = finish_errors + tuple(f.replace(b'":"', b'": "') for f in finish_errors)
-        self._finish_renames = finish_renames + tuple(
-            (a.replace(b'":"', b'": "'), b.replace(b'":"', b'": "')) for a, b in finish_renames
-        )
+        self._finish_errors = _both_spacings(finish_errors)
+        self._finish_renames = _both_spacings_of_pairs(finish_renames)
         self._saw_finish = False
         #: the shape of this stream's events, once one was measured (`_scan`): where the tail of the
         #: text's prefix sits and its bytes, the bytes after the text, the envelope's length
@@ -357,6 +355,30 @@ def _straddles(old: bytes, pre: bytes, suf: bytes) -> bool:
             if j < 0 or suf.startswith(rest[j:]):
                 return True
     return False
+
+
+#: each adapter's finish markers with json.dumps' spaced variants added, made once (a relay is made per stream;
+#: the markers are the adapter's, a handful per config)
+_SPACED: dict[tuple[bytes, ...], tuple[bytes, ...]] = {}
+_SPACED_PAIRS: dict[tuple[tuple[bytes, bytes], ...], tuple[tuple[bytes, bytes], ...]] = {}
+
+
+def _both_spacings(marks: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    got = _SPACED.get(marks)
+    if got is None:
+        got = marks + tuple(m.replace(b'":"', b'": "') for m in marks)
+        if len(_SPACED) < 256:
+            _SPACED[marks] = got
+    return got
+
+
+def _both_spacings_of_pairs(pairs: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, bytes], ...]:
+    got = _SPACED_PAIRS.get(pairs)
+    if got is None:
+        got = pairs + tuple((a.replace(b'":"', b'": "'), b.replace(b'":"', b'": "')) for a, b in pairs)
+        if len(_SPACED_PAIRS) < 256:
+            _SPACED_PAIRS[pairs] = got
+    return got
 
 
 def _has_usage(data: bytes) -> bool:
