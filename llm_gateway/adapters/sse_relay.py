@@ -18,41 +18,46 @@ is scanned for the strings that carry text.
 The commonest block of all, one token's event, is cheaper still once the stream's envelope is known
 (`_learn`): an ordinary event with one text string, generated output already started, is remembered as
 the bytes before its text and the bytes after it. A later block that is exactly that prefix, a text with
-no quote, newline or carriage return (so no other JSON member and no second event can hide in it), and
-that suffix is the same event with other text: nothing in it can be special, and it is passed on as it
-came (or with its prefix and suffix rewritten once, when the model name or a field name is swapped and no
-swap can straddle the text). Two comparisons and three short scans instead of a dozen scans of the block
-(bench/: CPU per relayed event).
+no quote or line feed (so no other JSON member and no second event can hide in it), and that suffix is
+the same event with other text: nothing in it can be special, and it is passed on as it came (or with its
+prefix and suffix rewritten once, when the model name or a field name is swapped and no swap can straddle
+the text). Two slice comparisons and two `partition`s instead of a dozen scans of the block
+(bench/instructions.sh: instructions per relayed event).
 
 The per-event paths test for a byte string with `data.find(x) < 0`, not `x not in data`: CPython (3.11 to
 3.13) answers `bytes in bytes` by first trying `x` as an integer, which raises and clears a formatted
-TypeError each time (70 ns on 3.11, 400 on 3.13, per test; `find` 50-100 ns in all).
+TypeError each time (70 ns on 3.11, 400 on 3.13, per test; `find` 50-100 ns in all). The envelope's check
+avoids `find`, `startswith` and `endswith` as well: they parse their arguments through a format string
+(450-670 instructions a call on 3.11), where a slice compared or a `partition` (one argument) does not.
+What the relay reads in an event's bytes without parsing it (output markers, text, usage, data lines) is
+sse_bytes.py.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import orjson
 
 from llm_gateway.adapters.relay_base import RelayBase
+from llm_gateway.adapters.sse_bytes import (
+    TEXT,
+    both_spacings,
+    both_spacings_of_pairs,
+    data_of,
+    has_output,
+    has_usage,
+    json_str,
+    text_bytes,
+    usage_from,
+)
 from llm_gateway.errors import DONE, EngineErrorAnswer, StreamInterrupted, UpstreamProtocolError
-from llm_gateway.types import CallContext, Usage
+from llm_gateway.types import CallContext
 
 __all__ = ["DONE", "ErrorFrameHandler", "SSERelay", "has_output", "text_bytes", "usage_from"]
 
 ErrorFrameHandler = Callable[[dict[str, Any]], EngineErrorAnswer]
-
-
-def usage_from(obj: dict[str, Any]) -> Usage | None:
-    u = obj.get("usage")
-    if isinstance(u, dict):
-        p, c = u.get("prompt_tokens"), u.get("completion_tokens")
-        if isinstance(p, int) and isinstance(c, int):
-            return Usage(p, c)
-    return None
 
 
 class SSERelay(RelayBase):
@@ -84,13 +89,13 @@ class SSERelay(RelayBase):
         self._on_error = on_error
         rep = list(replacements)
         if ctx.public_model != ctx.upstream_model:
-            up, pub = _json_str(ctx.upstream_model), _json_str(ctx.public_model)
+            up, pub = json_str(ctx.upstream_model), json_str(ctx.public_model)
             # compact JSON (pydantic, orjson, Go, nlohmann) and json.dumps' spaced style (TabbyAPI, LMDeploy)
             rep.append((b'"model":"' + up + b'"', b'"model":"' + pub + b'"'))
             rep.append((b'"model": "' + up + b'"', b'"model": "' + pub + b'"'))
         self._replacements = tuple(rep)
-        self._finish_errors = _both_spacings(finish_errors)
-        self._finish_renames = _both_spacings_of_pairs(finish_renames)
+        self._finish_errors = both_spacings(finish_errors)
+        self._finish_renames = both_spacings_of_pairs(finish_renames)
         self._saw_finish = False
         #: the shape of this stream's events, once one was measured (`_scan`): where the tail of the
         #: text's prefix sits and its bytes, the bytes after the text, the envelope's length
@@ -139,7 +144,7 @@ class SSERelay(RelayBase):
             and block.count(b"\n\ndata: {") == n - 1
             and block.count(b"}\n\n") == n
             and block.find(b"[DONE]") < 0
-            and not _has_usage(block)  # `"usage": null` on every chunk (LMDeploy, vLLM) stays on the fast path
+            and not has_usage(block)  # `"usage": null` on every chunk (LMDeploy, vLLM) stays on the fast path
             and block.find(b'{"error"') < 0
             and not (self._finish_errors and self._saw_finish)
         ):
@@ -170,7 +175,7 @@ class SSERelay(RelayBase):
     def _learn(self, raw: bytes, out: bytes) -> None:
         """Remember the envelope of `raw`, one ordinary event relayed as `out`, when it has exactly one text
         string and no swap of the model or field names could reach into the text."""
-        spans = [m.span(1) for m in _TEXT.finditer(raw)]
+        spans = [m.span(1) for m in TEXT.finditer(raw)]
         if len(spans) != 1:
             return
         a, b = spans[0]
@@ -194,7 +199,7 @@ class SSERelay(RelayBase):
         """Count the text of a block the cheap way cannot; learn the shape of its last event from it."""
         i = block.rfind(b"\n\n", 0, len(block) - 2)
         last = i + 2 if i >= 0 else 0  # where the last event starts
-        spans = [m.span(1) for m in _TEXT.finditer(block)]
+        spans = [m.span(1) for m in TEXT.finditer(block)]
         self.text_bytes += sum(b - a for a, b in spans)
         mine = [sp for sp in spans if sp[0] >= last]
         if len(mine) == 1:  # one text string in the event: its envelope is everything else
@@ -208,7 +213,7 @@ class SSERelay(RelayBase):
         for raw in block.split(b"\n\n"):
             if self._closed:
                 break
-            payload = _data_of(raw)
+            payload = data_of(raw)
             if payload is None:
                 continue  # blank, comment (": ping"), or an event with no data
             if payload == b"[DONE]":
@@ -234,7 +239,7 @@ class SSERelay(RelayBase):
         if (
             payload[:1] == b"{"
             and payload[-1:] == b"}"
-            and not _has_usage(payload)
+            and not has_usage(payload)
             and payload.find(b'"error"') < 0
             and not self._has_finish_error(payload)
         ):  # an ordinary chunk in a block with something special elsewhere: no need to parse it
@@ -287,7 +292,7 @@ class SSERelay(RelayBase):
     def _last(self, rest: bytes) -> bytes:
         """An event the engine did not terminate: relayed if it is whole JSON; a partial one is an
         error, never forwarded."""
-        payload = _data_of(rest)
+        payload = data_of(rest)
         if payload is None:
             return b""
         if payload != b"[DONE]":
@@ -304,37 +309,6 @@ class SSERelay(RelayBase):
             self._closed = True
             return DONE
         return self._fail(StreamInterrupted("the engine's stream ended before the answer was complete"))
-
-
-# a marker counts only when a non-empty value follows it: the role chunk's `"content":""` is no output.
-# Compact JSON (pydantic, orjson, Go, nlohmann) and json.dumps' spaced style (TabbyAPI, LMDeploy).
-_OUTPUT_MARKERS = (
-    b'"content":"', b'"content": "', b'"text":"', b'"text": "', b'"reasoning_content":"', b'"reasoning_content": "',
-    b'"reasoning":"', b'"reasoning": "', b'"tool_calls":[', b'"tool_calls": [',
-)  # fmt: skip
-
-
-def has_output(out: bytes) -> bool:
-    """Does this relayed block carry generated output (non-empty content/text/reasoning, or a tool call)?"""
-    for m in _OUTPUT_MARKERS:
-        i = out.find(m)
-        while i >= 0:
-            j = i + len(m)
-            nxt = out[j : j + 1]
-            if nxt and nxt != (b"]" if m[-1:] == b"[" else b'"'):  # not `""` nor `[]`
-                return True
-            i = out.find(m, j)
-    return False
-
-
-# a JSON string that carries generated text, and the text inside it (escapes included, as sent)
-_TEXT = re.compile(rb'"(?:content|text|reasoning_content|reasoning|arguments)": ?"((?:[^"\\]|\\.)*)"')
-
-
-def text_bytes(data: bytes) -> int:
-    """Bytes of generated text in relayed events: the content, text, reasoning and tool-call argument
-    strings, as sent (JSON escapes included)."""
-    return sum(m.end(1) - m.start(1) for m in _TEXT.finditer(data))
 
 
 _MAX_LEARNS = 16  # a stream whose envelope keeps changing (or cannot be learnt) stops trying
@@ -355,49 +329,3 @@ def _straddles(old: bytes, pre: bytes, suf: bytes) -> bool:
             if j < 0 or suf.startswith(rest[j:]):
                 return True
     return False
-
-
-#: each adapter's finish markers with json.dumps' spaced variants added, made once (a relay is made per stream;
-#: the markers are the adapter's, a handful per config)
-_SPACED: dict[tuple[bytes, ...], tuple[bytes, ...]] = {}
-_SPACED_PAIRS: dict[tuple[tuple[bytes, bytes], ...], tuple[tuple[bytes, bytes], ...]] = {}
-
-
-def _both_spacings(marks: tuple[bytes, ...]) -> tuple[bytes, ...]:
-    got = _SPACED.get(marks)
-    if got is None:
-        got = marks + tuple(m.replace(b'":"', b'": "') for m in marks)
-        if len(_SPACED) < 256:
-            _SPACED[marks] = got
-    return got
-
-
-def _both_spacings_of_pairs(pairs: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, bytes], ...]:
-    got = _SPACED_PAIRS.get(pairs)
-    if got is None:
-        got = pairs + tuple((a.replace(b'":"', b'": "'), b.replace(b'":"', b'": "')) for a, b in pairs)
-        if len(_SPACED_PAIRS) < 256:
-            _SPACED_PAIRS[pairs] = got
-    return got
-
-
-def _has_usage(data: bytes) -> bool:
-    return data.find(b'"usage":{') >= 0 or data.find(b'"usage": {') >= 0
-
-
-def _data_of(raw: bytes) -> bytes | None:
-    raw = raw.strip(b"\n")
-    if not raw:
-        return None
-    if raw.startswith(b"data: ") and raw.find(b"\n") < 0:
-        return raw[6:]
-    parts = []
-    for line in raw.split(b"\n"):
-        if line.startswith(b"data:"):
-            v = line[5:]
-            parts.append(v[1:] if v.startswith(b" ") else v)
-    return b"\n".join(parts) if parts else None
-
-
-def _json_str(s: str) -> bytes:
-    return orjson.dumps(s)[1:-1]

@@ -1,0 +1,112 @@
+"""What the SSE relays read in an event's bytes without parsing it (sse_relay.py uses them per block):
+whether it carries generated output, how many bytes of text it carries, whether it carries usage, its
+data lines; and the usage of a parsed chunk. Markers are matched in both JSON styles engines send: compact
+(pydantic, orjson, Go, nlohmann) and json.dumps' spaced one (TabbyAPI, LMDeploy).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from llm_gateway.types import Usage
+
+__all__ = [
+    "TEXT",
+    "both_spacings",
+    "both_spacings_of_pairs",
+    "data_of",
+    "has_output",
+    "has_usage",
+    "json_str",
+    "text_bytes",
+    "usage_from",
+]
+
+
+def usage_from(obj: dict[str, Any]) -> Usage | None:
+    u = obj.get("usage")
+    if isinstance(u, dict):
+        p, c = u.get("prompt_tokens"), u.get("completion_tokens")
+        if isinstance(p, int) and isinstance(c, int):
+            return Usage(p, c)
+    return None
+
+
+# a marker counts only when a non-empty value follows it: the role chunk's `"content":""` is no output.
+# Compact JSON (pydantic, orjson, Go, nlohmann) and json.dumps' spaced style (TabbyAPI, LMDeploy).
+_OUTPUT_MARKERS = (
+    b'"content":"', b'"content": "', b'"text":"', b'"text": "', b'"reasoning_content":"', b'"reasoning_content": "',
+    b'"reasoning":"', b'"reasoning": "', b'"tool_calls":[', b'"tool_calls": [',
+)  # fmt: skip
+
+
+def has_output(out: bytes) -> bool:
+    """Does this relayed block carry generated output (non-empty content/text/reasoning, or a tool call)?"""
+    for m in _OUTPUT_MARKERS:
+        i = out.find(m)
+        while i >= 0:
+            j = i + len(m)
+            nxt = out[j : j + 1]
+            if nxt and nxt != (b"]" if m[-1:] == b"[" else b'"'):  # not `""` nor `[]`
+                return True
+            i = out.find(m, j)
+    return False
+
+
+# a JSON string that carries generated text, and the text inside it (escapes included, as sent)
+TEXT = re.compile(rb'"(?:content|text|reasoning_content|reasoning|arguments)": ?"((?:[^"\\]|\\.)*)"')
+
+
+def text_bytes(data: bytes) -> int:
+    """Bytes of generated text in relayed events: the content, text, reasoning and tool-call argument
+    strings, as sent (JSON escapes included)."""
+    return sum(m.end(1) - m.start(1) for m in TEXT.finditer(data))
+
+
+#: each adapter's finish markers with json.dumps' spaced variants added, made once (a relay is made per stream;
+#: the markers are the adapter's, a handful per config)
+_SPACED: dict[tuple[bytes, ...], tuple[bytes, ...]] = {}
+_SPACED_PAIRS: dict[tuple[tuple[bytes, bytes], ...], tuple[tuple[bytes, bytes], ...]] = {}
+
+
+def both_spacings(marks: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    got = _SPACED.get(marks)
+    if got is None:
+        got = marks + tuple(m.replace(b'":"', b'": "') for m in marks)
+        if len(_SPACED) < 256:
+            _SPACED[marks] = got
+    return got
+
+
+def both_spacings_of_pairs(pairs: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, bytes], ...]:
+    got = _SPACED_PAIRS.get(pairs)
+    if got is None:
+        got = pairs + tuple((a.replace(b'":"', b'": "'), b.replace(b'":"', b'": "')) for a, b in pairs)
+        if len(_SPACED_PAIRS) < 256:
+            _SPACED_PAIRS[pairs] = got
+    return got
+
+
+def has_usage(data: bytes) -> bool:
+    return data.find(b'"usage":{') >= 0 or data.find(b'"usage": {') >= 0
+
+
+def data_of(raw: bytes) -> bytes | None:
+    raw = raw.strip(b"\n")
+    if not raw:
+        return None
+    if raw.startswith(b"data: ") and raw.find(b"\n") < 0:
+        return raw[6:]
+    parts = []
+    for line in raw.split(b"\n"):
+        if line.startswith(b"data:"):
+            v = line[5:]
+            parts.append(v[1:] if v.startswith(b" ") else v)
+    return b"\n".join(parts) if parts else None
+
+
+def json_str(s: str) -> bytes:
+    return orjson.dumps(s)[1:-1]
