@@ -104,6 +104,7 @@ class H1Response:
     def feed(self, data: bytes) -> None:
         sink = self.sink
         if sink is not None:  # push mode: the chunk is the sink's, here, with no task switch
+            # (Connection.data_received runs a copy of this branch inline, one call less a relayed event)
             try:
                 if sink(data):
                     self.fed += 1
