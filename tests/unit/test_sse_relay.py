@@ -758,6 +758,26 @@ def test_a_swap_that_could_reach_into_the_text_is_found(old: bytes, straddles: b
     pre = b'data: {"model":"tiny","choices":[{"delta":{"content":"'
     suf = b'"},"logprobs":null}]}\n\n'
     assert sse_relay._straddles(old, pre, suf) is straddles
+    assert sse_relay._straddles_near(old, pre[-len(old) :], suf[: len(old)]) is straddles
+
+
+def test_a_swap_reaching_from_the_prefix_into_the_text_keeps_the_relay_off_the_learnt_envelope():
+    # '"content":"ab' ends in the text: an envelope learnt around it would pass a later "ab..." unswapped
+    relay = plain_relay(replacements=((b'"content":"ab', b'"content":"XY'),))
+    out = run(relay, [ROLE, chunk("zz"), chunk("zz"), chunk("abc"), chunk("zab"), chunk(None, "stop")])
+    assert b'"content":"XYc"' in out and b'"content":"zab"' in out and b'"content":"abc"' not in out
+
+
+_SWAP_BYTES = st.lists(st.sampled_from([b'"', b"a", b":", b"}", b"{"]), max_size=14).map(b"".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(old=_SWAP_BYTES.filter(bool), pre=_SWAP_BYTES, suf=_SWAP_BYTES)
+def test_whether_a_swap_straddles_depends_only_on_the_ends_as_long_as_it(old: bytes, pre: bytes, suf: bytes):
+    # what `_learn` relies on to ask the memo with the ends alone: a stream's ids lie beyond them
+    pre, suf = b'x"' + pre + b'"', b'"' + suf
+    n = len(old)
+    assert sse_relay._straddles_near(old, pre[-n:], suf[:n]) is sse_relay._straddles(old, pre, suf)
 
 
 _TEXTS = st.text(st.characters(codec="utf-8"), max_size=12)
