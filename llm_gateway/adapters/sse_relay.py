@@ -167,7 +167,9 @@ class SSERelay(RelayBase):
                 block = block.replace(old, new)
             if not self.output_started:
                 self.output_started = has_output(block)
-            elif n == 1 and not finish and self._learns < _MAX_LEARNS and not self._buf:
+            # learnt from the first output on: the stream's first token is the envelope's first example (an
+            # event learnt before any output would put a role-only or empty event's shape on the fast path)
+            if self.output_started and n == 1 and not finish and self._learns < _MAX_LEARNS and not self._buf:
                 self._learns += 1
                 self._learn(raw, block)
             return block
