@@ -187,9 +187,17 @@ def quota_headers(d: Decision | None) -> Headers:
     return out
 
 
+#: the three x-ratelimit-* header names of each dimension, made once
+_NAMES = {
+    what: (b"x-ratelimit-limit-" + what, b"x-ratelimit-remaining-" + what, b"x-ratelimit-reset-" + what)
+    for what in (b"requests", b"tokens")
+}
+
+
 def _add(out: Headers, what: bytes, q: Quota | None) -> None:
     if q is None:
         return
-    out.append((b"x-ratelimit-limit-" + what, str(q.limit).encode()))
-    out.append((b"x-ratelimit-remaining-" + what, str(max(0, q.remaining)).encode()))
-    out.append((b"x-ratelimit-reset-" + what, format_reset(q.reset_s).encode()))
+    limit, remaining, reset = _NAMES[what]
+    out.append((limit, str(q.limit).encode()))
+    out.append((remaining, str(max(0, q.remaining)).encode()))
+    out.append((reset, format_reset(q.reset_s).encode()))

@@ -118,7 +118,7 @@ class MemoryStore:
                 continue
             pid, end = period_of(s.period, wall)
             res.periods[s.scope] = pid
-            b = self._budgets.setdefault(s.scope, _Budget())
+            b = self._budgets.get(s.scope) or self._budgets.setdefault(s.scope, _Budget())
             reset = max(end - wall, 0.001)
             if s.budget_tokens is not None:
                 used = b.tokens.get(pid, 0)
@@ -145,12 +145,14 @@ class MemoryStore:
         refusal: Decision | None = None
         bt: Quota | None = None
         bc: Quota | None = None
-        if any(s.has_budget for s in scopes):
-            # a spent budget refuses first: its wait (the period's end) is the one that matters
-            refusal, bt, bc = self._budget_check(scopes, tokens, cost, res)
+        for s in scopes:  # a loop, not any(genexpr) over the property: every request asks, few have budgets
+            if s.budget_tokens is not None or s.budget_cost is not None:
+                # a spent budget refuses first: its wait (the period's end) is the one that matters
+                refusal, bt, bc = self._budget_check(scopes, tokens, cost, res)
+                break
         for s in scopes:
             if s.rpm is not None:
-                w = self._req.setdefault(s.scope, _Window())
+                w = self._req.get(s.scope) or self._req.setdefault(s.scope, _Window())  # no window made per call
                 w.prune(horizon)
                 if refusal is None and w.total + 1 > s.rpm:
                     refusal = Decision(
@@ -162,7 +164,7 @@ class MemoryStore:
                 if first_req is None:
                     first_req = Quota(s.rpm, int(s.rpm - w.total), w.reset_after(now))
             if s.tpm is not None:
-                w = self._tok.setdefault(s.scope, _Window())
+                w = self._tok.get(s.scope) or self._tok.setdefault(s.scope, _Window())
                 w.prune(horizon)
                 if refusal is None and w.total + tokens > s.tpm:
                     if tokens > s.tpm:
@@ -175,7 +177,9 @@ class MemoryStore:
                 if first_tok is None:
                     first_tok = Quota(s.tpm, max(0, int(s.tpm - w.total)), w.reset_after(now))
             if s.concurrency is not None:
-                leases = self._conc.setdefault(s.scope, {})
+                leases = self._conc.get(s.scope)
+                if leases is None:
+                    leases = self._conc[s.scope] = {}
                 if len(leases) + 1 > s.concurrency:  # only then look for leases that expired
                     for k in [k for k, exp in leases.items() if exp <= now]:
                         del leases[k]

@@ -111,6 +111,18 @@ def format_reset(seconds: float) -> str:
     if seconds < 1 and math.ceil(seconds * 1000) < 1000:
         return f"{max(1, math.ceil(seconds * 1000))}ms"
     tenths = math.ceil(round(seconds * 10, 6))
+    text = _RESET_TEXTS.get(tenths)
+    if text is None:  # each request's window resets within a minute: 600 texts cover every one of them
+        text = _reset_text(tenths)
+        if len(_RESET_TEXTS) < 4096:
+            _RESET_TEXTS[tenths] = text
+    return text
+
+
+_RESET_TEXTS: dict[int, str] = {}
+
+
+def _reset_text(tenths: int) -> str:
     m, t = divmod(tenths, 600)
     text = f"{t / 10:g}s"
     if m >= 60:  # budgets reset in hours or days: "13h5m0s"

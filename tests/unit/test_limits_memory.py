@@ -314,3 +314,8 @@ def test_format_reset_never_prints_60_seconds_in_a_minute_field():
 
 def test_format_reset_rounds_just_under_a_second_to_one_second():
     assert format_reset(0.9999) == "1s"
+
+
+def test_format_reset_answers_the_same_text_from_its_memo():
+    assert [format_reset(47105.0) for _ in range(2)] == ["13h5m5s", "13h5m5s"]  # the second from the memo
+    assert [format_reset(x) for x in (0.25, 0.25, 61.04, 61.04)] == ["250ms", "250ms", "1m1.1s", "1m1.1s"]
