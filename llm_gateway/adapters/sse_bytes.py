@@ -37,22 +37,23 @@ def usage_from(obj: dict[str, Any]) -> Usage | None:
 
 # a marker counts only when a non-empty value follows it: the role chunk's `"content":""` is no output.
 # Compact JSON (pydantic, orjson, Go, nlohmann) and json.dumps' spaced style (TabbyAPI, LMDeploy).
-_OUTPUT_MARKERS = (
-    b'"content":"', b'"content": "', b'"text":"', b'"text": "', b'"reasoning_content":"', b'"reasoning_content": "',
-    b'"reasoning":"', b'"reasoning": "', b'"tool_calls":[', b'"tool_calls": [',
+_OUTPUT_MARKERS = tuple(
+    (m, b"]" if m[-1:] == b"[" else b'"')  # each with what follows it when it is empty
+    for m in (
+        b'"content":"', b'"content": "', b'"text":"', b'"text": "', b'"reasoning_content":"', b'"reasoning_content": "',
+        b'"reasoning":"', b'"reasoning": "', b'"tool_calls":[', b'"tool_calls": [',
+    )
 )  # fmt: skip
 
 
 def has_output(out: bytes) -> bool:
     """Does this relayed block carry generated output (non-empty content/text/reasoning, or a tool call)?"""
-    for m in _OUTPUT_MARKERS:
-        i = out.find(m)
-        while i >= 0:
-            j = i + len(m)
-            nxt = out[j : j + 1]
-            if nxt and nxt != (b"]" if m[-1:] == b"[" else b'"'):  # not `""` nor `[]`
+    for m, empty in _OUTPUT_MARKERS:
+        rest = out.partition(m)[2]  # `partition`, not `find`: see the module's docstring
+        while rest:
+            if rest[:1] != empty:  # not `""` nor `[]`
                 return True
-            i = out.find(m, j)
+            rest = rest.partition(m)[2]
     return False
 
 
@@ -91,14 +92,14 @@ def both_spacings_of_pairs(pairs: tuple[tuple[bytes, bytes], ...]) -> tuple[tupl
 
 
 def has_usage(data: bytes) -> bool:
-    return data.find(b'"usage":{') >= 0 or data.find(b'"usage": {') >= 0
+    return bool(data.partition(b'"usage":{')[1] or data.partition(b'"usage": {')[1])
 
 
 def data_of(raw: bytes) -> bytes | None:
     raw = raw.strip(b"\n")
     if not raw:
         return None
-    if raw.startswith(b"data: ") and raw.find(b"\n") < 0:
+    if raw[:6] == b"data: " and not raw.partition(b"\n")[1]:
         return raw[6:]
     parts = []
     for line in raw.split(b"\n"):

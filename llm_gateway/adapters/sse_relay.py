@@ -126,35 +126,44 @@ class SSERelay(RelayBase):
                     self.content_events += 1
                     self.text_bytes += b - a
                     return data if pre_out is None else pre_out + text + suf_out  # type: ignore[operator]
+        # the block path: `partition` (one argument) where a test would be `find`, and slices compared where it
+        # would be `startswith`/`endswith`, as on the envelope's path above; `count` only for a block of several
         buf = self._buf + data if self._buf else data
-        if buf.find(b"\r") >= 0:
-            tail = b"\r" if buf.endswith(b"\r") else b""
+        if buf.partition(b"\r")[1]:
+            tail = b"\r" if buf[-1:] == b"\r" else b""
             buf = buf[: len(buf) - len(tail)].replace(b"\r\n", b"\n") + tail
-        end = buf.rfind(b"\n\n")
-        if end < 0:
+        head, sep, rest = buf.rpartition(b"\n\n")
+        if not sep:
             return self._hold(buf)
-        block = buf[: end + 2]
-        self._buf = buf[end + 2 :]
-        finish = block.find(b'"finish_reason":"') >= 0 or block.find(b'"finish_reason": "') >= 0
+        block = head + sep if rest else buf
+        self._buf = rest
+        finish = bool(block.partition(b'"finish_reason":"')[1] or block.partition(b'"finish_reason": "')[1])
         if finish:
             self._saw_finish = True
-        n = block.count(b"\n\n")
+        if block.partition(b"\n")[2] == b"\n":  # one event on one line (its only line feeds end the block)
+            n = 1
+            shaped = block[:7] == b"data: {" and block[-3:] == b"}\n\n"
+        else:
+            n = block.count(b"\n\n")
+            shaped = (
+                block[:7] == b"data: {"
+                and block.count(b"\n") == 2 * n  # every event is one line
+                and block.count(b"\n\ndata: {") == n - 1
+                and block.count(b"}\n\n") == n
+            )
         if (
-            block.startswith(b"data: {")
-            and block.count(b"\n") == 2 * n  # every event is one line
-            and block.count(b"\n\ndata: {") == n - 1
-            and block.count(b"}\n\n") == n
-            and block.find(b"[DONE]") < 0
+            shaped
+            and not block.partition(b"[DONE]")[1]
             and not has_usage(block)  # `"usage": null` on every chunk (LMDeploy, vLLM) stays on the fast path
-            and block.find(b'{"error"') < 0
+            and not block.partition(b'{"error"')[1]
             and not (self._finish_errors and self._saw_finish)
         ):
             self.content_events += n
             cal = self._cal
             if (
                 cal is not None
-                and block.endswith(cal[2])
-                and block.startswith(cal[1], cal[0])
+                and block[-len(cal[2]) :] == cal[2]  # both parts are never empty: each has a quote at least
+                and block[cal[0] : cal[0] + len(cal[1])] == cal[1]
                 and (n == 1 or block.count(cal[1]) == n)  # several events: each has the text where it was
             ):
                 self.text_bytes += len(block) - n * cal[3]  # n envelopes of the measured shape around the text
@@ -236,7 +245,7 @@ class SSERelay(RelayBase):
 
     def _has_finish_error(self, payload: bytes) -> bool:
         for f in self._finish_errors:  # noqa: SIM110  # a loop, not any(genexpr): no generator per event
-            if payload.find(f) >= 0:
+            if payload.partition(f)[1]:
                 return True
         return False
 
@@ -245,7 +254,7 @@ class SSERelay(RelayBase):
             payload[:1] == b"{"
             and payload[-1:] == b"}"
             and not has_usage(payload)
-            and payload.find(b'"error"') < 0
+            and not payload.partition(b'"error"')[1]
             and not self._has_finish_error(payload)
         ):  # an ordinary chunk in a block with something special elsewhere: no need to parse it
             self.content_events += 1
