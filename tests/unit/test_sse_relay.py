@@ -344,6 +344,15 @@ def test_events_with_extra_fields_keep_only_their_data():
     assert out == b'data: {"choices":[]}\n\n'
 
 
+@pytest.mark.parametrize("bad", [b'data: {"a":1} trailing\n\n', b'data: {"a":1\n\n'])
+def test_a_lone_event_that_opens_like_an_object_but_does_not_close_like_one_is_parsed_not_passed(bad: bytes):
+    # the one-event block's shape test: it starts with `data: {` and must end with `}`
+    relay = plain_relay()
+    assert relay.feed(ROLE) == ROLE
+    out = relay.feed(bad)
+    assert out == UpstreamProtocolError("the engine sent an SSE event that is not valid JSON").sse_event() + DONE
+
+
 def test_an_event_without_data_is_dropped():
     relay = plain_relay()
     assert relay.feed(b"event: keepalive\n\n") == b""
