@@ -170,11 +170,13 @@ class Metrics:
         r.register(self._state)
 
     def child(self, metric: Any, *labels: str) -> Any:
-        """`metric.labels(*labels)`, cached: a dict lookup instead of prometheus-client's validation and lock."""
+        """`metric.labels(*labels)` of a Counter or Histogram, cached (a dict lookup instead of prometheus-client's
+        validation and lock), its values made `LoopValue`s: only the event loop's thread may update it."""
         key = (id(metric), labels)
         c = self._children.get(key)
         if c is None:
             c = metric.labels(*labels)
+            _on_the_loop(c)
             if len(self._children) < 100_000:  # labels are bounded (config names); this is a safety net
                 self._children[key] = c
         return c
@@ -281,6 +283,45 @@ class _StateCollector(Collector):
 
 
 CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}
+
+
+class LoopValue:
+    """A Counter's or Histogram's value that only the event loop's thread updates and reads (the request path,
+    and `/metrics` rendered in a handler): a float with no lock. prometheus-client's `MutexValue` takes a
+    `threading.Lock` for every increment, a dozen a stream; nothing in the gateway updates these series from
+    another thread. The interface is MutexValue's (prometheus_client/values.py, pinned in constraints.txt)."""
+
+    __slots__ = ("_exemplar", "_value")
+
+    def __init__(self, value: float = 0.0) -> None:
+        self._value = value
+        self._exemplar: Any = None
+
+    def inc(self, amount: float) -> None:
+        self._value += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self._value = value
+
+    def set_exemplar(self, exemplar: Any) -> None:
+        self._exemplar = exemplar
+
+    def get(self) -> float:
+        return self._value
+
+    def get_exemplar(self) -> Any:
+        return self._exemplar
+
+
+def _on_the_loop(child: Any) -> None:
+    """Swap a Counter or Histogram child's values for `LoopValue`s holding what they held."""
+    if isinstance(child, Histogram):
+        child._buckets = [LoopValue(b.get()) for b in child._buckets]
+        child._sum = LoopValue(child._sum.get())
+    elif isinstance(child, Counter):
+        child._value = LoopValue(child._value.get())
+    else:
+        raise TypeError(f"Metrics.child serves counters and histograms, not {type(child).__name__}")
 
 
 def inc(child: Any, amount: float = 1) -> None:

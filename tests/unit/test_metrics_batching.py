@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 import orjson
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from llm_gateway.observability.metrics import DURATION_BUCKETS, ITL_BUCKETS, inc, observe, observe_many
@@ -79,3 +80,39 @@ async def test_every_gap_between_a_streams_chunks_is_counted_past_one_batch() ->
     # one gap after each relayed write but the first that carried output; the finish chunk and [DONE]
     # leave in writes of their own (the fake engine sends every part as a chunk of its own)
     assert float(line.rsplit(" ", 1)[1]) == n + 1
+
+
+def test_the_request_paths_children_keep_their_counts_on_lock_free_values() -> None:
+    from prometheus_client import Gauge, generate_latest
+
+    from llm_gateway.observability.metrics import LoopValue, Metrics
+
+    m = Metrics()
+    own = Metrics()  # prometheus-client's own children and methods, for the same series
+    m.requests.labels("a", "b", "vllm", "chat", "2xx", "success").inc(3)  # made before `child` saw it: kept
+    own.requests.labels("a", "b", "vllm", "chat", "2xx", "success").inc(3)
+    req = m.child(m.requests, "a", "b", "vllm", "chat", "2xx", "success")
+    assert isinstance(req._value, LoopValue) and m.child(m.requests, "a", "b", "vllm", "chat", "2xx", "success") is req
+    inc(req, 2)
+    own.requests.labels("a", "b", "vllm", "chat", "2xx", "success").inc(2)
+    ttft = m.child(m.ttft, "a", "b")
+    assert isinstance(ttft._sum, LoopValue) and all(isinstance(b, LoopValue) for b in ttft._buckets)
+    for v in (0.0004, 0.003, 0.003, 7.0):
+        observe(ttft, v)
+        own.ttft.labels("a", "b").observe(v)
+    observe_many(m.child(m.itl, "a", "b"), [0.01, 0.2, 0.2])
+    for v in (0.01, 0.2, 0.2):
+        own.itl.labels("a", "b").observe(v)
+    ttft.observe(0.5)  # prometheus-client's own method works on the values too
+    own.ttft.labels("a", "b").observe(0.5)
+
+    def series(x: Metrics) -> list[str]:
+        return sorted(line for line in generate_latest(x.registry).decode().splitlines() if "timestamp" not in line)
+
+    assert series(m) == series(own)
+    assert (
+        'gateway_requests_total{backend="b",endpoint="chat",engine="vllm",model="a",outcome="success",'
+        'status_class="2xx"} 5.0' in series(m)
+    )
+    with pytest.raises(TypeError):
+        m.child(Gauge("g", "g", ["x"], registry=CollectorRegistry()), "y")
