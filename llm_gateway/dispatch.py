@@ -144,7 +144,11 @@ class Dispatcher:
         if len(deps) == 1:
             return deps
         now = time.monotonic()
-        stale = self.cfg.stale_after_probes * max(d.backend.cfg.probe.interval_s for d in deps)
+        interval = 0.0  # the longest probe interval among them (a loop: no generator per request)
+        for d in deps:
+            if d.backend.cfg.probe.interval_s > interval:
+                interval = d.backend.cfg.probe.interval_s
+        stale = self.cfg.stale_after_probes * interval
         views = [
             selection.CandidateView(
                 d.key,

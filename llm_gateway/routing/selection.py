@@ -53,27 +53,24 @@ class CandidateView:
 
 
 def load_score(c: CandidateView, now: float, stale_s: float, prefer_resident: bool = True) -> float:
+    """The candidate's estimated load per slot (one function: it runs for every candidate of every request)."""
+    cap = c.capacity if c.capacity > 1 else 1
     cold = COLD_LOAD if prefer_resident and c.resident is False else 0.0
-    return _live_score(c, now, stale_s) + cold
-
-
-def _live_score(c: CandidateView, now: float, stale_s: float) -> float:
-    cap = max(c.capacity, 1)
     load = c.load
     if load is not None and now - load.at <= stale_s:
         running = load.running or 0.0
         waiting = load.waiting if load.waiting is not None else 0.0
-        external = max(0.0, running + waiting - c.own_at_probe)
-        score = (c.in_flight + external) / cap + waiting / cap
+        external = running + waiting - c.own_at_probe
+        score = (c.in_flight + (external if external > 0.0 else 0.0)) / cap + waiting / cap
         if load.running is None and load.waiting is None:
             score += UNKNOWN_LOAD
         kv = load.kv
         if kv is not None and kv > KV_KNEE:
             score += (kv - KV_KNEE) * 10
-        return score
+        return score + cold
     if c.reports_load:
-        return c.in_flight / cap + UNKNOWN_LOAD
-    return c.in_flight / cap
+        return c.in_flight / cap + UNKNOWN_LOAD + cold
+    return c.in_flight / cap + cold
 
 
 def order(
@@ -93,8 +90,10 @@ def order(
     if n <= 1:
         return list(range(n))
     # rotate before the stable sort so that equal scores take turns
-    base = [(i + rotation) % n for i in range(n)]
-    by_load = sorted(base, key=lambda i: load_score(cands[i], now, stale_s, prefer_resident))
+    turn = rotation % n
+    base = [*range(turn, n), *range(turn)]
+    scores = [load_score(c, now, stale_s, prefer_resident) for c in cands]
+    by_load = sorted(base, key=scores.__getitem__)  # a C key: no Python frame per candidate
     if strategy == "least_load":
         return by_load
     if strategy == "round_robin":
