@@ -822,3 +822,32 @@ def test_event_by_event_feeding_is_the_same_with_and_without_the_envelope(
     with pytest.MonkeyPatch.context() as mp:
         no_envelope(mp)
         assert fast == event_by_event(make_relay(opts), stream)
+
+
+_TEXT_KEYS = ("content", "text", "reasoning_content", "reasoning", "arguments")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from((*_TEXT_KEYS, "role", "id", "contents", "text_x", "reasoning_contentx")),
+            st.text(alphabet=st.sampled_from('ab "\\\n\t/é{}:,\x01'), max_size=30),
+        ),
+        max_size=6,
+    ),
+    st.booleans(),
+)
+def test_text_bytes_counts_each_text_string_as_encoded(fields: list[tuple[str, str]], spaced: bool) -> None:
+    """The text counted is every content/text/reasoning/arguments string, escapes as sent, and nothing else:
+    the count equals the encoded length of those strings whatever quotes, backslashes or look-alike keys they
+    hold, in orjson's compact form and in json.dumps' spaced one."""
+    import json
+
+    from llm_gateway.adapters.sse_bytes import text_bytes
+
+    def encode(v: object) -> bytes:
+        return json.dumps(v, ensure_ascii=False).encode() if spaced else orjson.dumps(v)
+
+    data = encode([{key: value} for key, value in fields])
+    assert text_bytes(data) == sum(len(encode(v)) - 2 for k, v in fields if k in _TEXT_KEYS)
