@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable
 
 import orjson
@@ -14,6 +15,7 @@ import llm_gateway.adapters.relay_base as relay_base
 import llm_gateway.adapters.sse_relay as sse_relay
 from llm_gateway.adapters.lmdeploy import LMDeployAdapter
 from llm_gateway.adapters.sglang import SGLangAdapter
+from llm_gateway.adapters.sse_bytes import text_bytes
 from llm_gateway.adapters.sse_relay import DONE, SSERelay, has_output, usage_from
 from llm_gateway.adapters.tabbyapi import TabbyAPIAdapter
 from llm_gateway.adapters.vllm import VLLMAdapter
@@ -842,9 +844,6 @@ def test_text_bytes_counts_each_text_string_as_encoded(fields: list[tuple[str, s
     """The text counted is every content/text/reasoning/arguments string, escapes as sent, and nothing else:
     the count equals the encoded length of those strings whatever quotes, backslashes or look-alike keys they
     hold, in orjson's compact form and in json.dumps' spaced one."""
-    import json
-
-    from llm_gateway.adapters.sse_bytes import text_bytes
 
     def encode(v: object) -> bytes:
         return json.dumps(v, ensure_ascii=False).encode() if spaced else orjson.dumps(v)
