@@ -71,6 +71,14 @@ def _ratio(g: float | None, o: float | None, lower_is_better: bool) -> str:
     return f"{x:.2f}x" if x < 10 else f"{x:,.0f}x"
 
 
+def cpu_idle(cfg: dict[str, Any]) -> str:
+    """How the CPUs idled during the run (bench/cpu_idle.py): "not recorded" for a run from before it was."""
+    idle = cfg.get("cpu_idle")
+    if not isinstance(idle, dict):
+        return "not recorded"
+    return f"{idle.get('latency_request', '?')} (cpuidle {idle.get('driver', '?')})"
+
+
 def machine(data: dict[str, Any]) -> str:
     v = data.get("versions", {})
     smg = v.get("smg_venv", {}).get("smg")
@@ -78,7 +86,7 @@ def machine(data: dict[str, Any]) -> str:
         f"{v.get('cpu', '?')}, {v.get('ncpu', '?')} cores, kernel {v.get('kernel', '?')}, Python {v.get('python', '?')}"
         + (f" at {v['interpreter']}" if v.get("interpreter") else "")
         + (f", smg {smg}" if smg else "")
-        + f"; git {v.get('git', '?')}, {data.get('date', '?')}"
+        + f"; CPU idle: {cpu_idle(data.get('config', {}))}; git {v.get('git', '?')}, {data.get('date', '?')}"
     )
 
 

@@ -112,7 +112,8 @@ def render(data: dict) -> str:
         *_dialects(data),
         f"**llm-gateway bench**, {data.get('date', '?')}: ns = non-streaming chat (wrk), st64 = streaming 64 tokens "
         f"at 1 ms/token (aiohttp client), cN = N concurrent connections, {cfg.get('duration', '?'):g} s per scenario; "
-        "target on CPU 0, engine + load on CPU 1. xX = how many times better the gateway is than X on that line.",
+        f"target on CPU 0, engine + load on CPU 1; CPU idle: {board_report.cpu_idle(cfg)}. "
+        "xX = how many times better the gateway is than X on that line.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

@@ -15,6 +15,7 @@ Everything we start runs at `--nice` in its own session, whose autogroup gets th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 import board
+import cpu_idle
 import procstat as ps
 import report
 import targets as tg
@@ -131,6 +133,12 @@ def main() -> int:
     ap.add_argument("--streams-n", type=int, default=10000, help="streams.py: concurrent streams wanted")
     ap.add_argument("--streams-rounds", type=int, default=5, help="streams.py: rounds")
     ap.add_argument("--nice", type=int, default=-10, help="nice (and autogroup nice) of everything we start")
+    ap.add_argument(
+        "--cpu-latency-us",
+        type=int,
+        default=0,
+        help="CPU latency request held while measuring (cpu_idle.py; 0: idle CPUs poll); -1: the machine's idle states",
+    )
     ap.add_argument("--max-noise", type=float, default=10.0, help="re-measure when the target waited > this %% for CPU")
     ap.add_argument("--retries", type=int, default=2, help="re-measurements per scenario (least noisy kept)")
     ap.add_argument("--max-retries-total", type=int, default=8)
@@ -193,7 +201,11 @@ def main() -> int:
     }
     out = RESULTS / f"run-{ctx.stamp}.json"
     t_start = time.time()
+    held = contextlib.ExitStack()
     try:
+        idle = held.enter_context(cpu_idle.held_latency(a.cpu_latency_us))
+        data["config"]["cpu_idle"] = {"latency_request": idle, "driver": cpu_idle.idle_driver()}
+        print(f"bench: CPU idle: {idle} (cpuidle {data['config']['cpu_idle']['driver']})", flush=True)
         ctx.engine_ports = [ps.free_port(), ps.free_port()]
         cmd = (
             f"{tg.PROJECT_PY} {BENCH}/fake_engine.py --port {ctx.engine_ports[0]},{ctx.engine_ports[1]} "
@@ -222,6 +234,7 @@ def main() -> int:
             print(f"[{time.time() - t_start:4.0f}s] streams.py (gateway)", flush=True)
             data["streams"] = run_streams(ctx)
     finally:
+        held.close()
         if ctx.engine:
             ctx.engine.stop()
         if own_nice is not None:
