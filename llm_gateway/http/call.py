@@ -30,7 +30,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 class Call:
     __slots__ = (
-        "_arrived",
+        "_body_now",
         "_by_name",
         "_cycle",
         "_direct",
@@ -61,10 +61,10 @@ class Call:
         self._watcher: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         # the server's cycle (hardened_protocol.CoalescingCycle), when `send` is its own method: its direct
-        # chunk writer, and whether the body has all arrived
+        # chunk writer, and the body handed over at once when it has all arrived
         cycle = getattr(send, "__self__", None)
         self._direct: Callable[[bytes], bool] | None = getattr(cycle, "write_chunk", None)
-        self._arrived: Callable[[], bool] | None = getattr(cycle, "body_arrived", None)
+        self._body_now: Callable[[], bytes | None] | None = getattr(cycle, "body_now", None)
         #: the cycle that says when the client left (`on_disconnect`), or None: a watcher task does
         self._cycle: CoalescingCycle | None = cycle if isinstance(cycle, CoalescingCycle) else None
         self._held: tuple[int, Headers] | None = None  # a stream's head waiting for its first part (start(hold))
@@ -86,9 +86,13 @@ class Call:
                 n = -1
             if n > limit:
                 raise PayloadTooLarge(f"request body is {n} bytes; the limit is {limit}")
-        arrived = self._arrived
-        if arrived is not None and arrived():  # all in already: receive() cannot wait, no timer needed
-            return await self._read_all(limit)
+        take = self._body_now
+        if take is not None:
+            body = take()
+            if body is not None:  # all in already: no wait, no timer, no ASGI message
+                if len(body) > limit:
+                    raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+                return body
         try:
             async with asyncio.timeout(timeout_s):
                 return await self._read_all(limit)

@@ -20,7 +20,8 @@ syscalls are most of what uvicorn costs here). `Call` writes its answers through
 them, in one write, without the ASGI messages, uvicorn's per-header loop and regexes or the capture (they
 fall back to `send` whenever it must do something else). A stream's events are written by `write_chunk`, which
 frames and writes a chunk directly when nothing else is pending, instead of an ASGI message and
-uvicorn's checks per event; `body_arrived` says when reading the body cannot wait. A client that goes
+uvicorn's checks per event; `body_now` hands over a body that has all arrived, as `receive` would, without
+its message and the waits it would make (three coroutines a request). A client that goes
 away is told to the cycle's `on_disconnect` callback from the protocol's `connection_lost`, where ASGI
 would need a task per request waiting on `receive()` for it. The app reaches
 these through its `send` (the cycle's bound method: `send.__self__`), never through the scope: the
@@ -205,10 +206,17 @@ class CoalescingCycle(RequestResponseCycle):
             self._complete()
         return True
 
-    def body_arrived(self) -> bool:
-        """Has the whole request body been parsed? Then `receive` answers without waiting (uvicorn sets its
-        message event with the body's end), so reading it needs no timeout."""
-        return not self.more_body
+    def body_now(self) -> bytes | None:
+        """The request's whole body, taken as uvicorn's `receive` takes it, once it has all been parsed; None
+        (nothing taken: `receive` it, with a timeout) while more is to come, with a 100-continue still owed
+        (`receive` writes it), or once the client is gone or the answer complete (`receive` says disconnect)."""
+        if self.more_body or self.waiting_for_100_continue or self.disconnected or self.response_complete:
+            return None
+        self.flow.resume_reading()  # as `receive` does: a body over uvicorn's high-water mark paused reading
+        self.message_event.clear()
+        body = bytes(self.body)
+        self.body = bytearray()
+        return body
 
     def write_chunk(self, data: bytes, last: bool = False) -> bool:
         """Write one chunk of a started chunked response now, framed as uvicorn's `send` frames it, without

@@ -647,7 +647,8 @@ async def test_a_connection_idle_after_the_unread_rest_of_a_body_is_closed_by_th
 
 
 # -- reading the body (Call.read_body over the cycle) ---------------------------------------------------
-async def test_a_body_already_parsed_is_read_without_a_timer_and_a_late_one_with_it(monkeypatch) -> None:
+async def test_a_body_already_parsed_is_taken_without_a_timer_and_a_late_one_received_with_it(monkeypatch) -> None:
+    from llm_gateway.errors import PayloadTooLarge
     from llm_gateway.http import call as call_module
     from llm_gateway.http.call import Call
 
@@ -660,33 +661,44 @@ async def test_a_body_already_parsed_is_read_without_a_timer_and_a_late_one_with
 
     monkeypatch.setattr(call_module.asyncio, "timeout", counting_timeout)
     body = b'{"hi": 1}'
+    received: list[str] = []
 
     async def receive() -> dict[str, Any]:
+        received.append("receive")
         return {"type": "http.request", "body": body, "more_body": False}
 
     class Cycle:  # what Call reads off its `send`'s owner: the server's cycle
-        def __init__(self, arrived: bool) -> None:
-            self.arrived = arrived
+        def __init__(self, whole: bytes | None) -> None:
+            self.whole = whole
 
-        def body_arrived(self) -> bool:
-            return self.arrived
+        def body_now(self) -> bytes | None:
+            return self.whole
 
         async def send(self, message: Any) -> None: ...
 
-    arrived = Call({"headers": []}, receive, Cycle(True).send, "r1")  # type: ignore[arg-type]
-    assert await arrived.read_body(1024, 5.0) == body and timers == []
-    late = Call({"headers": []}, receive, Cycle(False).send, "r2")  # type: ignore[arg-type]
-    assert await late.read_body(1024, 5.0) == body and timers == [5.0]
+    taken = Call({"headers": []}, receive, Cycle(body).send, "r1")  # type: ignore[arg-type]
+    assert await taken.read_body(1024, 5.0) == body and timers == [] and received == []
+    late = Call({"headers": []}, receive, Cycle(None).send, "r2")  # type: ignore[arg-type]
+    assert await late.read_body(1024, 5.0) == body and timers == [5.0] and received == ["receive"]
     plain = Call({"headers": []}, receive, None, "r3")  # type: ignore[arg-type]  # another server: always timed
     assert await plain.read_body(1024, 5.0) == body and timers == [5.0, 5.0]
+    with pytest.raises(PayloadTooLarge):  # the limit holds on the body taken at once too
+        await Call({"headers": []}, receive, Cycle(body).send, "r4").read_body(len(body) - 1, 5.0)  # type: ignore[arg-type]
 
 
-async def test_the_cycle_says_the_body_arrived_only_once_it_was_parsed_to_its_end(server: Server) -> None:
-    seen: list[bool] = []
+async def test_the_cycle_hands_over_the_body_only_once_it_was_parsed_to_its_end(server: Server) -> None:
+    seen: list[bytes | None] = []
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        seen.append(send.__self__.body_arrived())
-        await echo_app(scope, receive, send)
+        cycle = send.__self__
+        whole = cycle.body_now()
+        seen.append(whole)
+        if whole is None:  # more to come: `receive` waits for it, as before
+            await echo_app(scope, receive, send)
+            return
+        assert cycle.body_now() == b"" and not cycle.message_event.is_set()  # taken, as `receive` takes it
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(whole))]})
+        await send({"type": "http.response.body", "body": whole})
 
     server.config.loaded_app = app
     for split in (False, True):
@@ -697,8 +709,14 @@ async def test_the_cycle_says_the_body_arrived_only_once_it_was_parsed_to_its_en
         if split:
             conn.send(raw[-5:])
             await server.settle()
-        assert only_response(conn).status == 200
-    assert seen == [True, False]
+        resp = only_response(conn)
+        assert resp.status == 200 and b"0123456789" in resp.body
+    assert seen == [b"0123456789", None]
+    # a 100-continue still owed: `receive` writes it, so the body is not taken around it
+    conn = server.connect()
+    conn.send(request("POST", "/x", b"0123456789", headers={"expect": "100-continue"}))
+    await server.settle()
+    assert seen[-1] is None and b"100 Continue" in bytes(conn.transport.out)
 
 
 async def test_a_request_leaves_no_reference_cycle_behind(server: Server) -> None:
