@@ -49,6 +49,9 @@ class Limiter:
         self.store = store
         #: settlements never suspend (an in-process store): `finish` needs no shield (LimitStore)
         self.inline = getattr(store, "inline", False) is True
+        # ... and its answers are had without a coroutine (LimitStore: `reserve_now`, `finish_now`)
+        self._reserve_now = getattr(store, "reserve_now", None) if self.inline else None
+        self._finish_now = getattr(store, "finish_now", None) if self.inline else None
         # public model -> (input, output) per million tokens, for cost budgets
         self._prices = {m: (p.input_per_million, p.output_per_million) for m, p in (prices or {}).items()}
         self._wall = wall
@@ -99,8 +102,11 @@ class Limiter:
             else:
                 prompt = min(prompt_tokens, tokens)
                 cost = token_cost(price, prompt, tokens - prompt)
+        reserve_now = self._reserve_now
         try:
-            if cost:
+            if reserve_now is not None:
+                decision, res = reserve_now(rid, scopes, tokens, cost)
+            elif cost:
                 decision, res = await self.store.reserve(rid, scopes, tokens, cost)
             else:
                 decision, res = await self.store.reserve(rid, scopes, tokens)
@@ -148,7 +154,10 @@ class Limiter:
         if res is None or not res.active:
             return
         if res.price is None or actual_tokens is None:
-            await self.store.finish(res, actual_tokens)
+            if self._finish_now is not None:
+                self._finish_now(res, actual_tokens)
+            else:
+                await self.store.finish(res, actual_tokens)
             return
         prompt = prompt_tokens if prompt_tokens is not None else res.prompt_estimate
         if prompt is None:  # no split known: the dearer rate, as reserved
@@ -156,7 +165,10 @@ class Limiter:
         else:
             prompt = min(prompt, actual_tokens)
             cost = token_cost(res.price, prompt, actual_tokens - prompt)
-        await self.store.finish(res, actual_tokens, cost)
+        if self._finish_now is not None:
+            self._finish_now(res, actual_tokens, cost)
+        else:
+            await self.store.finish(res, actual_tokens, cost)
 
 
 def _dearer(price: tuple[float, float], tokens: int) -> int:

@@ -45,18 +45,27 @@ class DownStore:
 
 
 class SpyStore(MemoryStore):
+    """The in-process store, its answers recorded: the limiter asks an inline store through `reserve_now` and
+    `finish_now` (its coroutines are never made: they fail here if they are)."""
+
     def __init__(self) -> None:
         super().__init__(clock=Clock())
         self.reserved: list[tuple[ScopeLimits, ...]] = []
         self.finished: list[tuple[Reservation, int | None]] = []
 
-    async def reserve(self, rid, scopes, tokens):
+    def reserve_now(self, rid, scopes, tokens, cost=0):
         self.reserved.append(tuple(scopes))
-        return await super().reserve(rid, scopes, tokens)
+        return super().reserve_now(rid, scopes, tokens, cost)
 
-    async def finish(self, res, actual_tokens):
+    def finish_now(self, res, actual_tokens, actual_cost=None):
         self.finished.append((res, actual_tokens))
-        await super().finish(res, actual_tokens)
+        super().finish_now(res, actual_tokens, actual_cost)
+
+    async def reserve(self, rid, scopes, tokens, cost=0):
+        raise AssertionError("an inline store is asked through reserve_now")
+
+    async def finish(self, res, actual_tokens, actual_cost=None):
+        raise AssertionError("an inline store is settled through finish_now")
 
 
 def principal(name: str = "alice", limits: Limits | None = None, model_limits: dict[str, Limits] | None = None):
@@ -293,11 +302,33 @@ def test_quota_headers_clamp_negative_remaining_to_zero_and_skip_missing_dimensi
 
 
 async def test_retry_after_header_is_rounded_up_to_whole_seconds():
-    class OneShot(MemoryStore):
-        async def reserve(self, rid, scopes, tokens):
+    class OneShot(MemoryStore):  # in-process: asked through reserve_now
+        def reserve_now(self, rid, scopes, tokens, cost=0):
             return Decision(False, "requests", 2.2, "nope"), Reservation(rid, tuple(scopes), tokens, active=False)
 
     lim = Limiter(OneShot(), fail_open=False)
     with pytest.raises(RateLimited) as ei:
         await lim.admit(principal(limits=Limits(rpm=1)), "m", 0, "r")
     assert ei.value.headers == {"retry-after": "3"}
+
+
+async def test_a_store_that_may_suspend_is_asked_through_its_coroutines() -> None:
+    # `reserve_now` / `finish_now` are taken only from a store that says it never suspends (`inline`)
+    calls: list[str] = []
+
+    class Remote(MemoryStore):
+        inline = False
+
+        async def reserve(self, rid, scopes, tokens, cost=0):  # type: ignore[no-untyped-def]
+            calls.append("reserve")
+            return super().reserve_now(rid, scopes, tokens, cost)
+
+        async def finish(self, res, actual_tokens, actual_cost=None):  # type: ignore[no-untyped-def]
+            calls.append("finish")
+            super().finish_now(res, actual_tokens, actual_cost)
+
+    lim = Limiter(Remote(clock=Clock()), fail_open=False)
+    who = principal(limits=Limits(rpm=10, concurrency=1))
+    _, res = await lim.admit(who, "m", 10, "r1")
+    await lim.finish(res, 5)
+    assert calls == ["reserve", "finish"]
