@@ -300,9 +300,10 @@ def _notes(data: dict, cols: list[str]) -> list[str]:
 
 
 def _diagnostics(diag: list[tuple[str, str, dict]]) -> list[str]:
-    out = ["", "**Diagnostics** (tries: measurements taken, the least noisy kept; wait%: the target runnable but "
-            "CPU 0 busy with someone else; others0/1%: CPU 0/1 used by processes not ours; cpu1%: the load core's "
-            "use, must stay < 100 for proxied rows, or the load side was the limit)", ""]  # fmt: skip
+    out = ["", "**Diagnostics** (tries: measurements taken, the least noisy kept, for direct's ns_c1 the lowest "
+            "p99; wait%: the target runnable but CPU 0 busy with someone else; others0/1%: CPU 0/1 used by "
+            "processes not ours; cpu1%: the load core's use, must stay < 100 for proxied rows, or the load side "
+            "was the limit)", ""]  # fmt: skip
     out += [
         "| target | scenario | req/s | p50 ms | p99 ms | TTFT p50/p99 ms | cpu% | µs/req | RSS MB | wait% | others0% "
         "| others1% | cpu1% | err | tries |",

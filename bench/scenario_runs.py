@@ -83,8 +83,15 @@ def measure(
     return r
 
 
+#: the engine alone at concurrency 1: the floor every proxy's added latency is measured from (report.py,
+#: board_report.py subtract its p50 and p99), so a tail of its own (a host interrupt in 5 s of 30,000 req/s)
+#: would be taken off every proxy's; it is measured every try allowed and the lowest p99 kept
+FLOOR = {("direct", "ns_c1")}
+
+
 def load_scenario(ctx: Ctx, name: str, scn: str, base: str, pid: int | None, sampler: ps.Sampler | None) -> dict:
     a = ctx.a
+    floor = (name, scn) in FLOOR
     kind, conc = LOAD[scn]
     dialect = DIALECT.get(scn, "chat")
     url = base + sc.PATHS[dialect]
@@ -106,7 +113,7 @@ def load_scenario(ctx: Ctx, name: str, scn: str, base: str, pid: int | None, sam
     for tries in range(1, a.retries + 2):  # re-measure (bounded) while other processes got in the way
         r = measure(ctx, name, kind, url, conc, pid, sampler, dialect)
         r["tries"] = tries
-        if best is None or r["noise_pct"] < best["noise_pct"]:
+        if best is None or (r["p99"] < best["p99"] if floor else r["noise_pct"] < best["noise_pct"]):
             best = r
         extra = f"  ttft p50 {report.fmt(r['ttft_p50'], 2)} ms" if "ttft_p50" in r else ""
         cpu = f"  {r['cpu_us_per_req']:,.0f} us/req" if r.get("cpu_us_per_req") else ""
@@ -117,6 +124,8 @@ def load_scenario(ctx: Ctx, name: str, scn: str, base: str, pid: int | None, sam
             f"p99 {report.fmt(r['p99'], 2):>7} ms{extra}{cpu}  err {r['errors']}  noise {r['noise_pct']:.0f}%",
             flush=True,
         )
+        if floor:
+            continue  # every try, out of no one's retry budget: a few seconds of the engine alone
         if r["noise_pct"] <= a.max_noise or ctx.retries_left <= 0 or a.profile:
             break
         ctx.retries_left -= 1

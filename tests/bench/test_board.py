@@ -216,3 +216,23 @@ def test_every_board_scenario_is_a_run_scenario(scn: str) -> None:
     import run
 
     assert scn in board.SCENARIOS and scn in run.ORDER and scn not in run.DEFAULT_SCENARIOS
+
+
+def test_the_floor_is_measured_every_try_and_its_lowest_p99_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    # direct's ns_c1 is subtracted from every proxy's latency: one tail of its own would make theirs negative
+    import scenario_runs
+
+    p99s = iter([4.59, 0.09, 0.12, 0.5, 0.6])
+    taken: list[str] = []
+
+    def fake_measure(ctx, name, kind, url, conc, pid, sampler, dialect):  # type: ignore[no-untyped-def]
+        taken.append(name)
+        return {"rps": 1.0, "p50": 0.03, "p99": next(p99s), "errors": 0, "noise_pct": 0.0}
+
+    monkeypatch.setattr(scenario_runs, "measure", fake_measure)
+    a = SimpleNamespace(retries=2, max_noise=10.0, warmup=0, profile=None)
+    ctx = SimpleNamespace(a=a, retries_left=8)
+    floor = scenario_runs.load_scenario(ctx, "direct", "ns_c1", "http://127.0.0.1:1", None, None)  # type: ignore[arg-type]
+    assert taken == ["direct"] * 3 and floor["p99"] == 0.09 and floor["tries"] == 3 and ctx.retries_left == 8
+    proxy = scenario_runs.load_scenario(ctx, "gateway", "ns_c1", "http://127.0.0.1:1", None, None)  # type: ignore[arg-type]
+    assert taken[3:] == ["gateway"] and proxy["p99"] == 0.5 and proxy["tries"] == 1  # quiet: measured once
