@@ -18,7 +18,10 @@ TOKENS = 150  # two full batches of 64 gaps and a partial one
 
 
 def test_a_pushed_stream_counts_each_inter_token_gap_once(tmp_path) -> None:
-    with EmulatorThread(EmulatorConfig(engine="vllm", model="tiny", tpot_ms=3)) as emu:
+    # 10 ms a token: the emulator runs in this process's thread, and a stall of it longer than the pace sends two
+    # chunks together, which the gateway may read and relay as one write (one gap fewer); at 3 ms four such
+    # merges in 150 tokens happened once on a busy machine
+    with EmulatorThread(EmulatorConfig(engine="vllm", model="tiny", tpot_ms=10)) as emu:
         cfg = f"""
 server: {{access_log: false}}
 auth: {{mode: none}}
@@ -47,7 +50,8 @@ models:
     assert count is not None and total is not None
     # one gap per relayed write after the first that carried output: the tokens' writes, and the end's
     # (the finish chunk, [DONE]) unless the engine's last chunks came in one read; never a slot counted twice
-    # or an unused one (a whole batch of 64 at the end would make it 192)
-    assert TOKENS - 3 <= count <= TOKENS + 2, count
+    # or an unused one (a whole batch of 64 at the end would make it 192); below, room for a few merged reads,
+    # none for a lost batch (the last partial one is 21 gaps)
+    assert TOKENS - 10 <= count <= TOKENS + 2, count
     assert inf == count
     assert 0 < total < 60  # seconds: real gaps, not a batch of zeros
