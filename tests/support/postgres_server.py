@@ -157,6 +157,12 @@ class PostgresServer:
             **self._as_user(),
         )
         log.close()
+        self._wait_ready("start")
+        return self
+
+    def _wait_ready(self, what: str) -> None:
+        """Until the postmaster accepts connections (`pg_isready`), or fail after START_DEADLINE_S."""
+        assert self.proc is not None
         deadline = time.monotonic() + START_DEADLINE_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -167,9 +173,9 @@ class PostgresServer:
                 timeout=10,
             )
             if ready.returncode == 0:
-                return self
+                return
             time.sleep(0.05)
-        raise RuntimeError(f"postgres did not start: {self.log.read_text()[-2000:]}")
+        raise RuntimeError(f"postgres did not {what}: {self.log.read_text()[-2000:]}")
 
     def psql(self, sql: str, database: str = "postgres") -> str:
         out = subprocess.run(
@@ -232,7 +238,10 @@ class PostgresServer:
         self._signal(signal.SIGSTOP)
 
     def resume(self) -> None:
+        """Thaw every process (SIGCONT) and wait until the postmaster accepts connections again: it
+        first works through what queued while it was frozen, which on a loaded machine takes a while."""
         self._signal(signal.SIGCONT)
+        self._wait_ready("resume")
 
     def remove(self) -> None:
         self.stop()
