@@ -341,22 +341,28 @@ def observe_many(child: Any, values: list[float]) -> None:
     """What `observe(v)` for each of `values` does to a Histogram child, with each bucket and the sum
     incremented once: prometheus-client takes two locks per observation, which a stream's relay would
     pay per token (the inter-token latencies are batched, tests/unit/test_metrics_batching.py checks the result
-    is the same). The values are sorted once and each bucket's count read off with one bisect per bound:
-    a bisect per value was a C call per relayed event. Relies on prometheus-client's child layout
+    is the same). The values are sorted once and each bucket's count read off with one bisect per bound
+    from the smallest value's bucket on (a bisect per value was a C call per relayed event), or at once
+    when they all fall in that bucket. Relies on prometheus-client's child layout
     (pinned in constraints.txt)."""
     if not values:
         return
     ordered = sorted(values)
     n = len(ordered)
     buckets = child._buckets
-    below = 0  # values at or under the previous bound
-    for i, bound in enumerate(child._upper_bounds):  # ascending, the last +Inf; a value v counts in the
-        upto = bisect_right(ordered, bound, below)  # first bucket whose bound is >= v
-        if upto > below:
-            buckets[i].inc(upto - below)
-            below = upto
-            if below == n:
-                break
+    bounds = child._upper_bounds  # ascending, the last +Inf; a value v counts in the first bucket whose
+    first = bisect_left(bounds, ordered[0])  # bound is >= v: none below the smallest value's
+    if ordered[-1] <= bounds[first]:  # all in that one bucket: a stream's gaps at a steady pace usually are
+        buckets[first].inc(n)
+    else:
+        below = 0  # values at or under the previous bound
+        for i, bound in enumerate(bounds[first:], first):
+            upto = bisect_right(ordered, bound, below)
+            if upto > below:
+                buckets[i].inc(upto - below)
+                below = upto
+                if below == n:
+                    break
     child._sum.inc(math.fsum(ordered))
 
 

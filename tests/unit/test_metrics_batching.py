@@ -37,6 +37,27 @@ def test_a_batch_leaves_the_histogram_that_one_observation_at_a_time_leaves() ->
         assert abs(got[k] - v) < 1e-6, k
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        [0.03] * 9,  # a steady pace: every gap in one bucket, a middle one
+        [0.025, 0.02, 0.011],  # one bucket, its own bound included
+        [0.01, 0.01],  # on a bound: that bound's bucket, not the next
+        [0.0001, 0.0004],  # the first bucket
+        [11.0, 1e9],  # only +Inf
+        [0.03, 0.03, 0.051],  # the smallest value's bucket and the next
+        [0.003, 4.0],  # two buckets far apart, those below the first empty
+    ],
+    ids=["steady", "own-bound", "on-bound", "first", "inf", "next", "apart"],
+)
+def test_a_batch_that_starts_above_the_first_bucket_counts_as_one_at_a_time(values: list[float]) -> None:
+    one, many = (Histogram("h", "h", ["m"], buckets=ITL_BUCKETS, registry=CollectorRegistry()) for _ in range(2))
+    for v in values:
+        one.labels("x").observe(v)
+    observe_many(many.labels("x"), values)
+    assert samples(many) == pytest.approx(samples(one))
+
+
 def test_the_direct_inc_and_observe_leave_the_series_prometheus_clients_own_leave() -> None:
     rng = random.Random(11)
     values = [rng.choice(DURATION_BUCKETS) for _ in range(40)] + [rng.uniform(0, 900) for _ in range(200)] + [0.0]
