@@ -15,7 +15,7 @@ streamed (`Runner.run_streamed`) paths are run, and chaining by `previous_respon
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
 import openai
@@ -51,9 +51,17 @@ class Weather(BaseModel):
     sunny: bool
 
 
-def agent_for(gateway: GatewayProcess, calls: list[str]) -> Agent[Any]:
+@pytest.fixture
+async def client(gateway: GatewayProcess) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The SDK's client, closed with the test's event loop still running: one left to the garbage collector
+    closes its connections after that loop has closed ("Event loop is closed", printed under a later test)."""
+    sdk = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    yield sdk
+    await sdk.close()
+
+
+def agent_for(client: openai.AsyncOpenAI, calls: list[str]) -> Agent[Any]:
     set_tracing_disabled(True)  # no traces to OpenAI's servers: this machine cannot reach them anyway
-    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
     @function_tool
     def get_weather(city: Literal["Paris", "Rome", "Oslo"]) -> str:
@@ -85,23 +93,23 @@ def check_turn(result: Any, calls: list[str]) -> None:
     assert result.raw_responses[1].usage.input_tokens > result.raw_responses[0].usage.input_tokens
 
 
-async def test_one_agent_turn_with_a_function_tool(gateway: GatewayProcess) -> None:
+async def test_one_agent_turn_with_a_function_tool(client: openai.AsyncOpenAI) -> None:
     calls: list[str] = []
-    result = await Runner.run(agent_for(gateway, calls), "What is the weather in Paris?", max_turns=3)
+    result = await Runner.run(agent_for(client, calls), "What is the weather in Paris?", max_turns=3)
     check_turn(result, calls)
 
 
-async def test_one_streamed_agent_turn_with_a_function_tool(gateway: GatewayProcess) -> None:
+async def test_one_streamed_agent_turn_with_a_function_tool(client: openai.AsyncOpenAI) -> None:
     calls: list[str] = []
-    run = Runner.run_streamed(agent_for(gateway, calls), "What is the weather in Rome?", max_turns=3)
+    run = Runner.run_streamed(agent_for(client, calls), "What is the weather in Rome?", max_turns=3)
     kinds = [ev.type async for ev in run.stream_events()]
     assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
     check_turn(run, calls)
 
 
-async def test_an_agent_turn_chained_by_previous_response_id(gateway: GatewayProcess) -> None:
+async def test_an_agent_turn_chained_by_previous_response_id(client: openai.AsyncOpenAI) -> None:
     calls: list[str] = []
-    agent = agent_for(gateway, calls)
+    agent = agent_for(client, calls)
     first = await Runner.run(agent, "Weather in Oslo?", max_turns=3, auto_previous_response_id=True)
     check_turn(first, calls)
     calls.clear()
