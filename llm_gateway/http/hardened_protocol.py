@@ -32,10 +32,14 @@ cycle for the garbage collector (tens of ms of pauses at a thousand requests a s
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import httptools
 import orjson
+from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -43,6 +47,7 @@ from uvicorn.protocols.http.httptools_impl import (
     HttpToolsProtocol,
     RequestResponseCycle,
 )
+from uvicorn.server import ServerState
 
 _REASON = {
     400: b"Bad Request",
@@ -243,13 +248,58 @@ class CoalescingCycle(RequestResponseCycle):
         return True
 
 
+#: uvicorn's two loggers, looked up once: its `__init__` looks both up for every connection, each
+#: `logging.getLogger` taking the logging module's lock (a third of what a new connection costs in
+#: uvicorn's Python code, bench/README.md); a logger, once made, is never replaced, so these are the same objects
+_ERROR_LOGGER = logging.getLogger("uvicorn.error")
+_ACCESS_LOGGER = logging.getLogger("uvicorn.access")
+
+
 class GatewayProtocol(HttpToolsProtocol):
     max_connections = 16384
     header_timeout_s = 15.0
     max_header_bytes = 32 * 1024
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        # HttpToolsProtocol.__init__ of uvicorn 0.54.0 (pinned, constraints.txt), field for field, but for
+        # the loggers looked up once (above); tests/unit/test_http_protocol.py checks that the two agree
+        if not config.loaded:
+            config.load()
+        self.config = config
+        self.app = config.loaded_app
+        self.loop = _loop or asyncio.get_event_loop()
+        self.logger = _ERROR_LOGGER
+        self.access_logger = _ACCESS_LOGGER
+        self.access_log = _ACCESS_LOGGER.hasHandlers()
+        self.parser = httptools.HttpRequestParser(self)
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.ws_protocol_class = config.ws_protocol_class
+        self.root_path = config.root_path
+        self.asgi_version = config.asgi_version
+        self.limit_concurrency = config.limit_concurrency
+        self.app_state = app_state
+        self.timeout_keep_alive_task = None
+        self.timeout_keep_alive = config.timeout_keep_alive
+        self.server_state = server_state
+        self.connections = server_state.connections
+        self.tasks = server_state.tasks
+        self.transport = None  # type: ignore[assignment]
+        self.flow = None  # type: ignore[assignment]
+        self.server = None
+        self.client = None
+        self.scheme = None
+        self.pipeline = deque()
+        self.scope = None  # type: ignore[assignment]
+        self.headers = None  # type: ignore[assignment]
+        self.expect_100_continue = False
+        self.cycle = None  # type: ignore[assignment]
+        # the gateway's own
         self._awaiting_headers = True
         self._header_bytes = 0
         self._message_parsed = False  # the current request has been parsed to its end

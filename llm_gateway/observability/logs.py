@@ -47,6 +47,10 @@ def setup_logging(level: str) -> None:
         lg = logging.getLogger(name)
         lg.handlers.clear()
         lg.propagate = True
+        # the root's level, set on each: uvicorn asks `logger.level <= TRACE` (the logger's own level, 0 while
+        # unset, not its effective one) on every connection made and lost, and with 0 formats a prefix and
+        # calls `log` for a line no handler takes
+        lg.setLevel(root.level)
     logging.getLogger("uvicorn.access").disabled = True  # our own access line replaces it
 
 

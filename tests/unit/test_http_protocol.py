@@ -13,18 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable, Coroutine
+import logging
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import pytest
+from uvicorn.logging import TRACE_LOG_LEVEL
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from llm_gateway.http import hardened_protocol
 from llm_gateway.http.call import Call
 from llm_gateway.http.hardened_protocol import COALESCE, GatewayProtocol
 from llm_gateway.http.server import uvicorn_config
+from llm_gateway.observability.logs import setup_logging
 from llm_gateway.settings import ServerConfig
 
 # distinct delays, so a pending timer says by its delay whose it is
@@ -314,6 +319,50 @@ def assert_refused(conn: Conn, status: int, code: str) -> dict[str, Any]:
     conn.loop.fire(LINGER_S)
     assert conn.transport.closed
     return error
+
+
+# -- a connection, as uvicorn makes it ---------------------------------------------------------------------
+def test_a_connection_starts_with_every_field_uvicorn_gives_it(server: Server) -> None:
+    """GatewayProtocol.__init__ stands in for uvicorn's (its two loggers looked up once, not per connection):
+    each field uvicorn's sets is there with the same value, so the rest of uvicorn's code finds what it expects
+    (this is the test an uvicorn upgrade that adds or changes a field fails)."""
+    loop, app_state = FakeLoop(), {"from": "lifespan"}
+    ours = vars(server.cls(config=server.config, server_state=server.state, app_state=app_state, _loop=loop))
+    theirs = vars(HttpToolsProtocol(config=server.config, server_state=server.state, app_state=app_state, _loop=loop))
+    assert set(theirs) <= set(ours), f"uvicorn's fields the gateway's protocol lacks: {set(theirs) - set(ours)}"
+    for name, value in theirs.items():
+        if name == "parser":  # one each, bound to its own protocol
+            assert type(ours[name]) is type(value) and ours[name] is not value
+        elif isinstance(value, deque | dict | list | tuple | str | int | float | bool) or value is None:
+            assert ours[name] == value, name
+        else:  # the config, the loop, the loggers, the server's sets, the app, the class of the WebSocket protocol
+            assert ours[name] is value, name
+    assert ours["connections"] is server.state.connections and ours["app_state"] is app_state
+
+
+@pytest.fixture
+def restored_logging() -> Iterator[None]:
+    names = ("", "uvicorn", "uvicorn.error", "uvicorn.access")
+    saved = [(lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in map(logging.getLogger, names)]
+    yield
+    for lg, level, handlers, propagate, disabled in saved:
+        lg.setLevel(level)
+        lg.handlers[:] = handlers
+        lg.propagate, lg.disabled = propagate, disabled
+
+
+@pytest.mark.parametrize("level", ["debug", "warning"])
+def test_uvicorns_loggers_take_the_gateways_level_so_connections_skip_its_trace_lines(
+    restored_logging: None, level: str
+) -> None:
+    """uvicorn checks its logger's own level (0 while unset) against TRACE on every connection made and lost,
+    and at 0 formats a line and calls `log` for it; set to the gateway's level, it skips both."""
+    setup_logging(level)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        lg = logging.getLogger(name)
+        assert lg.level == logging.getLevelName(level.upper()) == logging.getLogger().level, name
+        assert lg.level > TRACE_LOG_LEVEL and lg.propagate and not lg.handlers
+    assert logging.getLogger("uvicorn.access").disabled
 
 
 # -- a normal request ------------------------------------------------------------------------------------
