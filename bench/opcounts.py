@@ -322,4 +322,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except BrokenPipeError:  # `| head`: the rest is not wanted
+        sys.stderr.close()
+        raise SystemExit(0) from None

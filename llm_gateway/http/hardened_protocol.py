@@ -119,8 +119,27 @@ class CoalescingCycle(RequestResponseCycle):
     _held: list[bytes] | None = None
     #: called once when the client goes away before the answer is complete (set and cleared by the app)
     on_disconnect: Callable[[], None] | None = None
+    #: `write_chunk` may frame and write a chunk itself: a chunked response started, not complete, its head not
+    #: held, the client not gone (`_chunks_direct()`); one flag read per event instead of six, kept by what
+    #: changes those: `start_now`, `_complete`, `send` and the protocol's `connection_lost`
+    _direct = False
+
+    def _chunks_direct(self) -> bool:
+        return (
+            self.response_started
+            and self.chunked_encoding is True
+            and not self.response_complete
+            and self._held is None
+            and not self.disconnected
+        )
 
     async def send(self, message: Any) -> None:
+        try:
+            await self._send(message)
+        finally:
+            self._direct = self._chunks_direct()
+
+    async def _send(self, message: Any) -> None:
         held = self._held
         if held is None and not (message["type"] == "http.response.start" and message.get(COALESCE)):
             await super().send(message)
@@ -175,6 +194,7 @@ class CoalescingCycle(RequestResponseCycle):
 
     def _complete(self) -> None:
         self.response_complete = True
+        self._direct = False
         self.message_event.set()
         if not self.keep_alive:
             self.transport.close()
@@ -209,6 +229,8 @@ class CoalescingCycle(RequestResponseCycle):
         self.transport.write(b"".join(content))
         if last:
             self._complete()
+        else:
+            self._direct = True
         return True
 
     def body_now(self) -> bytes | None:
@@ -228,15 +250,7 @@ class CoalescingCycle(RequestResponseCycle):
         an ASGI message per event, and with `last` the response's end too (in the same write); False
         (nothing written) when `send` must do it: no response started or it is complete, not chunked, its
         head held, the client gone, or its socket's buffer full (`send` waits for it to drain)."""
-        if (
-            not (data or last)
-            or self._held is not None
-            or not self.response_started
-            or self.response_complete
-            or not self.chunked_encoding
-            or self.flow.write_paused
-            or self.disconnected
-        ):
+        if not self._direct or self.flow.write_paused or not (data or last):
             return False
         if not last:
             n = len(data)
@@ -421,6 +435,7 @@ class GatewayProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
         cycle = self.cycle
         if cycle is not None and cycle.disconnected:
+            cycle._direct = False  # type: ignore[attr-defined]  # a CoalescingCycle's
             left = getattr(cycle, "on_disconnect", None)
             if left is not None:
                 cycle.on_disconnect = None  # type: ignore[attr-defined]  # a CoalescingCycle's

@@ -188,6 +188,9 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return
+    if scope["path"] == "/idle":  # answers nothing itself: a test drives its cycle
+        await STREAM_GATE[0].wait()
+        return
     if scope["path"] == "/early":
         await send({"type": "http.response.start", "status": 401, "headers": [(b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})
@@ -258,6 +261,10 @@ class Server:
     def connect(self) -> Conn:
         loop = FakeLoop()
         proto = self.cls(config=self.config, server_state=self.state, app_state={}, _loop=loop)
+        # as in the gateway, whose uvicorn.access logger has no handler (uvicorn's config stops its propagation):
+        # pytest's log capture gives it one, which would send every answer through uvicorn's `send` for its
+        # access line, away from the direct writes these tests are about
+        proto.access_log = False
         transport = FakeTransport()
         proto.connection_made(transport)  # type: ignore[arg-type]
         return Conn(proto, transport, loop)
@@ -437,6 +444,49 @@ async def test_stream_events_are_written_directly_framed_as_uvicorn_frames_them(
     assert dechunk(body) == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n", b""]
     if not paused:
         assert conn.transport.writes == 6  # head, one per event, [DONE], the terminator
+
+
+async def test_the_direct_chunk_writer_takes_chunks_from_a_chunked_head_to_the_end_only(server: Server) -> None:
+    """`write_chunk` reads one flag for six states: it declines (False, nothing written) before any head, writes
+    after `start_now`'s chunked head, and declines again once the answer has ended."""
+    conn = server.connect()
+    gate = asyncio.Event()
+    STREAM_GATE[:] = [gate]
+    try:
+        conn.send(request("GET", "/idle"))
+        await server.settle()
+        cycle = conn.proto.cycle
+        assert not cycle.write_chunk(b"too early") and conn.transport.writes == 0
+        assert cycle.start_now(200, [(b"content-type", b"text/event-stream")], b"data: 0\n\n")
+        assert cycle.write_chunk(b"data: 1\n\n") and cycle.write_chunk(b"data: 2\n\n", last=True)
+        assert not cycle.write_chunk(b"too late") and not cycle.write_chunk(b"", last=True)
+        assert conn.transport.writes == 3 and conn.transport.late_writes == 0
+        gate.set()
+        await server.settle()
+    finally:
+        STREAM_GATE.clear()
+    body = bytes(conn.transport.out).partition(b"\r\n\r\n")[2]
+    assert dechunk(body) == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b""]
+
+
+async def test_the_direct_chunk_writer_takes_chunks_after_a_head_sent_as_asgi_until_the_client_leaves(
+    server: Server,
+) -> None:
+    conn = server.connect()
+    gate = asyncio.Event()
+    STREAM_GATE[:] = [gate]
+    try:
+        conn.send(request("GET", "/stream"))  # its head goes through uvicorn's `send`
+        await server.settle()
+        cycle = conn.proto.cycle
+        assert cycle.write_chunk(b"data: x\n\n") and conn.transport.writes == 2
+        conn.proto.connection_lost(None)
+        assert not cycle.write_chunk(b"data: y\n\n") and conn.transport.writes == 2
+        gate.set()
+        await server.settle()
+    finally:
+        STREAM_GATE.clear()
+    assert conn.transport.late_writes == 0  # nothing was even tried on the closed transport
 
 
 async def test_a_held_stream_head_leaves_with_the_first_event_and_the_last_event_with_the_end(server: Server) -> None:
