@@ -122,7 +122,7 @@ class Connection(asyncio.Protocol):
             # H1Response.feed's push branch, copied here on purpose: a call less per relayed event; keep the two alike
             try:
                 if sink(piece):
-                    ex.fed += 1
+                    ex.fed = True
                     return
             except Exception as e:
                 ex.sink_failed(e)

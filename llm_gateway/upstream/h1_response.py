@@ -42,7 +42,6 @@ class H1Response:
         "_deadline",
         "_eof",
         "_error",
-        "_fed_seen",
         "_first_byte_by",
         "_idle",
         "_loop",
@@ -78,10 +77,10 @@ class H1Response:
         #: push mode (`pipe`): the sink each chunk goes to; the connection calls it itself (h1_client.py),
         #: so a relayed event costs no call here
         self.sink: Callable[[bytes], bool] | None = None
-        #: chunks pushed so far: the watchdog times a silence from the tick that saw the count last change,
-        #: a clock read per event saved for the price of up to one tick (PERIOD_S) on the idle timeout
-        self.fed = 0
-        self._fed_seen = 0
+        #: a chunk was pushed since the watchdog's last tick, which clears it and times a silence from the last
+        #: tick that found it set: a clock read per event saved for up to one tick (PERIOD_S) on the idle timeout
+        #: (a flag set, not a count incremented: three bytecodes an event, not seven)
+        self.fed = False
         self.headers = Headers()
         self.headers_in = False
         self.status = 0
@@ -107,7 +106,7 @@ class H1Response:
             # (Connection.data_received runs a copy of this branch inline, one call less a relayed event)
             try:
                 if sink(data):
-                    self.fed += 1
+                    self.fed = True
                     return
             except Exception as e:
                 self.sink_failed(e)
@@ -158,8 +157,8 @@ class H1Response:
             self._expire(UpstreamTimeout("the engine sent nothing before its first byte within the configured timeout"))
         elif self._waiting_since is None:
             return
-        elif self.fed != self._fed_seen:  # pushed chunks since the last tick: the silence starts now
-            self._fed_seen = self.fed
+        elif self.fed:  # pushed chunks since the last tick: the silence starts now
+            self.fed = False
             self._waiting_since = now
         elif now - self._waiting_since > self._idle:
             self._expire(UpstreamTimeout("the engine sent nothing between chunks of its response within the timeout"))
