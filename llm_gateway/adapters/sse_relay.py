@@ -53,12 +53,13 @@ from llm_gateway.adapters.sse_bytes import (
     text_bytes,
     usage_from,
 )
-from llm_gateway.errors import DONE, EngineErrorAnswer, StreamInterrupted, UpstreamProtocolError
+from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import CallContext
 
 __all__ = ["DONE", "ErrorFrameHandler", "SSERelay", "has_output", "text_bytes", "usage_from"]
 
 ErrorFrameHandler = Callable[[dict[str, Any]], EngineErrorAnswer]
+_Envelope = tuple[bytes, bytes, bytes | None, bytes | None, int, int]
 
 
 class SSERelay(RelayBase):
@@ -67,6 +68,7 @@ class SSERelay(RelayBase):
     __slots__ = (
         "_cal",
         "_env",
+        "_envelope",
         "_finish_errors",
         "_finish_renames",
         "_learns",
@@ -102,16 +104,17 @@ class SSERelay(RelayBase):
         #: text's prefix sits and its bytes, the bytes after the text, the envelope's length
         self._cal: tuple[int, bytes, bytes, int] | None = None
         #: one ordinary event's envelope, once learnt (`_learn`): the bytes before its text, after it, and what
-        #: to send instead of each (None: the bytes as they came)
-        self._env: tuple[bytes, bytes, bytes | None, bytes | None, int, int] | None = None
+        #: to send instead of each (None: the bytes as they came), with their lengths
+        self._envelope: _Envelope | None = None
+        #: the envelope `feed` tries first: `_envelope` while the relay is open and holds no part of an event,
+        #: else None (set after each block, cleared by `finish` and `_fail`)
+        self._env: _Envelope | None = None
         self._learns = 0  # envelopes learnt (again when one changes, as a per-chunk `created` does each second)
 
     # -- the hot path ------------------------------------------------------------------------------
     def feed(self, data: bytes) -> bytes:
-        if self._closed:
-            return b""
-        env = self._env
-        if env is not None and not self._buf:
+        env = self._env  # None while the relay is closed or holds part of an event (`_block`'s invariant)
+        if env is not None:
             # slices compared and `partition` (one argument, no parsing) for the text: bytes' startswith,
             # endswith and find parse their arguments through a format string and cost more than the
             # slices they spare, a regex more still (its match state set up per call)
@@ -126,6 +129,14 @@ class SSERelay(RelayBase):
                     self.content_events += 1
                     self.text_bytes += b - a
                     return data if pre_out is None else pre_out + text + suf_out  # type: ignore[operator]
+        out = self._block(data)
+        # the envelope's path only while nothing is held over and the relay is open: one test per event above
+        self._env = self._envelope if not self._buf and not self._closed else None
+        return out
+
+    def _block(self, data: bytes) -> bytes:
+        if self._closed:
+            return b""
         # the block path: `partition` (one argument) where a test would be `find`, and slices compared where it
         # would be `startswith`/`endswith`, as on the envelope's path above; `count` only for a block of several
         buf = self._buf + data if self._buf else data
@@ -205,9 +216,9 @@ class SSERelay(RelayBase):
         if pre_out + text + suf_out != out:  # swaps that feed one another: not for the envelope
             return
         if pre_out == pre and suf_out == suf:
-            self._env = (pre, suf, None, None, len(pre), len(suf))
+            self._envelope = (pre, suf, None, None, len(pre), len(suf))
         else:
-            self._env = (pre, suf, pre_out, suf_out, len(pre), len(suf))
+            self._envelope = (pre, suf, pre_out, suf_out, len(pre), len(suf))
 
     def _scan(self, block: bytes) -> None:
         """Count the text of a block the cheap way cannot; learn the shape of its last event from it."""
@@ -323,6 +334,14 @@ class SSERelay(RelayBase):
             self._closed = True
             return DONE
         return self._fail(StreamInterrupted("the engine's stream ended before the answer was complete"))
+
+    def finish(self) -> bytes:
+        self._env = None
+        return super().finish()
+
+    def _fail(self, err: GatewayError) -> bytes:
+        self._env = None
+        return super()._fail(err)
 
 
 _MAX_LEARNS = 16  # a stream whose envelope keeps changing (or cannot be learnt) stops trying

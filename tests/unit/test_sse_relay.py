@@ -708,6 +708,35 @@ def test_ordinary_token_events_go_through_the_envelope_unchanged():
     assert (relay.content_events, relay.text_bytes) == (4, 2 + len("the next token"))
 
 
+@pytest.mark.parametrize("end", ["finish", "engine error", "done"])
+def test_nothing_passes_the_envelope_once_the_relay_has_ended(end: str):
+    # the envelope's path tests only that an envelope is set: ending the relay, however it ends, must unset it
+    relay = make_relay({})
+    for e in (ROLE, chunk("a"), chunk("b")):
+        relay.feed(e)
+    assert relay._env is not None
+    if end == "finish":  # a clean end: the finish reason seen, then the engine's end of body
+        relay.feed(chunk(finish="stop"))
+        relay.finish()
+    elif end == "engine error":
+        relay._fail(StreamInterrupted("cut"))
+    else:
+        relay.feed(DONE)
+    assert relay.feed(chunk("late")) == b"" and relay.finish() == b""
+    assert relay.content_events == (4 if end == "finish" else 3)
+
+
+def test_a_token_after_part_of_an_event_is_joined_to_it_not_passed_by_the_envelope():
+    relay = make_relay({})
+    for e in (ROLE, chunk("a"), chunk("b")):
+        relay.feed(e)
+    whole = chunk("c")
+    assert relay.feed(whole[:10]) == b""  # held over
+    assert relay.feed(whole[10:] + chunk("d")) == whole + chunk("d")
+    assert relay._env is not None  # nothing held: the envelope again
+    assert relay.feed(chunk("e")) == chunk("e")
+
+
 def test_the_envelope_swaps_the_public_model_name_and_field_names():
     relay = make_relay(dict(upstream="tiny-llama", public="public-model"))
     for e in (ROLE, chunk("a"), chunk("b")):
