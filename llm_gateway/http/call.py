@@ -7,7 +7,7 @@ cheaper (see bench/), and streaming needs direct control of `send`. Disconnects:
 only through `receive()`, so a watcher waits on it and cancels the handler task when the client
 leaves; the handler's cleanup then closes the upstream request (engines keep generating
 otherwise). Non-streamed calls arm the watcher after a short delay, so fast requests do not pay
-for it. On the gateway's own server (hardened_protocol.CoalescingCycle) there is no watcher: the
+for it. On the gateway's own server (direct_cycle.CoalescingCycle) there is no watcher: the
 protocol calls the cycle's `on_disconnect` when the connection is lost, which cancels the handler the
 same way, for no task per request (bench/: CPU per request).
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from llm_gateway.errors import PayloadTooLarge, RequestTimeout
 from llm_gateway.exchange import JSON, Headers
-from llm_gateway.http.hardened_protocol import COALESCE, CoalescingCycle
+from llm_gateway.http.direct_cycle import COALESCE, CoalescingCycle
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -60,7 +60,7 @@ class Call:
         self.task: asyncio.Task[Any] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        # the server's cycle (hardened_protocol.CoalescingCycle), when `send` is its own method: its direct
+        # the server's cycle (direct_cycle.CoalescingCycle), when `send` is its own method: its direct
         # chunk writer, and the body handed over at once when it has all arrived
         cycle = getattr(send, "__self__", None)
         self._direct: Callable[[bytes], bool] | None = getattr(cycle, "write_chunk", None)

@@ -27,6 +27,7 @@ PER_EVENT = [
     "upstream/h1_client.py",
     "upstream/h1_response.py",
     "http/hardened_protocol.py",
+    "http/direct_cycle.py",
 ]
 #: what these modules call their bytes (an event, a block of events, a read, a header-name list)
 BYTES_NAMES = {"data", "raw", "block", "buf", "text", "payload", "chunk", "names", "body", "out"}

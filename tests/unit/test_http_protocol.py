@@ -1,4 +1,5 @@
-"""GatewayProtocol (llm_gateway/http/hardened_protocol.py) driven in-process: bytes in, bytes out.
+"""GatewayProtocol (llm_gateway/http/hardened_protocol.py) and its cycle (http/direct_cycle.py) driven in-process:
+bytes in, bytes out.
 
 The protocol subclasses uvicorn's private `HttpToolsProtocol` and overrides its parser and
 connection callbacks, so an uvicorn upgrade can break it silently (uvicorn is pinned exactly in
@@ -25,9 +26,10 @@ from uvicorn.logging import TRACE_LOG_LEVEL
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from llm_gateway.http import hardened_protocol
+from llm_gateway.http import direct_cycle, hardened_protocol
 from llm_gateway.http.call import Call
-from llm_gateway.http.hardened_protocol import COALESCE, GatewayProtocol
+from llm_gateway.http.direct_cycle import COALESCE
+from llm_gateway.http.hardened_protocol import GatewayProtocol
 from llm_gateway.http.server import uvicorn_config
 from llm_gateway.observability.logs import setup_logging
 from llm_gateway.settings import ServerConfig
@@ -840,7 +842,7 @@ async def test_a_request_leaves_no_reference_cycle_behind(server: Server) -> Non
 # -- the direct head: what it writes itself, what it leaves to uvicorn's checks -------------------------------
 def direct_head(headers: list[tuple[bytes, bytes]]) -> list[bytes] | None:
     """`_head` of a started connection's cycle (as `respond_now` and `start_now` call it)."""
-    cycle = object.__new__(hardened_protocol.CoalescingCycle)
+    cycle = object.__new__(direct_cycle.CoalescingCycle)
     cycle.response_started = cycle.disconnected = cycle.access_log = cycle.waiting_for_100_continue = False
     cycle.flow = type("Flow", (), {"write_paused": False})()
     cycle.scope = {"method": "POST"}
@@ -887,8 +889,8 @@ def test_the_direct_heads_byte_check_refuses_exactly_what_uvicorns_header_regexe
     samples = [bytes(rng.choices(alphabet, k=rng.randint(0, 6))) for _ in range(4000)]
     samples += [bytes((b,)) for b in range(256)] + [b"x-request-id", b"text/event-stream; charset=utf-8"]
     for regex, refused in (
-        (HEADER_RE, hardened_protocol._NAME_REFUSED),
-        (HEADER_VALUE_RE, hardened_protocol._VALUE_REFUSED),
+        (HEADER_RE, direct_cycle._NAME_REFUSED),
+        (HEADER_VALUE_RE, direct_cycle._VALUE_REFUSED),
     ):
         for s in samples:
             assert (regex.search(s) is not None) == (len(s.translate(None, refused)) != len(s)), (regex.pattern, s)
