@@ -139,16 +139,13 @@ def send_requests(port: int, n: int, tokens: int, new_connections: bool, timeout
 
 # -- a run ------------------------------------------------------------------------------------------------
 def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, log: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited ({proc.returncode}); see {log}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{what} did not listen on {port} within {timeout:g}s; see {log}")
+    import procstat as ps
+
+    ps.wait_until(lambda: proc.poll() is not None or not ps.port_free(port), timeout, 0.1)
+    if proc.poll() is not None:
+        raise RuntimeError(f"{what} exited ({proc.returncode}); see {log}")
+    if ps.port_free(port):
+        raise RuntimeError(f"{what} did not listen on {port} within {timeout:g}s; see {log}")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

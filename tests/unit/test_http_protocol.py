@@ -13,6 +13,7 @@ The slow process-level counterpart is tests/reliability/test_hostile_clients.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 from collections import deque
@@ -171,6 +172,17 @@ def responses(raw: bytes | bytearray) -> list[Response]:
 
 
 STREAM_GATE: list[asyncio.Event] = []  # `/stream` waits on it between its head and its events
+
+
+@contextlib.contextmanager
+def stream_gate() -> Iterator[asyncio.Event]:
+    """The gate `/stream` and `/idle` wait on, for one test: set it to let them go on."""
+    gate = asyncio.Event()
+    STREAM_GATE[:] = [gate]
+    try:
+        yield gate
+    finally:
+        STREAM_GATE.clear()
 
 
 async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -425,9 +437,7 @@ def dechunk(body: bytes) -> list[bytes]:
 @pytest.mark.parametrize("paused", [False, True], ids=["direct", "socket-full"])
 async def test_stream_events_are_written_directly_framed_as_uvicorn_frames_them(server: Server, paused: bool) -> None:
     conn = server.connect()
-    gate = asyncio.Event()
-    STREAM_GATE[:] = [gate]
-    try:
+    with stream_gate() as gate:
         conn.send(request("GET", "/stream"))
         await server.settle()
         assert conn.transport.writes == 1  # the head
@@ -439,8 +449,6 @@ async def test_stream_events_are_written_directly_framed_as_uvicorn_frames_them(
             assert conn.transport.writes == 1  # nothing more: every event waits for the socket to drain
             conn.proto.flow.resume_writing()
             await server.settle()
-    finally:
-        STREAM_GATE.clear()
     head, _, body = bytes(conn.transport.out).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
     assert dechunk(body) == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n", b""]
@@ -452,9 +460,7 @@ async def test_the_direct_chunk_writer_takes_chunks_from_a_chunked_head_to_the_e
     """`write_chunk` reads one flag for six states: it declines (False, nothing written) before any head, writes
     after `start_now`'s chunked head, and declines again once the answer has ended."""
     conn = server.connect()
-    gate = asyncio.Event()
-    STREAM_GATE[:] = [gate]
-    try:
+    with stream_gate() as gate:
         conn.send(request("GET", "/idle"))
         await server.settle()
         cycle = conn.proto.cycle
@@ -465,8 +471,6 @@ async def test_the_direct_chunk_writer_takes_chunks_from_a_chunked_head_to_the_e
         assert conn.transport.writes == 3 and conn.transport.late_writes == 0
         gate.set()
         await server.settle()
-    finally:
-        STREAM_GATE.clear()
     body = bytes(conn.transport.out).partition(b"\r\n\r\n")[2]
     assert dechunk(body) == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b""]
 
@@ -475,9 +479,7 @@ async def test_the_direct_chunk_writer_takes_chunks_after_a_head_sent_as_asgi_un
     server: Server,
 ) -> None:
     conn = server.connect()
-    gate = asyncio.Event()
-    STREAM_GATE[:] = [gate]
-    try:
+    with stream_gate() as gate:
         conn.send(request("GET", "/stream"))  # its head goes through uvicorn's `send`
         await server.settle()
         cycle = conn.proto.cycle
@@ -486,8 +488,6 @@ async def test_the_direct_chunk_writer_takes_chunks_after_a_head_sent_as_asgi_un
         assert not cycle.write_chunk(b"data: y\n\n") and conn.transport.writes == 2
         gate.set()
         await server.settle()
-    finally:
-        STREAM_GATE.clear()
     assert conn.transport.late_writes == 0  # nothing was even tried on the closed transport
 
 
