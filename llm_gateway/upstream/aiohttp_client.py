@@ -29,7 +29,7 @@ from llm_gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from llm_gateway.upstream.base import UpstreamTimeouts
+from llm_gateway.upstream.base import POOL_IDLE_S, UpstreamTimeouts
 from llm_gateway.upstream.watchdog import Watchdog
 
 
@@ -149,7 +149,7 @@ class AiohttpResponse:
 class AiohttpUpstream:
     """Shared session; `pool_size` 0 means no cap (the gateway's own backpressure bounds it)."""
 
-    def __init__(self, *, pool_size: int = 0, keepalive_s: float = 30.0) -> None:
+    def __init__(self, *, pool_size: int = 0, keepalive_s: float = POOL_IDLE_S) -> None:
         self._connector = aiohttp.TCPConnector(
             limit=pool_size,
             limit_per_host=0,

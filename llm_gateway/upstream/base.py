@@ -14,6 +14,14 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+#: how long a client keeps an idle connection to an engine for reuse: under the 5 s after which the
+#: engines close one themselves (uvicorn's `timeout_keep_alive` default, under vLLM, SGLang, LMDeploy
+#: and TabbyAPI; cpp-httplib's keep-alive timeout under llama-server, measured at 5.003 s; Ollama's Go
+#: server keeps them). A connection the gateway kept longer than its engine would be reused just as the
+#: engine closes it: the request goes out on a dying socket and comes back as "closed without answering"
+#: (the prober, every 4.5-5.5 s by default, hit exactly that and took a healthy backend down).
+POOL_IDLE_S = 4.0
+
 
 @dataclass(frozen=True, slots=True)
 class UpstreamTimeouts:

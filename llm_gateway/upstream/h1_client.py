@@ -39,13 +39,19 @@ from llm_gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from llm_gateway.upstream.base import UpstreamTimeouts
+from llm_gateway.upstream.base import POOL_IDLE_S, UpstreamTimeouts
 from llm_gateway.upstream.h1_response import HIGH_WATER, H1Response, Headers
 from llm_gateway.upstream.watchdog import Watchdog
 
 __all__ = ["HIGH_WATER", "H1Response", "H1Upstream", "Headers"]
 
 MAX_HEADER_BYTES = 64 * 1024
+
+
+class _ReusedConnectionClosed(UpstreamUnreachable):
+    """A kept-alive connection closed before a byte of the answer came: the engine closed it as idle
+    while the request was on its way (a race no pool can rule out), so `send` tries once more on a new
+    connection. It never leaves this module: a new connection fails with plain `UpstreamUnreachable`."""
 
 
 class _Origin:
@@ -150,6 +156,8 @@ class Connection(asyncio.Protocol):
                 ex.complete()
             elif ex.headers_in:
                 ex.fail(StreamInterrupted("the engine closed the connection in the middle of its response"))
+            elif self.idle_since and not self._header_bytes:  # kept alive before, and nothing of an answer
+                ex.fail(_ReusedConnectionClosed("the engine closed the connection without answering"))
             else:
                 ex.fail(UpstreamUnreachable("the engine closed the connection without answering"))
         self.origin.idle.pop(self, None)
@@ -234,7 +242,7 @@ class Connection(asyncio.Protocol):
 class H1Upstream:
     """The gateway's HTTP/1.1 client: `send()` returns once the engine's headers are in (upstream/base.py)."""
 
-    def __init__(self, *, keepalive_s: float = 30.0) -> None:
+    def __init__(self, *, keepalive_s: float = POOL_IDLE_S) -> None:
         self._urls: dict[str, tuple[_Origin, bytes]] = {}  # url -> (its origin, the path it asks for)
         self._origins: dict[tuple[str, str, int], _Origin] = {}
         self._watchdog: Watchdog[H1Response] = Watchdog()
@@ -277,6 +285,9 @@ class H1Upstream:
                     conn.drop()
                 elif not conn.closed and conn.transport is not None and not conn.transport.is_closing():
                     return conn
+        return await self._connect(origin, t, loop)
+
+    async def _connect(self, origin: _Origin, t: UpstreamTimeouts, loop: asyncio.AbstractEventLoop) -> Connection:
         try:
             async with asyncio.timeout(t.connect_s):
                 _, proto = await loop.create_connection(
@@ -311,7 +322,26 @@ class H1Upstream:
         conn.start(resp, request)
         try:
             await resp.wait_headers()
+        except _ReusedConnectionClosed:
+            resp.close()
+            return await self._resend(origin, request, timeouts, loop)
         except BaseException:  # a failure, or the client left while waiting: the engine sees it leave
+            resp.close()
+            raise
+        return resp
+
+    async def _resend(
+        self, origin: _Origin, request: bytes, timeouts: UpstreamTimeouts, loop: asyncio.AbstractEventLoop
+    ) -> H1Response:
+        """The engine never saw `request` (it had closed the kept-alive connection as idle): send it once more,
+        on a new connection. Go's net/http does the same for a replayable request; the gateway treats an
+        unanswered generation as replayable already (dispatch fails it over to another backend)."""
+        conn = await self._connect(origin, timeouts, loop)
+        resp = H1Response(conn, timeouts, self._watchdog, loop)
+        conn.start(resp, request)
+        try:
+            await resp.wait_headers()
+        except BaseException:
             resp.close()
             raise
         return resp

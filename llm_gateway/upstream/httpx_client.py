@@ -22,7 +22,7 @@ from llm_gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from llm_gateway.upstream.base import UpstreamTimeouts
+from llm_gateway.upstream.base import POOL_IDLE_S, UpstreamTimeouts
 
 
 def _translate(exc: BaseException, *, after_headers: bool) -> BackendFailure:
@@ -86,7 +86,8 @@ class HttpxResponse:
 class HttpxUpstream:
     def __init__(self, client: httpx.AsyncClient | None = None) -> None:
         self._client = client or httpx.AsyncClient(
-            follow_redirects=False, limits=httpx.Limits(max_connections=None, max_keepalive_connections=1000)
+            follow_redirects=False,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1000, keepalive_expiry=POOL_IDLE_S),
         )
 
     async def send(

@@ -270,6 +270,91 @@ async def test_a_connection_closed_without_an_answer_is_unreachable_but_not_conn
         with pytest.raises(UpstreamUnreachable) as ei:
             await client.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", T)
     assert not isinstance(ei.value, ConnectFailed)  # it accepted the connection: not marked down
+    assert len(eng.requests) == 1  # a new connection that closed unanswered is not tried again
+
+
+# -- a kept-alive connection the engine closes as idle ----------------------------------------------
+
+
+def nth_on_its_connection(answers: Callable[[int], bytes | None]) -> Script:
+    """A script that answers the nth request on each connection (1, 2, ...) with `answers(n)`'s bytes, or
+    closes the connection without a byte when it is None: an engine's idle close that the request met."""
+    seen: dict[int, int] = {}
+
+    async def script(req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        n = seen[id(writer)] = seen.get(id(writer), 0) + 1
+        data = answers(n)
+        if data is None:
+            writer.close()
+            return
+        writer.write(data)
+        await writer.drain()
+
+    return script
+
+
+OK = head(content_length="2") + b"ok"
+
+
+async def test_h1_a_request_that_met_the_engines_idle_close_is_sent_once_more_on_a_new_connection():
+    client = H1Upstream()
+    async with TinyEngine(nth_on_its_connection(lambda n: OK if n == 1 else None)) as eng:
+        for _ in range(2):  # the second goes out on the kept connection, which the engine closes unanswered
+            resp = await client.send("POST", eng.url + "/v1/chat/completions", {}, b'{"n": 1}', T)
+            assert resp.status == 200 and await resp.read(100) == b"ok"
+            resp.close()
+    await client.aclose()
+    assert eng.connections == 2 and [r.body for r in eng.requests] == [b'{"n": 1}'] * 3
+
+
+async def test_h1_sends_a_request_again_only_once():
+    client = H1Upstream()
+    # every connection answers its first request, then closes on the next: the resend (a first request on
+    # its connection) is answered; an engine that also closes that one unanswered gets no third try
+    async with TinyEngine(nth_on_its_connection(lambda n: OK if n == 1 else None)) as eng:
+        resp = await client.send("GET", eng.url + "/health", {}, None, T)
+        resp.close()
+        eng.script = nth_on_its_connection(lambda n: None)
+        with pytest.raises(UpstreamUnreachable, match="without answering") as ei:
+            await client.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", T)
+    await client.aclose()
+    assert type(ei.value) is UpstreamUnreachable  # the module's own marker never leaves it
+    assert eng.connections == 2 and len(eng.requests) == 3
+
+
+async def test_h1_a_kept_alive_connection_closed_after_part_of_an_answer_is_not_sent_again():
+    client = H1Upstream()
+    partial = b"HTTP/1.1 200 OK\r\nx-a: 1\r\nx-b: 2\r\n"  # then the engine is gone: it had the request
+
+    async def script(req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(OK if len(eng.requests) == 1 else partial)
+        await writer.drain()
+        if len(eng.requests) > 1:
+            writer.close()
+
+    async with TinyEngine(script) as eng:
+        resp = await client.send("GET", eng.url + "/health", {}, None, T)
+        resp.close()
+        with pytest.raises(UpstreamUnreachable):
+            await client.send("POST", eng.url + "/v1/chat/completions", {}, b"{}", T)
+    await client.aclose()
+    assert eng.connections == 1 and len(eng.requests) == 2
+
+
+@pytest.mark.parametrize("name", ["h1", "aiohttp"])
+async def test_a_connection_idle_past_the_pools_keepalive_is_not_reused(name):
+    client: UpstreamClient = H1Upstream(keepalive_s=0.2) if name == "h1" else AiohttpUpstream(keepalive_s=0.2)
+    async with TinyEngine(nth_on_its_connection(lambda n: OK)) as eng:
+        for pause in (0, 0.5):  # the first connects; after 0.5 s idle a new connection, not the kept one
+            await asyncio.sleep(pause)
+            resp = await client.send("GET", eng.url + "/health", {}, None, T)
+            assert await resp.read(100) == b"ok"
+            resp.close()
+        await asyncio.sleep(0.05)
+        resp = await client.send("GET", eng.url + "/health", {}, None, T)
+        resp.close()
+    await client.aclose()
+    assert len(eng.requests) == 3 and eng.connections == 2
 
 
 async def test_an_answer_that_is_not_http_is_a_backend_failure(client):
