@@ -48,10 +48,18 @@ __all__ = ["HIGH_WATER", "H1Response", "H1Upstream", "Headers"]
 MAX_HEADER_BYTES = 64 * 1024
 
 
+#: requests sent once more when a kept-alive connection closes before any answer (RFC 9110 9.2.2: safe to
+#: repeat). A generation is not: from the client's side an engine that closed an idle connection as the request
+#: came looks the same as one that took the request and died, so a POST there is the caller's to judge
+#: (dispatch fails it over; the SDKs retry a 502). POOL_IDLE_S keeps that race away from every engine's POSTs.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 class _ReusedConnectionClosed(UpstreamUnreachable):
-    """A kept-alive connection closed before a byte of the answer came: the engine closed it as idle
-    while the request was on its way (a race no pool can rule out), so `send` tries once more on a new
-    connection. It never leaves this module: a new connection fails with plain `UpstreamUnreachable`."""
+    """A kept-alive connection closed before a byte of the answer came: most likely the engine closed it as
+    idle while the request was on its way (a race no pool can rule out). `send` sends an idempotent request
+    once more on a new connection and turns this into plain `UpstreamUnreachable` otherwise, so it never
+    leaves this module."""
 
 
 class _Origin:
@@ -322,8 +330,10 @@ class H1Upstream:
         conn.start(resp, request)
         try:
             await resp.wait_headers()
-        except _ReusedConnectionClosed:
+        except _ReusedConnectionClosed as e:
             resp.close()
+            if method not in IDEMPOTENT:
+                raise UpstreamUnreachable(e.message) from None
             return await self._resend(origin, request, timeouts, loop)
         except BaseException:  # a failure, or the client left while waiting: the engine sees it leave
             resp.close()
@@ -333,9 +343,9 @@ class H1Upstream:
     async def _resend(
         self, origin: _Origin, request: bytes, timeouts: UpstreamTimeouts, loop: asyncio.AbstractEventLoop
     ) -> H1Response:
-        """The engine never saw `request` (it had closed the kept-alive connection as idle): send it once more,
-        on a new connection. Go's net/http does the same for a replayable request; the gateway treats an
-        unanswered generation as replayable already (dispatch fails it over to another backend)."""
+        """An idempotent `request` met a kept-alive connection's close: send it once more, on a new connection
+        (as Go's net/http and aiohttp do). The prober's GETs are why: one that met an engine's idle close took
+        a healthy backend down."""
         conn = await self._connect(origin, timeouts, loop)
         resp = H1Response(conn, timeouts, self._watchdog, loop)
         conn.start(resp, request)
