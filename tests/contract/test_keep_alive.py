@@ -6,8 +6,8 @@ the request goes out on a dying socket and comes back as "closed without answeri
 only llama-server backend of a contract run down (the prober reuses its connection every 4.5-5.5 s;
 llama-server closes an idle one after 5 s). So `POOL_IDLE_S` (upstream/base.py) must stay under every
 engine's idle timeout: here each real engine answers a second request on a connection left idle for the
-pool's longest idle time, and on the same socket. (The H1 client also sends a request once more on a new
-connection when a reused one closes before any answer: tests/unit/test_aiohttp_upstream.py.)
+pool's longest idle time, and on the same socket. (The H1 client also sends an idempotent request, a probe's
+GET, once more on a new connection when a reused one closes before any answer: tests/unit/test_aiohttp_upstream.py.)
 """
 
 from __future__ import annotations
