@@ -54,15 +54,16 @@ class Iterations:
         self._on = False
 
 
-def connect_while_the_loop_waits(loop: asyncio.AbstractEventLoop, port: int, n: int) -> list[socket.socket]:
-    """Block the loop (a callback that waits) until `n` clients have connected to `port` and sent a byte."""
+def connect_while_the_loop_waits(port: int, n: int, payload: bytes = b"x") -> list[socket.socket]:
+    """Block the loop (called from a coroutine, it waits) until `n` clients have connected to `port` and each
+    has sent `payload`."""
     socks: list[socket.socket] = []
     done = threading.Event()
 
     def clients() -> None:
         for _ in range(n):
             s = socket.create_connection(("127.0.0.1", port))
-            s.sendall(b"x")
+            s.sendall(payload)
             socks.append(s)
         done.set()
 
@@ -91,7 +92,7 @@ def test_uvloop_alone_takes_one_waiting_connection_per_loop_iteration() -> None:
         Counted.made = []
         server = await loop.create_server(Counted, "127.0.0.1", 0, backlog=1024)
         port = server.sockets[0].getsockname()[1]
-        socks = connect_while_the_loop_waits(loop, port, CLIENTS)
+        socks = connect_while_the_loop_waits(port, CLIENTS)
         n = await iterations_until(loop, lambda: len(Counted.made) == CLIENTS)
         server.close()
         for s in socks:
@@ -108,7 +109,7 @@ def test_the_drain_takes_every_waiting_connection_in_one_iteration() -> None:
         server = await loop.create_server(Counted, "127.0.0.1", 0, backlog=1024)
         drain = AcceptDrain(loop, server.sockets[0].fileno(), Counted)
         port = server.sockets[0].getsockname()[1]
-        socks = connect_while_the_loop_waits(loop, port, CLIENTS)
+        socks = connect_while_the_loop_waits(port, CLIENTS)
         n = await iterations_until(loop, lambda: len(Counted.made) == CLIENTS)
         assert len({id(p) for p in Counted.made}) == CLIENTS  # each connection once, by one of the two
         peers = {p.transport.get_extra_info("peername") for p in Counted.made}
@@ -136,7 +137,7 @@ def test_a_closed_drain_accepts_nothing_and_lets_go_of_its_descriptor() -> None:
             os.fstat(fd)
         assert not loop.remove_reader(fd)
         port = server.sockets[0].getsockname()[1]
-        socks = connect_while_the_loop_waits(loop, port, 8)
+        socks = connect_while_the_loop_waits(port, 8)
         n = await iterations_until(loop, lambda: len(Counted.made) == 8)
         assert n >= 6  # uvloop's own accept, one a time: the drain took none
         server.close()
@@ -224,18 +225,7 @@ def test_the_gateways_server_drains_its_listener_and_answers_every_connection() 
         await server.startup()
         (drain,) = server.drains
         port = server.servers[0].sockets[0].getsockname()[1]
-        socks: list[socket.socket] = []
-        done = threading.Event()
-
-        def clients() -> None:
-            for _ in range(CLIENTS):
-                s = socket.create_connection(("127.0.0.1", port))
-                s.sendall(b"GET /x HTTP/1.1\r\nhost: gw\r\n\r\n")
-                socks.append(s)
-            done.set()
-
-        threading.Thread(target=clients, daemon=True).start()
-        assert done.wait(20)
+        socks = connect_while_the_loop_waits(port, CLIENTS, b"GET /x HTTP/1.1\r\nhost: gw\r\n\r\n")
         n = await iterations_until(loop, lambda: len(server.server_state.connections) == CLIENTS)
         assert n <= 5, n  # accepted, its transport made, connection_made: uvloop alone takes ~CLIENTS
         answers = await asyncio.gather(*(loop.run_in_executor(None, read_answer, s) for s in socks))
