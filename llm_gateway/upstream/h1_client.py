@@ -345,7 +345,7 @@ class H1Upstream:
     ) -> H1Response:
         """An idempotent `request` met a kept-alive connection's close: send it once more, on a new connection
         (as Go's net/http and aiohttp do). The prober's GETs are why: one that met an engine's idle close took
-        a healthy backend down."""
+        a healthy backend down. The steps are `send`'s own, which keeps them inline (a coroutine less a request)."""
         conn = await self._connect(origin, timeouts, loop)
         resp = H1Response(conn, timeouts, self._watchdog, loop)
         conn.start(resp, request)
