@@ -200,6 +200,44 @@ def read_answer(s: socket.socket) -> bytes:
     return got
 
 
+class _OneAborted:
+    """A listening socket whose first accept fails as for a client that gave up in the backlog."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.aborted = False
+
+    def _accept(self) -> tuple[int, Any]:
+        if not self.aborted:
+            self.aborted = True
+            raise OSError(errno.ECONNABORTED, os.strerror(errno.ECONNABORTED))
+        return self.real._accept()  # type: ignore[no-any-return]
+
+    def fileno(self) -> int:
+        return self.real.fileno()  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_a_connection_aborted_in_the_backlog_does_not_stop_the_drain() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        Counted.made = []
+        with socket.create_server(("127.0.0.1", 0)) as listener:  # only the drain reads this one
+            drain = AcceptDrain(loop, listener.fileno(), Counted)
+            fake = _OneAborted(drain._sock)
+            drain._sock = fake  # type: ignore[assignment]
+            socks = connect_while_the_loop_waits(listener.getsockname()[1], 4)
+            await iterations_until(loop, lambda: len(Counted.made) == 4, limit=50)
+            assert fake.aborted and drain._pause is None  # skipped, not paused
+            for s in socks:
+                s.close()
+            drain.close()
+
+    uvloop.run(main())
+
+
 async def _lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
         while True:
