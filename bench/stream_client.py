@@ -10,6 +10,10 @@ hold (`--hold N`): opens N streams at --open-rate per second (at most --open-inf
   --engine-hold ID the fake engine keeps every stream going (one token per tpot) until the harness
   calls its /fake/release?hold=ID, so "all open at once" does not depend on timing.
 
+Per good stream also the longest gap between two reads after its first byte (`max_gap_us`: the longest
+over all streams); with --stall-ms a stream whose longest gap exceeds it counts as `stalled` (the boards'
+rule is 10x the engine's pace).
+
 --dialect picks the API spoken (the request body is built from --body, an OpenAI chat body, with the same
 prompt, sampling and token count in each): `chat` (POST /v1/chat/completions, OpenAI SSE), `messages`
 (Anthropic's POST /v1/messages: `event: NAME` frames) or `responses` (OpenAI's POST /v1/responses).
@@ -62,6 +66,7 @@ class Stats:
         self.totals: list[float] = []
         self.deltas: list[int] = []  # token deltas per good stream
         self.frames: list[int] = []  # SSE frames per good stream
+        self.max_gaps: list[float] = []  # per good stream: its longest gap between reads after the first byte
         self.errors: dict[str, int] = {}
         self.open = self.peak_open = self.first_bytes = 0
         self.t_all_open: float | None = None
@@ -70,8 +75,8 @@ class Stats:
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
-    def summary(self, elapsed: float, **extra: object) -> dict[str, object]:
-        t, f = sorted(self.ttfts), sorted(self.totals)
+    def summary(self, elapsed: float, stall_s: float = 0.0, **extra: object) -> dict[str, object]:
+        t, f, g = sorted(self.ttfts), sorted(self.totals), sorted(self.max_gaps)
         us = lambda v: int(v * 1e6)  # noqa: E731
         return {
             "requests": len(self.totals),
@@ -89,6 +94,9 @@ class Stats:
             "ttft_p90_us": us(pct(t, 90)),
             "ttft_p99_us": us(pct(t, 99)),
             "ttft_max_us": us(t[-1]) if t else 0,
+            "max_gap_us": us(g[-1]) if g else 0,
+            "max_gap_p99_us": us(pct(g, 99)),
+            "stalled": sum(v > stall_s for v in g) if stall_s > 0 else None,
             **extra,
         }
 
@@ -206,13 +214,20 @@ async def one_stream(
     t0 = time.perf_counter()
     got_first = False
     counted_open = False
+    last = max_gap = 0.0
     try:
         async with s.post(a.url, data=data, headers=hdrs) as r:
             sse = SSEReader(a.dialect)
             async for chunk in r.content.iter_any():
-                if not got_first:
+                now = time.perf_counter()
+                if got_first:
+                    if now - last > max_gap:
+                        max_gap = now - last
+                    last = now
+                else:
                     got_first = True
-                    ttft = time.perf_counter() - t0
+                    last = now
+                    ttft = now - t0
                     st.first_bytes += 1
                     st.t_last_first_byte = time.perf_counter()
                     st.open += 1
@@ -241,6 +256,7 @@ async def one_stream(
                 st.totals.append(t1 - t0)
                 st.deltas.append(sse.deltas)
                 st.frames.append(sse.frames)
+                st.max_gaps.append(max_gap)
     except asyncio.CancelledError:
         st.error("deadline")
         raise
@@ -338,7 +354,7 @@ async def run(a: argparse.Namespace) -> None:
                 "all_open_s": round(st.t_all_open - t_start, 3) if st.t_all_open else None,
                 "ramp_s": round(st.t_last_first_byte - t_start, 3) if st.first_bytes else None,
             }
-            print("HOLDJSON " + json.dumps(st.summary(elapsed, **extra)), flush=True)
+            print("HOLDJSON " + json.dumps(st.summary(elapsed, a.stall_ms / 1e3, **extra)), flush=True)
             return
         deadline = t_start + a.duration
         started = 0
@@ -351,7 +367,7 @@ async def run(a: argparse.Namespace) -> None:
 
         await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(a.concurrency))), a.duration + a.timeout + 5)
         elapsed = time.perf_counter() - t_start
-    print("STREAMJSON " + json.dumps(st.summary(elapsed)), flush=True)
+    print("STREAMJSON " + json.dumps(st.summary(elapsed, a.stall_ms / 1e3)), flush=True)
 
 
 def main() -> None:
@@ -372,6 +388,7 @@ def main() -> None:
     ap.add_argument("--open-inflight", type=int, default=256, help="hold mode: most streams awaiting first byte")
     ap.add_argument("--deadline", type=float, default=120.0, help="hold mode: overall limit, seconds")
     ap.add_argument("--engine-hold", metavar="ID", help="streams last until the engine's /fake/release?hold=ID")
+    ap.add_argument("--stall-ms", type=float, default=0.0, help="a gap after the first byte over this is a stall")
     ap.add_argument("--local-addr", help="source address (127.0.0.x) to spread connections over 4-tuples")
     a = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -5,7 +5,9 @@ Starts its own fake engine (CPU 1, two ports, idle keep-alive 5 s like vLLM's uv
 (CPU 0, the bench config with every feature on). Each round, client processes (CPU 1, aiohttp) open N
 streams at --open-rate per second; the engine keeps every stream going (one token per --tpot-ms) until
 all N are open at once and --hold-s has passed, then ends them all (`/fake/release`). Every stream
-must end with `data: [DONE]` and no error. Before, with all open, and after each round it prints the
+must end with `data: [DONE]` and no error, and none may stall (a gap between two of its reads after the first
+over STALL_FACTOR x the pace, the boards' rule; bench/board.py's stall20 steps the same rule up at 20 ms a
+token). Before, with all open, and after each round it prints the
 gateway's open fds (by kind) and RSS; "after" waits until idle upstream connections are closed (engine
 keep-alive) so the fds must come back to the baseline.
 
@@ -31,6 +33,7 @@ import procstat as ps
 import targets as tg
 
 PROXY_CPU, LOAD_CPU = "0", "1"
+STALL_FACTOR = 10  # a gap over 10x the pace is a stall (the boards' rule, as in board.py)
 
 
 def start_engine(run_dir: Path, nice: int, keepalive_s: float) -> tuple[ps.Proc, list[int]]:
@@ -179,7 +182,8 @@ def run_round(a: argparse.Namespace, url: str, p: dict, gw_pid: int, ports: list
             "nice", "-n", str(a.nice), "taskset", "-c", LOAD_CPU, tg.PROJECT_PY, str(tg.BENCH / "stream_client.py"),
             url, "--hold", str(share), "--engine-hold", hold, "--open-rate", str(a.open_rate / k),
             "--open-inflight", str(max(16, a.open_inflight // k)), "--tokens", "2", "--tpot-ms", str(p["tpot_ms"]),
-            "--timeout", str(life), "--deadline", str(life + 10), "--local-addr", f"127.0.0.{2 + i}",
+            "--stall-ms", str(STALL_FACTOR * p["tpot_ms"]), "--timeout", str(life), "--deadline", str(life + 10),
+            "--local-addr", f"127.0.0.{2 + i}",
         ]  # fmt: skip
         clients.append(Client(cmd, run_dir / f"streams-client-r{r}-{i}.log"))
     peak = {"fds": 0, "rss_mb": 0.0}
@@ -227,6 +231,9 @@ def run_round(a: argparse.Namespace, url: str, p: dict, gw_pid: int, ports: list
         "released_by_engine": released,
         "ttft_p50_ms": max((x.get("ttft_p50_us", 0) for x in results), default=0) / 1e3,
         "ttft_p99_ms": max((x.get("ttft_p99_us", 0) for x in results), default=0) / 1e3,
+        "stalled": sum(x.get("stalled") or 0 for x in results),
+        "max_gap_ms": max((x.get("max_gap_us", 0) for x in results), default=0) / 1e3,
+        "kb_per_stream": round((at_open["rss_mb"] - before["rss_mb"]) * 1024 / n, 1),
         "wall_s": round(wall, 1),
         "gateway_cpu_s": round(cpu_s, 1),
         "before": before,
@@ -243,6 +250,7 @@ def verdict(rounds: list[dict], p: dict) -> dict:
     allocator keeps after the first round is reuse, not a leak)."""
     all_ok = all(r["ok"] == r["n"] and r["errors"] == 0 for r in rounds)
     all_open = all(r["all_open_s"] is not None and r["open_at_once"] >= r["n"] for r in rounds)
+    no_stall = all(r.get("stalled", 0) == 0 for r in rounds)
     b0 = rounds[0]["before"]["fd_kinds"]
     fds_back = all(
         r["after"]["fd_kinds"]["client"] == 0
@@ -256,11 +264,12 @@ def verdict(rounds: list[dict], p: dict) -> dict:
     return {
         "all_completed": all_ok,
         "all_open_at_once": all_open,
+        "no_stall": no_stall,
         "fds_back_to_baseline": fds_back,
         "rss_after_growth_mb": round(growth, 1),
         "rss_stable": rss_stable,
         "no_leak": fds_back and rss_stable,
-        "ok": all_ok and all_open and fds_back and rss_stable,
+        "ok": all_ok and all_open and no_stall and fds_back and rss_stable,
     }
 
 
@@ -278,24 +287,26 @@ def report(res: dict) -> str:
     lines += [f"> {note}" for note in p["notes"]]
     lines += [
         "",
-        "| round | ok / n | errors | open at once | all open after s | TTFT p50 / p99 ms "
+        "| round | ok / n | errors | open at once | all open after s | TTFT p50 / p99 ms | max gap ms (stalled) "
         "| gw fds before / all open / after | after: client / upstream conns | gw RSS MB before / peak / after "
-        "| gw CPU s | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| gw KB / open stream | gw CPU s | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rounds:
         err = f"{r['errors']} {r['error_kinds']}" if r["errors"] else "0"
         lines.append(
             f"| {r['round']} | {r['ok']} / {r['n']} | {err} | {r['open_at_once']} | {r['all_open_s'] or 'never'} | "
             f"{r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.0f} | "
+            f"{r.get('max_gap_ms', 0):,.0f} ({r.get('stalled', '-')}) | "
             f"{r['before']['fds']} / {r['at_open']['fds']} / {r['after']['fds']} | "
             f"{r['after']['fd_kinds']['client']} / {r['after']['fd_kinds']['upstream']} | "
             f"{r['before']['rss_mb']:.0f} / {r['peak']['rss_mb']:.0f} / {r['after']['rss_mb']:.0f} | "
-            f"{r['gateway_cpu_s']} | {r['wall_s']} |"
+            f"{r.get('kb_per_stream', '-')} | {r['gateway_cpu_s']} | {r['wall_s']} |"
         )
     lines.append(
         f"\nVerdict: {'OK' if v['ok'] else 'NOT OK'}: every stream completed with [DONE] and no error: "
-        f"{v['all_completed']}; all open at once: {v['all_open_at_once']}; no connection or fd left after each round: "
+        f"{v['all_completed']}; all open at once: {v['all_open_at_once']}; no stall (a gap over {STALL_FACTOR}x the "
+        f"{p['tpot_ms']} ms pace): {v.get('no_stall', '-')}; no connection or fd left after each round: "
         f"{v['fds_back_to_baseline']}; RSS after round {len(rounds)} vs after round 1: "
         f"{v['rss_after_growth_mb']:+.1f} MB "
         f"({'stable' if v['rss_stable'] else 'GROWING'})"
@@ -365,6 +376,7 @@ def main() -> int:
             print(
                 f"  round {r}: {rr['ok']}/{rr['n']} ok, {rr['errors']} errors {rr['error_kinds'] or ''}, "
                 f"open at once {rr['open_at_once']} (after {rr['all_open_s']} s), "
+                f"max gap {rr['max_gap_ms']:,.0f} ms ({rr['stalled']} stalled), "
                 f"fds {rr['before']['fds']}/{rr['at_open']['fds']}/"
                 f"{rr['after']['fds']}, RSS {rr['before']['rss_mb']:.0f}/{rr['peak']['rss_mb']:.0f}/"
                 f"{rr['after']['rss_mb']:.0f} MB, {rr['wall_s']} s",

@@ -22,6 +22,7 @@ sys.path.insert(0, str(BENCH))
 import profile_report  # noqa: E402
 import report  # noqa: E402
 import stream_client  # noqa: E402
+import streams  # noqa: E402
 import targets  # noqa: E402
 
 from llm_gateway.config_loader import load_config  # noqa: E402
@@ -283,3 +284,41 @@ def test_report_gives_no_ratio_for_broken_or_missing_dialect_streams() -> None:
     text = report.render(_dialect_run(broken, {"unavailable": "POST /v1/responses answered 404: not found"}))
     assert "| ≤ 1.5x | invalid: 3 broken streams {'no_terminal_frame': 3} | - |" in text
     assert "| ≤ 1.5x | unavailable: POST /v1/responses answered 404: not found | - |" in text
+
+
+def _stream_client(url: str, *args: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "stream_client.py"), url, "-c", "2", "--max-requests", "4", *args],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    ).stdout.decode()
+    line = next(x for x in out.splitlines() if x.startswith("STREAMJSON "))
+    return dict(json.loads(line[len("STREAMJSON ") :]))
+
+
+def test_stream_client_measures_each_streams_longest_gap_and_counts_stalls(engine: str) -> None:
+    # streams.py's no-stall verdict (10,000 paced streams) rests on these fields: 4 streams of 12 tokens 50 ms
+    # apart have gaps of about 50 ms (each stream lasts about 600 ms: a gap measured from the first byte instead
+    # of the read before would pass 400 ms), so every one is stalled past 5 ms and none past 400 ms
+    url = engine + "/v1/chat/completions"
+    tight = _stream_client(url, "--tokens", "12", "--tpot-ms", "50", "--stall-ms", "5")
+    assert tight["requests"] == 4 and tight["errors"] == 0
+    assert tight["stalled"] == 4
+    loose = _stream_client(url, "--tokens", "12", "--tpot-ms", "50", "--stall-ms", "400")
+    assert loose["requests"] == 4 and loose["stalled"] == 0
+    assert 40_000 <= loose["max_gap_us"] < 400_000
+    assert _stream_client(url, "--tokens", "2")["stalled"] is None  # no --stall-ms: no stall rule, not "0 stalled"
+
+
+def test_streams_verdict_fails_a_round_with_a_stalled_stream() -> None:
+    def rnd(stalled: int) -> dict:
+        kinds = {"total": 20, "not_sockets": 10, "client": 0, "upstream": 0}
+        snap = {"fds": 20, "rss_mb": 90.0, "fd_kinds": kinds}
+        return {"n": 10, "ok": 10, "errors": 0, "all_open_s": 1.0, "open_at_once": 10, "stalled": stalled,
+                "before": snap, "after": snap}  # fmt: skip
+
+    plan = {"backends": 2, "tpot_ms": 200}
+    assert streams.verdict([rnd(0), rnd(0)], plan)["ok"]
+    v = streams.verdict([rnd(0), rnd(1)], plan)
+    assert not v["ok"] and not v["no_stall"] and v["all_completed"] and v["no_leak"]
