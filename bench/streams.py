@@ -238,7 +238,7 @@ def run_round(a: argparse.Namespace, url: str, p: dict, gw_pid: int, ports: list
         "ttft_p99_ms": max((x.get("ttft_p99_us", 0) for x in results), default=0) / 1e3,
         "stalled": sum(x.get("stalled") or 0 for x in results),
         "max_gap_ms": max((x.get("max_gap_us", 0) for x in results), default=0) / 1e3,
-        "kb_per_stream": round((at_open["rss_mb"] - before["rss_mb"]) * 1024 / n, 1),
+        "kb_per_stream": round((at_open["rss_mb"] - before["rss_mb"]) * 1024 / n, 1) + 0.0,  # never "-0.0"
         "wall_s": round(wall, 1),
         "gateway_cpu_s": round(cpu_s, 1),
         "before": before,
