@@ -95,7 +95,6 @@ class Stats:
             "ttft_p99_us": us(pct(t, 99)),
             "ttft_max_us": us(t[-1]) if t else 0,
             "max_gap_us": us(g[-1]) if g else 0,
-            "max_gap_p99_us": us(pct(g, 99)),
             "stalled": sum(v > stall_s for v in g) if stall_s > 0 else None,
             **extra,
         }
@@ -229,7 +228,7 @@ async def one_stream(
                     last = now
                     ttft = now - t0
                     st.first_bytes += 1
-                    st.t_last_first_byte = time.perf_counter()
+                    st.t_last_first_byte = now
                     st.open += 1
                     counted_open = True
                     st.peak_open = max(st.peak_open, st.open)

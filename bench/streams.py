@@ -5,11 +5,11 @@ Starts its own fake engine (CPU 1, two ports, idle keep-alive 5 s like vLLM's uv
 (CPU 0, the bench config with every feature on). Each round, client processes (CPU 1, aiohttp) open N
 streams at --open-rate per second; the engine keeps every stream going (one token per --tpot-ms) until
 all N are open at once and --hold-s has passed, then ends them all (`/fake/release`). Every stream
-must end with `data: [DONE]` and no error, and none may stall (a gap between two of its reads after the first
-over STALL_FACTOR x the pace, the boards' rule; bench/board.py's stall20 steps the same rule up at 20 ms a
-token). Before, with all open, and after each round it prints the
-gateway's open fds (by kind) and RSS; "after" waits until idle upstream connections are closed (engine
-keep-alive) so the fds must come back to the baseline.
+must end with `data: [DONE]` and no error, and none may stall (a gap between two of its reads after the
+first over STALL_FACTOR x the pace: the boards' rule, which bench/board.py's stall20 steps up at 20 ms a
+token). Before, with all open, and after each round it prints the gateway's open fds (by kind) and RSS;
+"after" waits until idle upstream connections are closed (engine keep-alive) so the fds must come back to
+the baseline.
 
 fd budget: a proxied stream costs the gateway 2 fds (client side + upstream side). N is capped at what
 the gateway's fd limit allows ((limit - fds at idle - headroom) / 2), and the cap is printed, never
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import procstat as ps
 import targets as tg
+from board import STALL_FACTOR
 
 PROXY_CPU, LOAD_CPU = "0", "1"
-STALL_FACTOR = 10  # a gap over 10x the pace is a stall (the boards' rule, as in board.py)
 
 
 def start_engine(run_dir: Path, nice: int, keepalive_s: float) -> tuple[ps.Proc, list[int]]:
