@@ -3,7 +3,7 @@
 # cached), runs pytest against real llama-server, vLLM, Ollama, Redis and Prometheus (their tests fail
 # rather than skip here; any skip that ALLOWED_SKIPS in tests/support/skip_guard.py does not name fails
 # the run, listed with its reason), then the bounded many-streams load test (bench/streams.py: as many
-# concurrent streams as the fd limit allows, up to 10,000, over 5 rounds; fails on any error or leak).
+# concurrent streams as the fd limit allows, up to 10,000, over 5 rounds; fails on any error, stall or leak).
 #   scripts/test.sh -m "not real_engine"   pytest without the real engines (the marker is set for you)
 #   scripts/test.sh                 everything
 #   scripts/test.sh tests/unit -x   only pytest, with these arguments
