@@ -159,6 +159,12 @@ class Client:
         return json.loads(line[9:]) if line else {"requests": 0, "errors": 1, "error_kinds": {"no_output": 1}}
 
 
+def client_address(round_no: int, proc: int, procs: int) -> str:
+    """The source address of client process `proc` of `procs` in round `round_no` (from 1): one of its own, and
+    none of the round before's, whose ports are still in TIME_WAIT (the module's doc)."""
+    return f"127.0.0.{2 + ((round_no - 1) * procs + proc) % 250}"
+
+
 def release(engine_port: int, hold: str) -> int:
     """End the held streams of this round (also any that reach the engine later); returns how many were held."""
     return int(
@@ -188,7 +194,7 @@ def run_round(a: argparse.Namespace, url: str, p: dict, gw_pid: int, ports: list
             url, "--hold", str(share), "--engine-hold", hold, "--open-rate", str(a.open_rate / k),
             "--open-inflight", str(max(16, a.open_inflight // k)), "--tokens", "2", "--tpot-ms", str(p["tpot_ms"]),
             "--stall-ms", str(STALL_FACTOR * p["tpot_ms"]), "--timeout", str(life), "--deadline", str(life + 10),
-            "--local-addr", f"127.0.0.{2 + ((r - 1) * k + i) % 250}",
+            "--local-addr", client_address(r, i, k),
         ]  # fmt: skip
         clients.append(Client(cmd, run_dir / f"streams-client-r{r}-{i}.log"))
     peak = {"fds": 0, "rss_mb": 0.0}
