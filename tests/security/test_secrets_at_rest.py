@@ -108,7 +108,10 @@ def test_redacted_url_hides_every_password(url: str, secret: str):
 
 def test_redacted_url_keeps_what_is_not_secret():
     assert redacted_url("postgresql+asyncpg://u@h/db?sslmode=require") == "postgresql+asyncpg://u@h/db?sslmode=require"
-    assert redacted_url("sqlite+aiosqlite:////var/lib/gw/llm-gateway.db") == "sqlite+aiosqlite:////var/lib/gw/llm-gateway.db"
+    assert (
+        redacted_url("sqlite+aiosqlite:////var/lib/gw/llm-gateway.db")
+        == "sqlite+aiosqlite:////var/lib/gw/llm-gateway.db"
+    )
     assert redacted_url("not a url ::") == "(a database URL that cannot be parsed)"
 
 
