@@ -34,7 +34,10 @@ CONFIG = """
 server: {{access_log: false, data_dir: "{data_dir}"}}
 auth: {{mode: keys, keys: [{{name: alice, sha256: "${{ALICE_SHA}}"}}]}}
 backends:
-  - {{name: gen, engine: {engine}, url: "http://engine.test", timeouts: {{connect_s: 1, first_byte_s: 2, idle_s: 2, total_s: 5}}}}
+  - name: gen
+    engine: {engine}
+    url: "http://engine.test"
+    timeouts: {{connect_s: 1, first_byte_s: 2, idle_s: 2, total_s: 5}}
 models:
   - name: m
     deployments: [{{backend: gen, model: tiny, format: {fmt}}}]
