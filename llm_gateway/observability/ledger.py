@@ -33,7 +33,7 @@ import datetime as dt
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
@@ -95,7 +95,7 @@ class UsageLedger:
         self._recovered_interrupted = metrics.usage_rows_recovered.labels("interrupted")
         self._spool_errors = metrics.usage_spool_errors
         metrics.usage_rows_buffered.set_function(lambda: len(self._rows))
-        metrics.usage_requests_open.set_function(lambda: len(self._open_rows()[0]))
+        metrics.usage_requests_open.set_function(lambda: len(_running(self._open.values())))
         metrics.usage_rows_at_risk.set_function(self.at_risk)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -120,7 +120,7 @@ class UsageLedger:
     def at_risk(self) -> int:
         """What a crash now would lose: finished rows on no disk yet, and requests in flight since the last
         checkpoint (all of them buffered or in flight without a spool)."""
-        running = self._open_rows()[0]
+        running = _running(self._open.values())
         if self._spool is None:
             return len(self._rows) + len(running)
         ckpt = self._checkpointed
@@ -314,36 +314,38 @@ class UsageLedger:
         return True
 
     async def _checkpoint(self, spool: Spool) -> None:
-        """Append the rows the spool lacks and replace the snapshot of the requests in flight (in a thread)."""
+        """Append the rows the spool lacks and replace the snapshot of the requests in flight. On the loop only
+        two list copies; the snapshot's rows are built and written in a worker thread."""
         new = list(islice(self._rows, self._spooled, None))
-        running, snapshot = self._open_rows(checkpoint=True)
-        if not new and not snapshot and not self._checkpointed:  # nothing new, and no snapshot on disk
-            return
+        recs = list(self._open.values())
+        if not new and not self._checkpointed and not any(r.key != NONE and r.endpoint != "other" for r in recs):
+            return  # nothing new, and no snapshot on disk
         try:
-            await asyncio.to_thread(spool.write, new, snapshot)
+            done = await asyncio.to_thread(self._write_checkpoint, spool, new, recs, self._wall(), time.perf_counter())
         except OSError as e:
             self._spool_failed(e)
             return
         self._spooled += len(new)
-        self._checkpointed = {(r.rid, r.t0) for r in running}
+        self._checkpointed = done
         if self._spool_failing:
             self._spool_failing = False
             log.warning("usage ledger: the crash spool is written again")
 
-    def _open_rows(self, checkpoint: bool = False) -> tuple[list[RequestRecord], list[Row]]:
-        """The generation requests in flight with a key; with `checkpoint`, also the rows they would leave if
-        the process died now: outcome `interrupted`, status 500, the tokens a stream has relayed so far."""
-        running = [r for r in self._open.values() if r.key != NONE and r.endpoint != "other"]
-        if not checkpoint:
-            return running, []
-        now, perf = self._wall(), time.perf_counter()
-        rows = []
-        for rec in running:
-            gone = dataclasses.replace(rec, status=500, outcome="interrupted", usage_estimated=True)
-            if rec.live is not None:
-                gone.prompt_tokens, gone.completion_tokens = rec.live()
-            rows.append(self._row(gone, now, perf - rec.t0))
-        return running, rows
+    def _write_checkpoint(
+        self, spool: Spool, new: list[Row], recs: list[RequestRecord], now: float, perf: float
+    ) -> set[tuple[str, float]]:
+        running = _running(recs)
+        spool.write(new, [self._interrupted(rec, now, perf) for rec in running])
+        return {(r.rid, r.t0) for r in running}
+
+    @classmethod
+    def _interrupted(cls, rec: RequestRecord, now: float, perf: float) -> Row:
+        """The row a request in flight leaves if the process dies now: outcome `interrupted`, status 500, the
+        tokens a stream has relayed so far."""
+        gone = dataclasses.replace(rec, status=500, outcome="interrupted", usage_estimated=True)
+        if rec.live is not None:
+            gone.prompt_tokens, gone.completion_tokens = rec.live()
+        return cls._row(gone, now, perf - rec.t0)
 
     def _spool_failed(self, e: OSError) -> None:
         self._spool_errors.inc()
@@ -383,6 +385,11 @@ class UsageLedger:
             log.error("usage ledger: %d rows could not be written before shutdown (counted as dropped)", left - kept)
         self._rows.clear()
         self._spooled = 0
+
+
+def _running(recs: Iterable[RequestRecord]) -> list[RequestRecord]:
+    """The generation requests in flight whose key is known (those that will leave a row)."""
+    return [r for r in recs if r.key != NONE and r.endpoint != "other"]
 
 
 def _day(at_ms: int) -> str:
