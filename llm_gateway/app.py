@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway")
 GC_GEN0_THRESHOLD = 50_000
+SPOOL_DIR = "ledger-spool"  # under server.data_dir: the usage ledger's crash spool (observability/spool.py)
 
 
 def create_app(
@@ -118,7 +120,8 @@ def create_app(
         if refresher is not None:
             refresher.start()
         if gw.usage.enabled:  # the usage ledger, written behind the request path (observability/ledger.py)
-            gw.usage.start(open_usage)
+            usage = gw.runtime.config.usage
+            gw.usage.start(open_usage, Path(gw.server.data_dir, SPOOL_DIR) if usage.spool else None)
         if admin_app is not None and gw.server.admin_port is not None:
             from llm_gateway.admin.server import AdminServer
 

@@ -35,6 +35,8 @@ async def relay_stream(
     """Answer with the engine's stream `resp`, relayed event by event in the client's dialect; returns the usage."""
     call, rec = job.call, job.rec
     relay, cut = _relay_for(dep.backend.adapter, ctx)
+    prompt_estimate = job.info.prompt_tokens
+    rec.live = lambda: (prompt_estimate, relay.completion_estimate())  # read by the ledger's crash checkpoint
     if job.native is not None:
         job.native.answer_natively(ctx.native_api is not None)
     headers = job.answer_headers(dep)

@@ -5,11 +5,16 @@ Shapes seen in the engines' sources and captures: nested `{"error": {message, ty
 (Ollama native, MLX), `{"error": ..., "error_type": ...}` (TGI), flat `{"object": "error", "message",
 ...}` (SGLang, LMDeploy, TRT-LLM, old vLLM), FastAPI `{"detail": "..."}` or a validation list
 (TabbyAPI), and bodies that are not JSON at all (HTML pages, empty 403s).
+
+A body of none of these shapes (`EngineError.well_formed` False: an HTML page from a proxy in front of
+the engine, an empty body, a crashed server's text, JSON of an unknown shape) says the engine is broken,
+not what went wrong: with a 5xx it is the documented 502 (README: "502 engine unreachable or broken"),
+whatever the 5xx was, and no adapter reads a hint about the request into its made-up message.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -32,6 +37,8 @@ class EngineError:
     type: str | None = None
     code: str | None = None
     param: str | None = None
+    #: the body was an error of a known shape; False: the message is the gateway's description of the body
+    well_formed: bool = field(default=True, compare=False)
 
 
 def parse_error_body(body: bytes, content_type: str = "") -> EngineError:
@@ -43,11 +50,11 @@ def parse_error_body(body: bytes, content_type: str = "") -> EngineError:
     if isinstance(data, dict):
         return _from_mapping(data)
     if not body.strip():
-        return EngineError("the engine answered with an empty body")
+        return EngineError("the engine answered with an empty body", well_formed=False)
     if "html" in content_type or body.lstrip()[:1] == b"<":
-        return EngineError("the engine answered with an HTML page instead of JSON")
+        return EngineError("the engine answered with an HTML page instead of JSON", well_formed=False)
     snippet = body[:200].decode("utf-8", "replace").strip().replace("\n", " ")
-    return EngineError(snippet)
+    return EngineError(snippet, well_formed=False)
 
 
 def _from_mapping(data: dict[str, Any]) -> EngineError:
@@ -70,7 +77,7 @@ def _from_mapping(data: dict[str, Any]) -> EngineError:
             _str_or_none(data.get("code")),
             _str_or_none(data.get("param")),
         )
-    return EngineError("engine error: " + orjson.dumps(data)[:200].decode("utf-8", "replace"))
+    return EngineError("engine error: " + orjson.dumps(data)[:200].decode("utf-8", "replace"), well_formed=False)
 
 
 def _detail(detail: Any) -> str:
@@ -111,7 +118,9 @@ def upstream_error(
     busy: bool = False,
 ) -> EngineErrorAnswer:
     """The envelope for an engine's error. 401/403 from an engine mean *the gateway's* engine key is
-    wrong, so the client gets 502, not an auth error about its own key."""
+    wrong, so the client gets 502, not an auth error about its own key. A 5xx keeps its status when the
+    engine said what failed in an error body, and is a 502 when it did not (`EngineError.well_formed`);
+    either way it is retried as its own status says (`retryable`)."""
     where = f"backend '{backend}' ({kind})"
     if status in (401, 403):
         return EngineErrorAnswer(
@@ -138,7 +147,7 @@ def upstream_error(
     return EngineErrorAnswer(
         f"{where} failed: {err.message}",
         busy=busy,
-        status=status if 500 <= status < 600 else 502,
+        status=status if 500 <= status < 600 and err.well_formed else 502,
         type_="upstream_error",
         code=err.code if err.code and not err.code.isdigit() else "upstream_error",
         retryable=retryable,

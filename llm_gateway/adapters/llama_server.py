@@ -140,7 +140,7 @@ class LlamaServerAdapter(OpenAICompatAdapter):
         if err.type == "exceed_context_size_error":
             err.code = "context_length_exceeded"
             return upstream_error(self.backend.name, self.kind, 400, err, client_error=True)
-        if status == 500 and any(h in err.message.lower() for h in _CLIENT_HINTS):
+        if status == 500 and err.well_formed and any(h in err.message.lower() for h in _CLIENT_HINTS):
             return upstream_error(self.backend.name, self.kind, 400, err, client_error=True)
         if status == 501:
             e = upstream_error(self.backend.name, self.kind, 502, err, retryable=True)

@@ -309,9 +309,9 @@ class OllamaAdapter(Adapter):
             )
         if status == 499:
             return upstream_error(name, self.kind, 499, err, retryable=False, client_error=True)
-        if status in (400, 500) and is_context_error(err.message):
+        if status in (400, 500) and err.well_formed and is_context_error(err.message):
             return self._context_error(err.message)
-        if status == 500 and any(h in err.message.lower() for h in _CLIENT_HINTS):
+        if status == 500 and err.well_formed and any(h in err.message.lower() for h in _CLIENT_HINTS):
             # Ollama answers 500 for bad option types and bad schemas: the request's fault
             return upstream_error(name, self.kind, 400, err, client_error=True)
         busy = status == 503 and "busy" in err.message  # OLLAMA_MAX_QUEUE reached

@@ -132,6 +132,7 @@ class GatewayApp:
                     handler = self.cors.preflight_handler(path)
         call = Call(scope, receive, send, rid, by_name)
         rec = RequestRecord(rid, t0, method, path if path in PATHS else "other")
+        self.gw.usage.begin(rec)  # in flight: a crash spool's checkpoint sees it (one dict insert)
         rt = self.gw.runtime
         try:
             if handler is None:

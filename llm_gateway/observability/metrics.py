@@ -143,6 +143,30 @@ class Metrics:
         self.usage_flush_errors = Counter(
             "gateway_usage_flush_errors", "Usage-ledger writes that failed (the rows stay buffered).", registry=r
         )
+        # what a crash (kill -9) can lose, and what the crash spool (observability/spool.py) brought back
+        self.usage_requests_open = Gauge(
+            "gateway_usage_requests_open",
+            "Generation requests in flight whose ledger row is written when they end.",
+            registry=r,
+        )
+        self.usage_rows_at_risk = Gauge(
+            "gateway_usage_rows_at_risk",
+            "Usage-ledger rows a crash now would lose: finished rows in neither the database nor the local spool, "
+            "and requests in flight since the last checkpoint.",
+            registry=r,
+        )
+        self.usage_rows_recovered = Counter(
+            "gateway_usage_rows_recovered",
+            "Usage-ledger rows written at start from the spool of a process that crashed: finished requests, and "
+            "requests in flight at its last checkpoint (outcome interrupted).",
+            ["kind"],
+            registry=r,
+        )
+        for kind in ("finished", "interrupted"):
+            self.usage_rows_recovered.labels(kind)
+        self.usage_spool_errors = Counter(
+            "gateway_usage_spool_errors", "Writes to the usage ledger's local crash spool that failed.", registry=r
+        )
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # fair sharing of the queues (routing/admission.py): key names are the config's and the admin API's
         self.queue_wait = Histogram(

@@ -5,6 +5,7 @@ the end: the single place where a request's outcome is counted, so nothing is co
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,6 +40,8 @@ class RequestRecord:
     upstream_s: float = 0.0
     overhead_s: float | None = None
     error: str | None = None
+    #: while a stream is relayed: its (prompt, completion) tokens so far, estimated (the ledger's crash checkpoint)
+    live: Callable[[], tuple[int, int]] | None = None
 
 
 def outcome_of(status: int, error_code: str | None) -> str:
@@ -60,17 +63,18 @@ def outcome_of(status: int, error_code: str | None) -> str:
 
 
 class UsageSink(Protocol):
-    """The usage ledger and recent activity (observability/ledger.py): one non-blocking call per request."""
+    """The usage ledger and recent activity (observability/ledger.py): one non-blocking call per request
+    (every request, "other" endpoints too: it tracks the requests in flight)."""
 
     def record(self, rec: RequestRecord, duration_s: float) -> None: ...
 
 
 def finish_record(metrics: Metrics, access: AccessLog, rec: RequestRecord, usage: UsageSink | None = None) -> None:
     duration = time.perf_counter() - rec.t0
-    if rec.endpoint == "other":  # health, metrics, models listing: not counted as traffic
-        return
     if usage is not None:
         usage.record(rec, duration)
+    if rec.endpoint == "other":  # health, metrics, models listing: not counted as traffic
+        return
     sc = f"{rec.status // 100}xx" if rec.status else "none"
     child = metrics.child
     inc(child(metrics.requests, rec.model, rec.backend, rec.engine, rec.endpoint, sc, rec.outcome))

@@ -83,6 +83,11 @@ class UsageConfig(Strict):
     buffer_rows: int = Field(10_000, ge=1, description="rows held while the database is slow or down")
     batch_rows: int = Field(500, ge=1, description="rows per INSERT")
     flush_interval_s: float = Field(1.0, gt=0)
+    spool: bool = Field(
+        True,
+        description="copy unwritten rows and requests in flight to <server.data_dir>/ledger-spool at each flush, "
+        "replayed at the next start after a crash",
+    )
 
 
 DATABASE_SCHEMES = ("postgresql+asyncpg", "sqlite+aiosqlite")

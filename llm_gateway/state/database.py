@@ -13,20 +13,28 @@ Migrations (Alembic, `llm_gateway.state.migrations`) run in `Database.open`, in 
 lock, so replicas starting together migrate once: a Postgres advisory lock, a `BEGIN IMMEDIATE` on
 SQLite. The second one waits, then finds the schema at head.
 
-The URL is a secret: only `safe_url` (password hidden) is ever logged or shown, and the errors raised
+The URL is a secret: only `safe_url` (`redacted_url`: the userinfo password and every query parameter
+that names a password, a secret or a token hidden) is ever logged or shown, and the errors raised
 here name the kind of failure, never the URL. `DatabaseUnavailable` chains to the driver's own
 exception, not to SQLAlchemy's wrapper, whose text carries the statement's parameters (user content).
+
+The SQLite file holds every stored prompt and answer: it is created 0600 (SQLite gives its -wal and
+-shm files the database file's mode), in a directory created 0700 when the gateway creates it (an
+existing directory keeps the mode its operator gave it).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from alembic import command
@@ -54,6 +62,8 @@ _IMMEDIATE = "llm_gateway_begin_immediate"
 _UNAVAILABLE_SQLSTATE_CLASSES = frozenset({"08", "28", "3D", "53", "57"})
 _LOCK_NOT_AVAILABLE = "55P03"
 _QUERY_CANCELED = "57014"
+#: query parameters whose value is a secret (asyncpg/libpq `password`, `sslpassword`; any `*secret*`, `*token*`)
+_SECRET_PARAM = re.compile(r"pass|secret|token", re.IGNORECASE)
 
 
 def database_url(config: GatewayConfig) -> str:
@@ -88,7 +98,7 @@ class Database:
         """Connect, migrate to head (idempotent; one replica at a time) and return the database.
         Raises `DatabaseUnavailable` when it cannot be reached in time, `ValueError` for a bad URL."""
         parsed = _parse(url)
-        safe_url = parsed.render_as_string(hide_password=True)
+        safe_url = _redacted(parsed)
         postgres = parsed.get_backend_name() == "postgresql"
         with _translated():
             if postgres:
@@ -132,6 +142,23 @@ class Database:
         await self.engine.dispose()
 
 
+def redacted_url(url: str) -> str:
+    """The URL as it may be logged or shown: no password, wherever the URL carries one."""
+    try:
+        return _redacted(make_url(url))
+    except (exc.ArgumentError, ValueError):
+        return "(a database URL that cannot be parsed)"
+
+
+def _redacted(url: URL) -> str:
+    shown = url.set(query={}).render_as_string(hide_password=True)  # the userinfo password as ***
+    params = []
+    for name, value in url.query.items():
+        for one in value if isinstance(value, tuple) else (value,):
+            params.append(f"{quote(name, safe='')}={'***' if _SECRET_PARAM.search(name) else quote(one, safe='')}")
+    return shown + ("?" + "&".join(params) if params else "")
+
+
 def _parse(url: str) -> URL:
     try:
         parsed = make_url(url)
@@ -169,7 +196,7 @@ def _sqlite_engine(url: URL, pool_size: int, busy_timeout_s: float) -> AsyncEngi
     path = url.database or ""
     in_memory = path in ("", ":memory:")
     if not in_memory and not path.startswith("file:"):  # "file:" is a URI (uri=true): the driver reads it
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        _private_file(Path(path))
     # in memory: SQLAlchemy's one shared connection (StaticPool), which takes no pool size
     pool_args = {} if in_memory else {"pool_size": pool_size}
     engine = create_async_engine(url, connect_args={"timeout": busy_timeout_s}, **pool_args)
@@ -188,6 +215,25 @@ def _sqlite_engine(url: URL, pool_size: int, busy_timeout_s: float) -> AsyncEngi
     event.listen(engine.sync_engine, "connect", on_connect)
     event.listen(engine.sync_engine, "begin", on_begin)
     return engine
+
+
+def _private_file(path: Path) -> None:
+    """Create the database file 0600 before SQLite opens it (SQLite would create it 0644 under the usual
+    umask, and its -wal and -shm files take the database file's mode), and its directory 0700 when it
+    does not exist yet. A file that exists keeps its mode, unless others may read it: then it is made 0600."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o077 and st.st_uid == os.getuid():  # an older gateway's file, created 0644
+            os.fchmod(fd, 0o600)
+            log.warning("the database file %s was readable by others; it is now 0600", path)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):  # left by an older gateway with the old mode: SQLite would reuse them
+        side = path.with_name(path.name + suffix)
+        if side.exists() and side.stat().st_mode & 0o077 and side.stat().st_uid == os.getuid():
+            side.chmod(0o600)
 
 
 async def _migrate(engine: AsyncEngine, *, postgres: bool) -> None:

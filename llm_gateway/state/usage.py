@@ -28,6 +28,8 @@ DIMENSIONS = ("key", "model", "backend", "endpoint", "outcome", "day")
 MEASURES = ("requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens", "cost")
 _SINCE = re.compile(r"^(\d{1,6})([mhdw])$")
 _UNIT_S = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+#: a replayed row and a stored one of the same key and request id starting this close are the same request
+REPLAY_MATCH_MS = 1000
 
 
 class UsageStore:
@@ -40,6 +42,33 @@ class UsageStore:
             return
         async with self.db.begin() as conn:
             await conn.execute(usage_ledger.insert().values(list(rows)))
+
+    async def insert_missing(self, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Rows replayed from a crashed process's spool: insert those the table does not hold yet, in one
+        transaction, and say how many. A row is held when one of the same key and request id starts within
+        `REPLAY_MATCH_MS` of it (the crashed process may have written it just before it died, and a request
+        it had in flight may have ended and been written since its last checkpoint)."""
+        if not rows:
+            return 0
+        t = usage_ledger.c
+        lo = min(int(r["at_ms"]) for r in rows) - REPLAY_MATCH_MS
+        hi = max(int(r["at_ms"]) for r in rows) + REPLAY_MATCH_MS
+        ids = sorted({str(r["request_id"]) for r in rows})
+        query = sa.select(t.request_id, t.key, t.at_ms).where(t.at_ms.between(lo, hi), t.request_id.in_(ids))
+        async with self.db.begin() as conn:
+            held: dict[tuple[str, str], list[int]] = {}
+            for rid, key, at_ms in (await conn.execute(query)).all():
+                held.setdefault((rid, key), []).append(int(at_ms))
+            fresh = [
+                r
+                for r in rows
+                if not any(
+                    abs(at - int(r["at_ms"])) <= REPLAY_MATCH_MS for at in held.get((r["request_id"], r["key"]), ())
+                )
+            ]
+            if fresh:
+                await conn.execute(usage_ledger.insert().values(list(fresh)))
+        return len(fresh)
 
     async def count(self) -> int:
         async with self.db.begin() as conn:

@@ -288,7 +288,7 @@ async def test_engine_errors_are_normalised_and_name_the_backend(cfg):
     assert "engine-a" in err["message"] and "engine-secret-a" not in err["message"]
     err = assert_envelope(bad, 400, param="max_tokens")
     assert "max_tokens too big" in err["message"] and "engine-a" in err["message"]
-    err = assert_envelope(boom, 500)
+    err = assert_envelope(boom, 502)  # an HTML page is no error body: a broken engine (README), not its 500
     assert "HTML" in err["message"] and boom.headers["x-gateway-backend"] == "engine-a"
 
 
