@@ -39,6 +39,9 @@ class RequestRecord:
     upstream_s: float = 0.0
     overhead_s: float | None = None
     error: str | None = None
+    #: counted against the key's limits already (admitted by the limiter): a refusal after that is not
+    #: metered again (http/asgi.py meters the ones before it)
+    metered: bool = False
 
 
 def outcome_of(status: int, error_code: str | None) -> str:
