@@ -278,7 +278,7 @@ async def test_a_native_messages_stream_past_its_reservation_ends_as_anthropic_e
     names = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"], names[-5:]
     assert 6 <= names.count("content_block_delta") < 10
-    delta = [orjson.loads(b[b.index(b"data: ") + 6 :]) for b in r.content.split(b"\n\n") if b"message_delta" in b][0]
+    delta = next(orjson.loads(b[b.index(b"data: ") + 6 :]) for b in r.content.split(b"\n\n") if b"message_delta" in b)
     assert delta["delta"]["stop_reason"] == "max_tokens"
 
 
