@@ -244,9 +244,12 @@ def test_format_reset_goes_on_into_hours_for_budgets():
 def _keys(entry: str, models_extra: str = "") -> str:
     # budgets on the memory store are restored from the ledger at start: it must be on (never opened here:
     # the in-process client runs no lifespan)
-    return ONE_BACKEND.replace('{name: alice, sha256: "${ALICE_SHA}"}', entry).replace(
-        "    aliases: [pm]\n", "    aliases: [pm]\n" + models_extra
-    ) + "usage: {ledger: true}\n"
+    return (
+        ONE_BACKEND.replace('{name: alice, sha256: "${ALICE_SHA}"}', entry).replace(
+            "    aliases: [pm]\n", "    aliases: [pm]\n" + models_extra
+        )
+        + "usage: {ledger: true}\n"
+    )
 
 
 def test_a_budget_on_a_key_is_one_of_its_limits():
