@@ -16,12 +16,15 @@ test_budgets_process.py.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import orjson
 import pytest
 
 from llm_gateway.auth import digest_of
+from llm_gateway.limits.memory import MemoryStore, spend_of
+from llm_gateway.limits.store import COST_UNITS, ScopeLimits, Shrink, period_of
 from tests.conftest import TEST_KEY, gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream
 
@@ -378,3 +381,33 @@ async def test_a_forbidden_model_counts_against_rpm_on_the_anthropic_route_in_it
         ]
     assert [r.status_code for r in rs] == [403, 429, 429]
     assert rs[1].json()["type"] == "error" and rs[1].json()["error"]["type"] == "rate_limit_error"
+
+
+# -- the stores' arithmetic ------------------------------------------------------------------------------
+
+
+def test_a_budget_grants_whole_tokens_per_choice_in_tokens_and_in_cost():
+    now = 1_800_000_000.0
+    store = MemoryStore(wall=lambda: now)
+    both = ScopeLimits("k:a", None, None, None, 3600.0, 1000, 10 * COST_UNITS)
+    # 10 + 4 x 300 asked; 1,000 tokens: 10 + 4 x 247 granted
+    d, res = store.reserve_now("r", [both], 1210, 0, Shrink(10, 4, 0, 0.0))
+    assert d.allowed and res.tokens == 10 + 4 * 247
+    # cost alone: 1 unit of currency a token of output, 10 of which are left, the prompt costing 2: 8 tokens
+    cost = ScopeLimits("k:b", None, None, None, 3600.0, None, 10 * COST_UNITS)
+    d, res = store.reserve_now("r", [cost], 105, 100 * COST_UNITS, Shrink(5, 1, 2 * COST_UNITS, float(COST_UNITS)))
+    assert d.allowed and (res.tokens, res.cost) == (5 + 8, 10 * COST_UNITS)
+    d, _ = store.reserve_now("r", [cost], 105, 100 * COST_UNITS, Shrink(5, 1, 2 * COST_UNITS, float(COST_UNITS)))
+    assert not d.allowed and d.kind == "budget"
+    # what the ledger says was spent today is where a restarted memory store starts
+    today = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%d")
+    spend = spend_of(
+        [("a", "m", today, 100, 200), ("a", "other", today, 1, 1), ("a", "m", "2000-01-01", 9, 9)], {}, now
+    )
+    assert spend[("k:a", period_of("day", now)[0])] == (302, 0)
+    assert spend[("k:a@m:m", period_of("day", now)[0])] == (300, 0)
+    fresh = MemoryStore(wall=lambda: now)
+    fresh.restore(spend)
+    left = ScopeLimits("k:a", None, None, None, 3600.0, 1000)
+    d, res = fresh.reserve_now("r", [left], 2000, 0, Shrink(10))
+    assert d.allowed and res.tokens == 1000 - 302
