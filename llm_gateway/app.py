@@ -11,8 +11,11 @@ admin API (llm_gateway/admin, FastAPI, imported only then), mounted under /admin
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import gc
 import logging
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +24,7 @@ from aiohttp import web
 from llm_gateway.errors import ServiceUnavailable
 from llm_gateway.http.asgi import GatewayApp
 from llm_gateway.http.handlers import StoredResponses
+from llm_gateway.limits.memory import spend_of
 from llm_gateway.prober import Prober
 from llm_gateway.reload import ConfigWatcher
 from llm_gateway.runtime import Gateway
@@ -121,6 +125,7 @@ def create_app(
             refresher.start()
         if gw.usage.enabled:  # the usage ledger, written behind the request path (observability/ledger.py)
             usage = gw.runtime.config.usage
+            await _restore_budgets(gw, open_usage)
             gw.usage.start(open_usage, Path(gw.server.data_dir, SPOOL_DIR) if usage.spool else None)
         if admin_app is not None and gw.server.admin_port is not None:
             from llm_gateway.admin.server import AdminServer
@@ -161,6 +166,26 @@ def create_app(
         admin=admin_app if gw.server.admin_port is None else None,
     )
     return app
+
+
+async def _restore_budgets(gw: Gateway, open_usage: Callable[[], Awaitable[UsageStore]]) -> None:
+    """Budgets outlive the process: an in-process store starts from what the ledger says each key spent in
+    the current UTC day and month (a shared store, Redis, keeps its own counters)."""
+    restore = getattr(gw.store, "restore", None)
+    if restore is None:
+        return
+    now = time.time()
+    today = dt.datetime.fromtimestamp(now, dt.UTC)
+    since_ms = int(dt.datetime(today.year, today.month, 1, tzinfo=dt.UTC).timestamp() * 1000)  # the month began
+    try:
+        rows = await (await open_usage()).spend_since(since_ms)
+    except Exception as e:  # the gateway still starts; the budgets then count from zero, and the log says so
+        log.error("budgets could not be restored from the usage ledger (%s): they count from zero", type(e).__name__)
+        return
+    models = gw.runtime.config.models
+    prices = {m.name: (m.price.input_per_million, m.price.output_per_million) for m in models if m.price}
+    restore(spend_of(rows, prices, now))
+    log.info("budgets restored from the usage ledger: %d rows since the start of the month", len(rows))
 
 
 async def _serve_metrics(gw: Gateway, host: str, port: int) -> web.AppRunner:

@@ -61,7 +61,11 @@ class NativeDialect(Protocol):
     """The client's request in its own API, for engines that serve that API natively."""
 
     native_api: str  # "messages": Anthropic's Messages API
-    native_body: dict[str, Any]  # the client's body, validated; never mutated
+    native_body: dict[str, Any]  # the client's body, validated; never mutated (`limit_output` replaces it)
+
+    def limit_output(self, max_tokens: int) -> None:
+        """Hold the native body to `max_tokens` output tokens (what the key's reservation allows)."""
+        ...
 
     def answer_natively(self, native: bool) -> None:
         """Called before `respond`/`start`: True when the answer is the engine's own, in this API's

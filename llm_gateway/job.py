@@ -33,6 +33,9 @@ class Job:
     native: NativeDialect | None = None  # the client's own body, for engines that speak its API
     trace: Trace = field(default_factory=Trace)  # the dispatch so far; its ticket orders the queues
     early: QueueProgress | None = None  # a stream whose answer started while it waited in a queue
+    #: the completion tokens (all choices together) the key's reservation allows, where its limits count
+    #: tokens: a stream that relays more is ended there (stream_relay.py); None: not held
+    output_cap: int | None = None
 
     def context(self, group: ModelRoute, dep: Deployment) -> CallContext:
         nat = self.native

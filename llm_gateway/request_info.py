@@ -36,6 +36,7 @@ import orjson
 from llm_gateway.errors import InvalidRequest
 
 REQUIRED = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
+MAX_CHOICES = 1 << 20
 FORMAT_SEP = "@"
 
 
@@ -58,6 +59,9 @@ class RequestInfo:
     #: the prompt's tokens by an engine's own tokenizer, per public model, where one was counted
     #: (prompt_count.py): the fit is decided on it rather than on the floor
     prompt_exact: dict[str, int] | None = None
+    #: how many completions of up to `max_tokens` each the request generates: `n` (or completions'
+    #: `best_of`, the larger) times the prompts of a completions batch; what a reservation multiplies
+    choices: int = 1
 
 
 def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
@@ -89,7 +93,9 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
         v = body.get(key)
         if isinstance(v, float) and v.is_integer() and 0 <= v < 2**63:
             body[key] = int(v)  # 287.0 is the integer 287 in JSON (and its Schema): engines get the int form
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:  # null is absent: the engines then read max_tokens, and so does the reservation
+        max_tokens = body.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
         raise InvalidRequest("'max_tokens' must be a non-negative integer", param="max_tokens")
     ceiling: int | None = None
@@ -110,9 +116,37 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
         chars, affinity, floor = _text_size(value, "input"), "", _largest_floor(value)
     if body.get("truncate_prompt_tokens") is not None:
         floor, ceiling = 0, None  # vLLM cuts the prompt to fit: its length is no reason to refuse
+    choices = max(_count(body.get("n")), _count(body.get("best_of")))
+    if endpoint == "completions" and isinstance(value, list) and value and not isinstance(value[0], int):
+        choices *= len(value)  # a batch of prompts (strings or token lists): each one gets its completions
     return RequestInfo(
-        model, fmt, stream, wants_usage, frozenset(needs), chars // 4 + 1, max_tokens, affinity, floor, ceiling
+        model,
+        fmt,
+        stream,
+        wants_usage,
+        frozenset(needs),
+        chars // 4 + 1,
+        max_tokens,
+        affinity,
+        floor,
+        ceiling,
+        choices=choices,
     )
+
+
+def _count(v: Any) -> int:
+    """`n` or `best_of` as a count of choices: 1 unless a positive integer (a wrong type is the engine's 400),
+    at most `MAX_CHOICES` (past it, the reservation is already more than any budget or window holds)."""
+    return min(v, MAX_CHOICES) if isinstance(v, int) and not isinstance(v, bool) and v > 1 else 1
+
+
+def cap_output(endpoint: str, body: dict[str, Any], cap: int) -> None:
+    """Hold the engine to `cap` output tokens per choice, in the gateway's copy of the body: `max_tokens`
+    (every adapter reads it: the OpenAI-compatible ones send it as both names, Ollama's as `num_predict`),
+    and `max_completion_tokens` too where the client sent it (it wins over `max_tokens` on the engines)."""
+    body["max_tokens"] = cap
+    if endpoint == "chat" and "max_completion_tokens" in body:
+        body["max_completion_tokens"] = cap
 
 
 #: the most UTF-8 bytes of non-blank text a token averages under any tokenizer in use (the rule of

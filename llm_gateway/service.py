@@ -33,7 +33,7 @@ from llm_gateway.limits.limiter import quota_headers
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.prompt_count import PromptCounter, ambiguous_routes
 from llm_gateway.queue_progress import QueueProgress
-from llm_gateway.request_info import RequestInfo, read_request
+from llm_gateway.request_info import RequestInfo, cap_output, read_request
 from llm_gateway.routing.table import Deployment, ModelRoute
 from llm_gateway.runtime import Gateway, Runtime
 from llm_gateway.stream_relay import relay_stream
@@ -59,14 +59,26 @@ class GenerationService:
         native: NativeDialect | None = None,
     ) -> None:
         info, route = self._route(call, rec, rt, endpoint, body, who)
-        limits = rt.config.limits
-        budget = info.prompt_tokens + (
-            0 if endpoint == "embeddings" else (info.max_tokens or limits.default_max_tokens)
-        )
+        generates = endpoint != "embeddings"
+        prompt, choices = info.prompt_tokens, info.choices
+        asked = info.max_tokens if info.max_tokens is not None else rt.config.limits.default_max_tokens
+        budget = prompt + (asked * choices if generates else 0)  # n choices of up to max_tokens each
         decision, reservation = await rt.limiter.admit(
-            who, route.name, budget, call.rid, prompt_tokens=info.prompt_tokens
+            who, route.name, budget, call.rid, prompt_tokens=prompt, choices=choices, flexible=generates
         )
+        rec.metered = True  # counted against the key's limits: a refusal from here on is not metered again
         job = Job(call, rec, rt, endpoint, body, route, info, quota_headers(decision), native)
+        if generates and reservation is not None and rt.limiter.counts_tokens(reservation.scopes):
+            # the reservation is what the request may spend (a budget may have granted less than asked): the
+            # engine is held to it, per choice, in the field its adapter reads; the body is touched only then
+            budget = reservation.tokens
+            cap = (budget - prompt) // choices
+            if info.max_tokens is None or cap < info.max_tokens:
+                cap_output(endpoint, body, cap)
+                info.max_tokens = cap
+                if native is not None:
+                    native.limit_output(cap)
+            job.output_cap = cap * choices
         job.trace.rank = priority_rank(who, call.header(rt.priority_header))
         job.trace.ticket = ticket_for(who, job.trace.rank, budget, rt.config.routing)
         usage: Usage | None = None
@@ -133,8 +145,12 @@ class GenerationService:
     ) -> tuple[int, str]:
         """The prompt tokens of a chat body (or of `native_body`, the client's own, where the engine serves its
         count): (count, "engine") from the first routable deployment whose engine counts them, else (the
-        gateway's estimate, "estimate"); at most `COUNT_ATTEMPTS` engines asked. Not charged: nothing is generated."""
+        gateway's estimate, "estimate"); at most `COUNT_ATTEMPTS` engines asked. Nothing is generated, so no
+        tokens or budget are charged; but it asks an engine, so it is one request against the key's requests
+        per minute, and holds a concurrency lease while it runs (`Limiter.admit_requests`)."""
         info, route = self._route(call, rec, rt, "chat", body, who)
+        _, reservation = await rt.limiter.admit_requests(who, route.name, call.rid)
+        rec.metered = True
         now = time.monotonic()
         t = time.perf_counter()
         failures = 0
@@ -159,6 +175,8 @@ class GenerationService:
                     return n, "engine"
         finally:
             rec.upstream_s += time.perf_counter() - t
+            settled = rt.limiter.finish(reservation, 0)  # the lease back (no tokens were reserved)
+            await (settled if rt.limiter.inline else asyncio.shield(settled))
         return info.prompt_tokens, "estimate"
 
     async def _send_upstream(self, job: Job, dep: Deployment, ctx: CallContext) -> UpstreamResponse:

@@ -10,6 +10,12 @@ one write (bench/: CPU per relayed event). The head leaves with the engine's fir
 with the engine's headers, and the stream's last part with its end: one send each, not two. Once the
 engine's `[DONE]` is relayed the client's answer is ended at once; the rest of the engine's body (its
 chunked terminator) is read after, to keep the connection for the next request.
+
+Where the key's limits count tokens, the stream is held to its reservation (`Job.output_cap`: the engine
+was asked for no more): should the engine send more content events than that, the relay ends it there
+as an engine ends one at `max_tokens` (`StreamRelay.cut`: finish reason `length`) and the engine's
+connection is dropped, not drained, so that it stops generating. A stream without a cap pays nothing
+for the check: its loop and sink are the plain ones.
 """
 
 from __future__ import annotations
@@ -89,6 +95,8 @@ async def relay_stream(
     #: the client's socket could not take at once
     kept: list[bytes] = []
     perf_counter = time.perf_counter
+    cap = job.output_cap
+    over = False  # ended at the cap: the engine's connection is dropped, not drained
 
     def sink(chunk: bytes) -> bool:
         """One engine chunk, inside the upstream connection's callback: fed, timed (`timed` inline: this
@@ -107,6 +115,18 @@ async def relay_stream(
             return True  # written, and no error (the writer cannot set one)
         return relay.error is None
 
+    def capped(chunk: bytes) -> bool:
+        """`sink`, then the end of the stream where it passed the cap."""
+        nonlocal over
+        ok = sink(chunk)
+        if relay.content_events > cap and not relay.done and relay.error is None:  # type: ignore[operator]
+            kept.append(relay.cut(job.info.choices, job.info.prompt_tokens))
+            over = True
+            return False
+        return ok
+
+    sink_of_call = capped if cap is not None else sink
+
     try:
         if job.early is None or not job.early.started:
             # the engine's first chunk is often in hand with its headers: the head leaves with it, one send
@@ -121,7 +141,7 @@ async def relay_stream(
                 else:
                     await write(out)
         while not (relay.done or relay.error is not None):
-            piped = pipe(sink) if pipe is not None else None
+            piped = pipe(sink_of_call) if pipe is not None else None
             if piped is not None:
                 await piped
                 if relay.done or relay.error is not None:
@@ -142,6 +162,9 @@ async def relay_stream(
                     kept.append(out)
                 else:
                     await write(out)
+            if cap is not None and relay.content_events > cap and not relay.done and relay.error is None:
+                kept.append(relay.cut(job.info.choices, job.info.prompt_tokens))
+                over = True
     except GatewayError as e:  # the engine failed mid-body: cut, idle timeout, reset
         err = e
         if relay.error is None:
@@ -158,7 +181,7 @@ async def relay_stream(
         rec.outcome, rec.error = "stream_error", err.code
     call.stop_watching()
     await call.end(kept[0] if len(kept) == 1 else b"".join(kept))
-    if relay.done and err is None:  # the client has its answer; the rest of the body frees the connection
+    if relay.done and err is None and not over:  # the client has its answer; the rest of the body frees the connection
         try:
             while await read():
                 pass

@@ -140,6 +140,7 @@ def _has_block(body: dict[str, Any], types: frozenset[str]) -> bool:
     return False
 
 
+_INDEX = re.compile(rb'"index": ?(\d+)')
 # the strings of a content_block_delta that carry generated text (escapes included, as sent)
 _TEXT = re.compile(rb'"(?:text|thinking|partial_json)": ?"((?:[^"\\]|\\.)*)"')
 
@@ -147,7 +148,7 @@ _TEXT = re.compile(rb'"(?:text|thinking|partial_json)": ?"((?:[^"\\]|\\.)*)"')
 class MessagesRelay(RelayBase):
     """One Anthropic event stream on its way to the client; see the module docstring."""
 
-    __slots__ = ("_on_error", "_started")
+    __slots__ = ("_on_error", "_open", "_started")
 
     oversized: ClassVar[str] = "the engine sent an event"
 
@@ -155,6 +156,22 @@ class MessagesRelay(RelayBase):
         super().__init__(ctx)
         self._on_error = on_error
         self._started: dict[str, Any] = {}  # message_start's usage
+        self._open: bytes | None = None  # the index of the content block started and not stopped yet
+
+    def cut(self, choices: int, prompt_tokens: int) -> bytes:
+        """The message ended as Anthropic ends one at `max_tokens`: the open block stopped, `message_delta`
+        with stop_reason `max_tokens` and the output so far (estimated), `message_stop`."""
+        self.done = self._closed = True
+        out = b""
+        if self._open is not None:
+            out += b'event: content_block_stop\ndata: {"type":"content_block_stop","index":' + self._open + b"}\n\n"
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+            "usage": {"output_tokens": self.completion_estimate()},
+        }
+        out += b"event: message_delta\ndata: " + orjson.dumps(delta) + b"\n\n"
+        return out + b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 
     def fail(self, err: GatewayError) -> bytes:
         return self._fail(err)
@@ -199,6 +216,11 @@ class MessagesRelay(RelayBase):
         if name == b"content_block_start":
             if not self.output_started and payload.find(b'"tool_use"') >= 0:
                 self.output_started = True
+            m = _INDEX.search(payload)
+            self._open = m.group(1) if m else None
+            return raw + b"\n\n"
+        if name == b"content_block_stop":
+            self._open = None
             return raw + b"\n\n"
         if name not in (b"message_start", b"message_delta", b"message_stop", b"error"):
             return raw + b"\n\n"  # ping, content_block_stop, and events to come: as they are

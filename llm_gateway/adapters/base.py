@@ -81,6 +81,11 @@ class StreamRelay(Protocol):
         """Completion tokens passed on so far, for a stream whose engine never reported its usage."""
         ...
 
+    def cut(self, choices: int, prompt_tokens: int) -> bytes:
+        """End the stream now, as an engine does at `max_tokens` (finish reason `length` for each of
+        `choices`), with nothing after it: the key's reservation is spent."""
+        ...
+
 
 class NativeRelay(StreamRelay, Protocol):
     """A `StreamRelay` for an API the engine serves natively: its bytes are already that API's events."""

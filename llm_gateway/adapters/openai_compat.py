@@ -133,7 +133,9 @@ class OpenAICompatAdapter(Adapter):
         if ctx.stream:
             include_usage(b)
         if endpoint == "chat":
-            limit = b.get("max_completion_tokens", b.get("max_tokens"))
+            limit = b.get("max_completion_tokens")
+            if limit is None:  # null is absent: max_tokens then says it
+                limit = b.get("max_tokens")
             if isinstance(limit, int):  # engines read one or the other: send both
                 b["max_tokens"] = b["max_completion_tokens"] = limit
         for ours, theirs in self.renames.items():

@@ -18,6 +18,10 @@ than `BATCHED_BYTES_PER_EVENT` on average hold several tokens each (vLLM and SGL
 text's bytes at `BYTES_PER_TOKEN` (the prompt estimate's ratio) are the count, never fewer than the
 events, so such streams are not billed a fraction of what was generated.
 
+A stream that relays more than the key's reservation allows (an engine that ignored `max_tokens`) is
+ended by the service with `cut()`: each choice's end with finish reason `length` (what an engine sends
+when it stops at `max_tokens`), the usage so far where the client asked for it, then `[DONE]`.
+
 A whole answer that turns out to be a failed generation (an engine's `abort`/`error` finish reason,
 Ollama's `done: false`) is raised as a `ChargedError`: the error carries what the generation spent,
 the engine's counts or, when it gave none, `estimate_tokens()` of its text, for the service to bill.
@@ -25,8 +29,11 @@ the engine's counts or, when it gave none, `estimate_tokens()` of its text, for 
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
+
+import orjson
 
 from llm_gateway.adapters.base import StreamRelay
 from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, UpstreamProtocolError
@@ -74,6 +81,27 @@ class RelayBase(ABC):
         self.text_bytes = 0
         #: True once the relay has passed on generated output (non-empty text, reasoning, or a tool call)
         self.output_started = False
+
+    def cut(self, choices: int, prompt_tokens: int) -> bytes:
+        """End the stream at what the key may spend: finish reason `length` for each of `choices`, the usage
+        (estimated) where the client asked for it, `[DONE]`; nothing after it."""
+        self.done = self._closed = True
+        ctx = self._ctx
+        chat = ctx.endpoint == "chat"
+        head = {
+            "id": ("chatcmpl-" if chat else "cmpl-") + ctx.request_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": ctx.public_model,
+        }
+        end: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
+        ends = [{"index": i, **end, "finish_reason": "length"} for i in range(choices)]
+        out = b"data: " + orjson.dumps({**head, "choices": ends}) + b"\n\n"
+        if ctx.client_wants_usage:
+            n = self.completion_estimate()
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+            out += b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n"
+        return out + DONE
 
     def completion_estimate(self) -> int:
         """Completion tokens passed on so far, for a stream whose engine never reported its usage."""

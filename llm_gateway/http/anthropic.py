@@ -49,6 +49,11 @@ class AnthropicExchange(CallExchange):
         self._native = False
         self.native_body = body
 
+    def limit_output(self, max_tokens: int) -> None:
+        mt = self.native_body.get("max_tokens")
+        if not isinstance(mt, int) or mt > max_tokens:  # a new dict: the client's stays as it came
+            self.native_body = {**self.native_body, "max_tokens": max_tokens}
+
     def answer_natively(self, native: bool) -> None:
         self._native = native
 

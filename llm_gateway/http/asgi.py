@@ -4,9 +4,12 @@ Routes are a dict lookup, not a framework router (measured in bench/: the whole 
 handful of fixed paths), plus two prefixes with an id in the path (/v1/models/{id},
 /v1/responses/{id}). Every error becomes the OpenAI envelope with its status, or on the
 routes of another API (`DIALECTS`: Anthropic's /v1/messages) that API's envelope; an exception the
-gateway did not expect is logged and answered 500 with no internals in the body. Each request ends
-in exactly one `finish_record` (metrics + access log), with the status its `Call` sent. The app is
-handed the service it serves (built by the composition root, app.py), never builds it.
+gateway did not expect is logged and answered 500 with no internals in the body. A key's request refused
+before the limiter saw it (a bad body, an unknown or forbidden model) still counts against the key's
+requests per minute, and is a 429 once they are spent: a flood of bad requests is limited like any
+other. Each request ends in exactly one `finish_record` (metrics + access log), with the status its
+`Call` sent. The app is handed the service it serves (built by the composition root, app.py), never
+builds it.
 
 Two optional extras cost the hot path nothing when unused. The admin API (`admin`, a FastAPI app built
 by app.py) gets every request whose path starts with `/admin` and is not a route here (one `startswith`
@@ -152,6 +155,8 @@ class GatewayApp:
                     raise RouteNotFound(f"Unknown request URL: {method} {path[:200]}")
             await handler(self.context, call, rec, rt)
         except GatewayError as e:
+            if call.who is not None and not rec.metered and 400 <= e.status < 500 and e.status not in (401, 429):
+                e = await self._metered(call, rt, e)  # refused before the limiter: still one request per minute
             rec.status, rec.error = e.status, e.code
             rec.outcome = outcome_of(e.status, e.code)
             if not call.started:
@@ -175,6 +180,17 @@ class GatewayApp:
             if rec.status == 0:
                 rec.status = call.status or 200
             finish_record(self.gw.metrics, self.gw.access, rec, self.gw.usage)
+
+    @staticmethod
+    async def _metered(call: Call, rt: Runtime, e: GatewayError) -> GatewayError:
+        """A key's request refused before its limits were applied (a bad body, an unknown or forbidden model)
+        counts against its requests per minute: once they are spent, the answer is that 429 instead."""
+        assert call.who is not None
+        try:
+            await rt.limiter.meter_refused(call.who, call.rid)
+        except GatewayError as limited:
+            return limited
+        return e
 
     async def send_error(self, call: Call, e: GatewayError) -> None:
         headers = [(b"x-request-id", call.rid.encode())]

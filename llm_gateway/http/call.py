@@ -18,6 +18,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from llm_gateway.auth import Principal
 from llm_gateway.errors import PayloadTooLarge, RequestTimeout
 from llm_gateway.exchange import JSON, Headers
 from llm_gateway.http.direct_cycle import COALESCE, CoalescingCycle
@@ -45,6 +46,7 @@ class Call:
         "started",
         "status",
         "task",
+        "who",
     )
 
     def __init__(
@@ -58,6 +60,7 @@ class Call:
         self.status = 0
         self.disconnected = False
         self.task: asyncio.Task[Any] | None = None
+        self.who: Principal | None = None  # the caller's key, once authenticated (handlers.authenticate)
         self._watcher: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         # the server's cycle (direct_cycle.CoalescingCycle), when `send` is its own method: its direct

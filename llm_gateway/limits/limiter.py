@@ -1,7 +1,13 @@
 """Applying a key's limits to one request: which scopes, the store-outage policy, the headers.
 
 A key's own limits form one scope; a matching `model_limits` entry adds a second (key and model).
-`admit` reserves in the store (or raises `RateLimited` / `ServiceUnavailable`), `finish` settles.
+`admit` reserves in the store (or raises `RateLimited` / `ServiceUnavailable`), `finish` settles. A
+generation may be admitted smaller than it asked when a budget has less room (`flexible`: see
+store.py's `Shrink`); its `Reservation.tokens` is then what the service holds the engine to.
+Requests that generate nothing still count against the key's requests per minute: token counting
+(`admit_requests`: rpm and concurrency, never tokens or budgets), and requests refused before they
+were admitted, for a bad body, an unknown or forbidden model (`meter_refused`: rpm only), so that a
+flood of bad requests is limited like any other.
 Headers follow OpenAI: x-ratelimit-{limit,remaining,reset}-{requests,tokens}; a key with a budget also
 gets x-ratelimit-{limit,remaining}-budget-{tokens,cost} and x-ratelimit-reset-budget. A spent budget is
 429 `insufficient_quota` (OpenAI's type and code for it), with Retry-After at the period's end (UTC).
@@ -11,6 +17,7 @@ estimate and `max_tokens`, settled with the real usage; a model without a price 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -19,14 +26,18 @@ from llm_gateway.auth import Principal
 from llm_gateway.errors import RateLimited, ServiceUnavailable
 from llm_gateway.exchange import Headers
 from llm_gateway.limits.store import (
+    COST_UNITS,
     Decision,
     LimitStore,
     Quota,
     Reservation,
     ScopeLimits,
+    Shrink,
     StoreUnavailable,
     cost_units,
     format_reset,
+    key_scope,
+    model_scope,
     money,
     token_cost,
     utc_text,
@@ -61,6 +72,10 @@ class Limiter:
         self._lease_s = lease_s
         # keyed by the Principal itself (hashed by identity, kept alive by the key), never by id()
         self._scopes: dict[tuple[Principal, str], tuple[ScopeLimits, ...]] = {}
+        #: the same scopes for requests that generate nothing: rpm and concurrency only
+        self._request_scopes: dict[tuple[Principal, str], tuple[ScopeLimits, ...]] = {}
+        #: a key's own requests-per-minute alone, for requests refused before admission
+        self._rpm_scopes: dict[Principal, tuple[ScopeLimits, ...]] = {}
 
     def scopes(self, who: Principal, model: str) -> tuple[ScopeLimits, ...]:
         key = (who, model)
@@ -69,10 +84,10 @@ class Limiter:
             out = []
             lim = who.limits
             if _limited(lim):
-                out.append(self._scope(f"k:{who.name}", lim))
+                out.append(self._scope(key_scope(who.name), lim))
             ml = who.limits_for(model)
             if ml is not None and _limited(ml):
-                out.append(self._scope(f"k:{who.name}:m:{model}", ml))
+                out.append(self._scope(model_scope(who.name, model), ml))
             found = tuple(out)
             if len(self._scopes) < 100_000:
                 self._scopes[key] = found
@@ -85,12 +100,26 @@ class Limiter:
         cost = None if b.cost is None else cost_units(b.cost)
         return ScopeLimits(name, lim.rpm, lim.tpm, lim.concurrency, self._lease_s, b.tokens, cost, b.period)
 
+    def counts_tokens(self, scopes: tuple[ScopeLimits, ...]) -> bool:
+        """Does one of these scopes count tokens (tpm or a budget)? Then a generation is held to its reservation."""
+        return any(s.tpm is not None or s.has_budget for s in scopes)
+
     async def admit(
-        self, who: Principal, model: str, tokens: int, rid: str, *, prompt_tokens: int | None = None
+        self,
+        who: Principal,
+        model: str,
+        tokens: int,
+        rid: str,
+        *,
+        prompt_tokens: int | None = None,
+        choices: int = 1,
+        flexible: bool = False,
     ) -> tuple[Decision | None, Reservation | None]:
-        """Reserve `tokens` (the prompt estimate plus max_tokens) in every scope of the key; with a cost
-        budget, `prompt_tokens` (the prompt estimate) prices the two parts apart (without it, all of
-        `tokens` is priced at the dearer rate)."""
+        """Reserve `tokens` (the prompt estimate plus max_tokens for each of `choices`) in every scope of
+        the key; with a cost budget, `prompt_tokens` (the prompt estimate) prices the two parts apart
+        (without it, all of `tokens` is priced at the dearer rate). `flexible` (a generation, with
+        `prompt_tokens`): a budget with less room grants less, whole tokens per choice (the reservation's
+        `tokens`); refused only when not even the prompt and a token per choice fit."""
         scopes = self.scopes(who, model)
         if not scopes:
             return None, None
@@ -102,10 +131,66 @@ class Limiter:
             else:
                 prompt = min(prompt_tokens, tokens)
                 cost = token_cost(price, prompt, tokens - prompt)
+        shrink: Shrink | None = None
+        if flexible and prompt_tokens is not None and any(s.has_budget for s in scopes):
+            prompt = min(prompt_tokens, tokens)
+            shrink = Shrink(
+                prompt,
+                max(1, choices),
+                token_cost(price, prompt, 0) if price is not None else 0,
+                price[1] * COST_UNITS / 1_000_000 if price is not None else 0.0,
+            )
+        return await self._reserve(who, scopes, tokens, cost, rid, shrink, price, prompt_tokens)
+
+    async def admit_requests(self, who: Principal, model: str, rid: str) -> tuple[Decision | None, Reservation | None]:
+        """A request that generates nothing (token counting): one request per minute and a concurrency
+        lease in the key's scopes, no tokens and no budget. Settle it with `finish(res, 0)`."""
+        key = (who, model)
+        scopes = self._request_scopes.get(key)
+        if scopes is None:
+            scopes = tuple(
+                ScopeLimits(s.scope, s.rpm, None, s.concurrency, s.lease_s)
+                for s in self.scopes(who, model)
+                if s.rpm is not None or s.concurrency is not None
+            )
+            if len(self._request_scopes) < 100_000:
+                self._request_scopes[key] = scopes
+        if not scopes:
+            return None, None
+        return await self._reserve(who, scopes, 0, 0, rid, None, None, None)
+
+    async def meter_refused(self, who: Principal, rid: str) -> None:
+        """A request of `who` refused before admission (bad body, unknown or forbidden model) is one
+        request against the key's own requests per minute: raises `RateLimited` once they are spent (the
+        refusal then is that 429), else returns (the refusal stands). Nothing is held: no settlement."""
+        scopes = self._rpm_scopes.get(who)
+        if scopes is None:
+            rpm = who.limits.rpm
+            scopes = () if rpm is None else (ScopeLimits(key_scope(who.name), rpm, None, None, self._lease_s),)
+            if len(self._rpm_scopes) < 100_000:
+                self._rpm_scopes[who] = scopes
+        if scopes:
+            with contextlib.suppress(ServiceUnavailable):  # a store outage does not turn the refusal into a 503
+                await self._reserve(who, scopes, 0, 0, rid, None, None, None)
+
+    async def _reserve(
+        self,
+        who: Principal,
+        scopes: tuple[ScopeLimits, ...],
+        tokens: int,
+        cost: int,
+        rid: str,
+        shrink: Shrink | None,
+        price: tuple[float, float] | None,
+        prompt_tokens: int | None,
+    ) -> tuple[Decision | None, Reservation | None]:
         reserve_now = self._reserve_now
         try:
             if reserve_now is not None:
-                decision, res = reserve_now(rid, scopes, tokens, cost)
+                args = (rid, scopes, tokens, cost) if shrink is None else (rid, scopes, tokens, cost, shrink)
+                decision, res = reserve_now(*args)
+            elif shrink is not None:
+                decision, res = await self.store.reserve(rid, scopes, tokens, cost, shrink)
             elif cost:
                 decision, res = await self.store.reserve(rid, scopes, tokens, cost)
             else:
@@ -142,7 +227,7 @@ class Limiter:
                 type_="tokens" if kind == "tokens" else "requests",
                 headers=headers,
             )
-        if cost:
+        if res.cost:
             res.price, res.prompt_estimate = price, prompt_tokens
         return decision, res
 

@@ -2,16 +2,58 @@
 
 Same semantics as the Redis store (see store.py); exact for one process, N times the limit for N
 replicas, which is why replicas share `RedisStore` instead.
+
+Its counters live as long as the process; budgets must outlive it (a daily budget is not "per process
+lifetime"). So at start the composition root hands it what the usage ledger (in the gateway's database,
+written behind the request path) says each key spent in the current UTC day and month: `spend_of` sums
+the ledger's rows per scope and period, `restore` sets the budget counters from them.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from llm_gateway.limits.store import WINDOW_S, Decision, Quota, Reservation, ScopeLimits, budget_message, period_of
+from llm_gateway.limits.store import (
+    WINDOW_S,
+    Decision,
+    Quota,
+    Reservation,
+    ScopeLimits,
+    Shrink,
+    budget_message,
+    key_scope,
+    model_scope,
+    period_of,
+    token_cost,
+)
+
+#: one ledger group: key, public model, UTC day (YYYY-MM-DD), prompt tokens, completion tokens
+SpendRow = tuple[str, str, str, int, int]
+
+
+def spend_of(
+    rows: Iterable[SpendRow], prices: Mapping[str, tuple[float, float]], now_s: float
+) -> dict[tuple[str, str], tuple[int, int]]:
+    """(scope, period id) -> (tokens, cost in COST_UNITS) spent in the current UTC day and calendar month,
+    for every key's own scope and its scope on each model, from ledger rows (older rows are left out)."""
+    today, _ = period_of("day", now_s)
+    month, _ = period_of("month", now_s)
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for key, model, day, prompt, completion in rows:
+        at = dt.datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=dt.UTC).timestamp()
+        price = prices.get(model)
+        tokens = prompt + completion
+        cost = token_cost(price, prompt, completion) if price is not None else 0
+        pids = [p for p in (period_of("day", at)[0], period_of("month", at)[0]) if p in (today, month)]
+        for scope in (key_scope(key), model_scope(key, model)):
+            for pid in pids:
+                t, c = out.get((scope, pid), (0, 0))
+                out[scope, pid] = (t + tokens, c + cost)
+    return out
 
 
 class _Window:
@@ -101,25 +143,46 @@ class MemoryStore:
         self._budgets: dict[str, _Budget] = {}
 
     async def reserve(
-        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0
+        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0, shrink: Shrink | None = None
     ) -> tuple[Decision, Reservation]:
-        return self.reserve_now(rid, scopes, tokens, cost)
+        return self.reserve_now(rid, scopes, tokens, cost, shrink)
 
     def _budget_check(
-        self, scopes: Sequence[ScopeLimits], tokens: int, cost: int, res: Reservation
+        self, scopes: Sequence[ScopeLimits], res: Reservation, shrink: Shrink | None
     ) -> tuple[Decision | None, Quota | None, Quota | None]:
-        """The budgets of every scope: a refusal (None: they all fit) and the first budgeted scope's quotas."""
+        """The budgets of every scope: a refusal (None: they all fit) and the first budgeted scope's quotas.
+        With `shrink`, the reservation (`res.tokens`, `res.cost`) is first cut to what the budgets have room for."""
         wall = self._wall()
         refusal: Decision | None = None
         bt: Quota | None = None
         bc: Quota | None = None
+        found: list[tuple[ScopeLimits, str, float, _Budget]] = []
+        room_t: int | None = None
+        room_c: int | None = None
         for s in scopes:
             if not s.has_budget:
                 continue
             pid, end = period_of(s.period, wall)
             res.periods[s.scope] = pid
             b = self._budgets.get(s.scope) or self._budgets.setdefault(s.scope, _Budget())
-            reset = max(end - wall, 0.001)
+            found.append((s, pid, max(end - wall, 0.001), b))
+            if s.budget_tokens is not None:
+                left = s.budget_tokens - b.tokens.get(pid, 0)
+                room_t = left if room_t is None else min(room_t, left)
+            if s.budget_cost is not None:
+                left = s.budget_cost - b.cost.get(pid, 0)
+                room_c = left if room_c is None else min(room_c, left)
+        tokens, cost = res.tokens, res.cost
+        if shrink is not None:
+            asked = tokens - shrink.prompt
+            granted = shrink.grant(asked, room_t, room_c)
+            if 0 <= granted < asked:
+                tokens = res.tokens = shrink.prompt + granted
+                cost = res.cost = min(cost, shrink.cost_of(granted))
+            elif granted < 0:  # refused for what the smallest grant needs
+                tokens = shrink.prompt + min(asked, shrink.choices)
+                cost = shrink.cost_of(min(asked, shrink.choices))
+        for s, pid, reset, b in found:
             if s.budget_tokens is not None:
                 used = b.tokens.get(pid, 0)
                 if refusal is None and used + tokens > s.budget_tokens:
@@ -135,7 +198,7 @@ class MemoryStore:
         return refusal, bt, bc
 
     def reserve_now(
-        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0
+        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0, shrink: Shrink | None = None
     ) -> tuple[Decision, Reservation]:
         now = self._clock()
         horizon = now - WINDOW_S
@@ -148,7 +211,8 @@ class MemoryStore:
         for s in scopes:  # a loop, not any(genexpr) over the property: every request asks, few have budgets
             if s.budget_tokens is not None or s.budget_cost is not None:
                 # a spent budget refuses first: its wait (the period's end) is the one that matters
-                refusal, bt, bc = self._budget_check(scopes, tokens, cost, res)
+                refusal, bt, bc = self._budget_check(scopes, res, shrink)
+                tokens, cost = res.tokens, res.cost  # what the budgets granted
                 break
         for s in scopes:
             if s.rpm is not None:
@@ -221,6 +285,13 @@ class MemoryStore:
         if bc is not None:
             bc.remaining = max(0, bc.remaining - cost)
         return Decision(True, requests=first_req, tokens=first_tok, budget_tokens=bt, budget_cost=bc), res
+
+    def restore(self, spend: Mapping[tuple[str, str], tuple[int, int]]) -> None:
+        """Budget counters from what was spent before this process (`spend_of`), added to any counted here."""
+        for (scope, pid), (tokens, cost) in spend.items():
+            b = self._budgets.get(scope) or self._budgets.setdefault(scope, _Budget())
+            b.tokens[pid] = b.tokens.get(pid, 0) + tokens
+            b.cost[pid] = b.cost.get(pid, 0) + cost
 
     async def finish(self, res: Reservation, actual_tokens: int | None, actual_cost: int | None = None) -> None:
         self.finish_now(res, actual_tokens, actual_cost)

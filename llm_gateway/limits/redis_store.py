@@ -30,6 +30,7 @@ from llm_gateway.limits.store import (
     Quota,
     Reservation,
     ScopeLimits,
+    Shrink,
     StoreUnavailable,
     budget_message,
 )
@@ -86,6 +87,48 @@ end
     + """
 -- budgets first: a spent budget refuses whatever the windows say (its wait, the period's end, is longer)
 local bkind, bretry, bi, bused = 0, 0, -1, 0
+-- a reservation that may shrink to fit (`Shrink`): the prompt, choices, the prompt's cost, an output token's
+local sa = 6 + n * 7
+local sprompt, schoices = tonumber(ARGV[sa]), tonumber(ARGV[sa + 1])
+local spcost, sunit = tonumber(ARGV[sa + 2]), tonumber(ARGV[sa + 3])
+local room_t, room_c = nil, nil
+for i = 0, n - 1 do
+  local a = 6 + i * 7
+  local btok, bcost, per = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]) + 1
+  if btok >= 0 or bcost >= 0 then
+    local bk, pid = KEYS[i * 6 + 6], ids[per]
+    if btok >= 0 then
+      local left = btok - tonumber(redis.call('HGET', bk, 't' .. pid) or '0')
+      if room_t == nil or left < room_t then room_t = left end
+    end
+    if bcost >= 0 then
+      local left = bcost - tonumber(redis.call('HGET', bk, 'c' .. pid) or '0')
+      if room_c == nil or left < room_c then room_c = left end
+    end
+  end
+end
+local btokens, bcosts = tokens, cost  -- what the budgets are checked against
+if sprompt >= 0 and (room_t ~= nil or room_c ~= nil) then
+  local asked = tokens - sprompt
+  local c = asked
+  if room_t ~= nil and room_t - sprompt < c then c = room_t - sprompt end
+  if room_c ~= nil then
+    local left = room_c - spcost
+    if left < 0 then c = -1
+    elseif sunit > 0 and math.floor(left / sunit) < c then c = math.floor(left / sunit) end
+  end
+  if c > 0 then c = c - (c % schoices) end
+  local least = math.min(asked, schoices)
+  if c >= least then
+    if c < asked then
+      tokens = sprompt + c
+      cost = math.min(cost, spcost + math.ceil(c * sunit))
+    end
+    btokens, bcosts = tokens, cost
+  else
+    btokens, bcosts = sprompt + least, spcost + math.ceil(least * sunit)
+  end
+end
 for i = 0, n - 1 do
   local a = 6 + i * 7
   local btok, bcost, per = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]) + 1
@@ -93,12 +136,12 @@ for i = 0, n - 1 do
     local bk, pid, reset = KEYS[i * 6 + 6], ids[per], ends[per] - now
     if btok >= 0 then
       local used = tonumber(redis.call('HGET', bk, 't' .. pid) or '0')
-      if bkind == 0 and used + tokens > btok then bkind = 4; bretry = reset; bi = i; bused = used end
+      if bkind == 0 and used + btokens > btok then bkind = 4; bretry = reset; bi = i; bused = used end
       if bt[1] < 0 then bt = {btok, btok - used, reset} end
     end
     if bcost >= 0 then
       local used = tonumber(redis.call('HGET', bk, 'c' .. pid) or '0')
-      if bkind == 0 and used + cost > bcost then bkind = 5; bretry = reset; bi = i; bused = used end
+      if bkind == 0 and used + bcosts > bcost then bkind = 5; bretry = reset; bi = i; bused = used end
       if bc[1] < 0 then bc = {bcost, bcost - used, reset} end
     end
   end
@@ -148,7 +191,8 @@ for i = 0, n - 1 do
   end
 end
 if bkind ~= 0 then kind = bkind; retry = bretry end
-local tail = {rq[1], rq[2], rq[3], tq[1], tq[2], tq[3], bt[1], bt[2], bt[3], bc[1], bc[2], bc[3], day, month, bi, bused}
+local tail = {rq[1], rq[2], rq[3], tq[1], tq[2], tq[3], bt[1], bt[2], bt[3], bc[1], bc[2], bc[3], day, month, bi, bused,
+  tokens, cost, btokens, bcosts}
 if kind ~= 0 then return {0, kind, retry, unpack(tail)} end
 for i = 0, n - 1 do
   local a = 6 + i * 7
@@ -297,18 +341,23 @@ class RedisStore:
         self._mark(False)
 
     async def reserve(
-        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0
+        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0, shrink: Shrink | None = None
     ) -> tuple[Decision, Reservation]:
         member = uuid.uuid4().hex  # unique even when a client reuses its x-request-id
-        res = Reservation(member, tuple(scopes), tokens, cost=cost)
         keys: list[str] = []
         args: list[object] = [member, tokens, int(WINDOW_S * 1000), len(scopes), cost]
         for s in scopes:
             keys += self._keys(s.scope, "req", "tok", "tokw", "toksum", "conc", "budget")
             args += [_n(s.rpm), _n(s.tpm), _n(s.concurrency), int(s.lease_s * 1000)]
             args += [_n(s.budget_tokens), _n(s.budget_cost), 0 if s.period == "day" else 1]
+        if shrink is None:
+            args += [-1, 1, 0, 0]
+        else:
+            args += [shrink.prompt, shrink.choices, shrink.prompt_cost, repr(float(shrink.unit_cost))]
         out = await self._call(self._reserve, keys, args)
         allowed, kind, retry_ms = out[0], out[1], out[2]
+        tokens, cost = out[19], out[20]  # what the budgets granted (all that was asked, unless it shrank)
+        res = Reservation(member, tuple(scopes), tokens, cost=cost)
         rq = Quota(out[3], max(0, out[4] - allowed), (out[5] or 60000) / 1000) if out[3] >= 0 else None
         tq = Quota(out[6], max(0, out[7] - tokens * allowed), (out[8] or 60000) / 1000) if out[6] >= 0 else None
         bt = Quota(out[9], max(0, out[10] - tokens * allowed), out[11] / 1000) if out[9] >= 0 else None
@@ -322,7 +371,7 @@ class RedisStore:
         k = _KINDS[kind]
         if kind in (4, 5):
             what: Literal["tokens", "cost"] = "tokens" if kind == 4 else "cost"
-            msg = budget_message(what, scopes[out[17]], out[18], tokens if kind == 4 else cost)
+            msg = budget_message(what, scopes[out[17]], out[18], out[21] if kind == 4 else out[22])
         else:
             msg = {
                 "requests": f"Rate limit reached for requests: {rq.limit if rq else '?'} per minute",

@@ -14,6 +14,14 @@ period it was charged to, so a request that ends after midnight settles the day 
 counter of a new period starts at zero: the budget resets at the period boundary (UTC). Cost is counted
 in integer units of 1e-9 of the price's currency (`COST_UNITS`), so both stores add exactly.
 
+A budgeted request may be admitted smaller than it asked (`Shrink`): when the whole reservation no longer
+fits a budget, the store grants the largest one that does (the prompt estimate plus whole tokens per
+choice), and the service holds the engine to it (`max_tokens`); only when not even the prompt and one
+token per choice fit is the request refused. Granting and taking are one atomic step, as above.
+
+Scopes are named so that no two can meet: a key's is `k:<name>`, a key and model's `k:<name>@m:<model>`
+(names never hold `@`, see settings' NAME_PATTERN): a key named `a:m:b` is not key `a` on model `b`.
+
 This module holds the vocabulary both stores share (scopes, decisions, reservations, the store
 protocol and `StoreUnavailable`) and the UTC periods of budgets; `MemoryStore` (memory.py) is for one
 process, `RedisStore` (redis_store.py, imported only when configured) shares state across replicas.
@@ -32,6 +40,49 @@ LimitKind = Literal["requests", "tokens", "concurrency", "budget"]
 Period = Literal["day", "month"]
 #: cost budgets are counted in these units per unit of the price's currency (integers add exactly)
 COST_UNITS = 1_000_000_000
+
+
+def key_scope(key: str) -> str:
+    """The scope of a key's own limits."""
+    return f"k:{key}"
+
+
+def model_scope(key: str, model: str) -> str:
+    """The scope of a key's limits on one model (`model_limits`): `@` never occurs in a name, so this
+    cannot be any key's own scope, nor another key's on another model."""
+    return f"k:{key}@m:{model}"
+
+
+@dataclass(frozen=True, slots=True)
+class Shrink:
+    """How a reservation may be made smaller to fit a budget: it is `prompt` tokens (costing `prompt_cost`)
+    and a completion of whole tokens per choice (`choices` of them), each output token costing `unit_cost`
+    (COST_UNITS, a float: prices need not be whole units). The store grants `prompt` plus the largest
+    multiple of `choices` that fits every budget (never more than asked); none: refused."""
+
+    prompt: int
+    choices: int = 1
+    prompt_cost: int = 0
+    unit_cost: float = 0.0
+
+    def grant(self, asked: int, room_tokens: int | None, room_cost: int | None) -> int:
+        """The completion tokens granted of `asked`, with `room_tokens` (tokens) and `room_cost` (COST_UNITS)
+        left in the tightest budget (None: no such budget); -1 when not even one token per choice fits."""
+        c = asked
+        if room_tokens is not None:
+            c = min(c, room_tokens - self.prompt)
+        if room_cost is not None:
+            left = room_cost - self.prompt_cost
+            if left < 0:
+                return -1
+            if self.unit_cost > 0:
+                c = min(c, math.floor(left / self.unit_cost))
+        c -= c % self.choices if c > 0 else 0
+        return c if c >= min(asked, self.choices) else -1
+
+    def cost_of(self, completion: int) -> int:
+        """What the prompt and `completion` output tokens may cost, rounded up (COST_UNITS)."""
+        return self.prompt_cost + math.ceil(completion * self.unit_cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +146,11 @@ class LimitStore(Protocol):
     coroutine less each on every request."""
 
     async def reserve(
-        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0
-    ) -> tuple[Decision, Reservation]: ...
+        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0, shrink: Shrink | None = None
+    ) -> tuple[Decision, Reservation]:
+        """Take `tokens` (and `cost`) in every scope, or with `shrink` the largest part of them that fits
+        the budgets (the `Reservation` says how much: its `tokens` and `cost`)."""
+        ...
 
     async def finish(self, res: Reservation, actual_tokens: int | None, actual_cost: int | None = None) -> None:
         """Settle the token (and cost) reservation with the real count (None: keep the estimate) and

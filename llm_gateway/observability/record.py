@@ -42,6 +42,9 @@ class RequestRecord:
     error: str | None = None
     #: while a stream is relayed: its (prompt, completion) tokens so far, estimated (the ledger's crash checkpoint)
     live: Callable[[], tuple[int, int]] | None = None
+    #: counted against the key's limits already (admitted by the limiter): a refusal after that is not
+    #: metered again (http/asgi.py meters the ones before it)
+    metered: bool = False
 
 
 def outcome_of(status: int, error_code: str | None) -> str:

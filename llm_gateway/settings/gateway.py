@@ -193,4 +193,11 @@ class GatewayConfig(BaseSettings):
                 for lim in (k.limits, *k.model_limits.values()):
                     if lim.budget is not None and lim.budget.cost is not None:
                         raise ValueError(f"auth.keys[{ki}]: a cost budget needs models[].price on the models it uses")
+        if self.limits.store == "memory" and not self.usage.ledger:
+            for ki, k in enumerate(self.auth.keys):
+                if any(lim.budget is not None for lim in (k.limits, *k.model_limits.values())):
+                    raise ValueError(
+                        f"auth.keys[{ki}]: a budget must outlive the process: on the memory store it is restored "
+                        "from the usage ledger at start, so set usage.ledger: true (or use limits.store: redis)"
+                    )
         return self

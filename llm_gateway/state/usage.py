@@ -70,6 +70,19 @@ class UsageStore:
                 await conn.execute(usage_ledger.insert().values(list(fresh)))
         return len(fresh)
 
+    async def spend_since(self, since_ms: int) -> list[tuple[str, str, str, int, int]]:
+        """(key, model, UTC day, prompt tokens, completion tokens) of the requests since `since_ms`, summed per
+        key, model and day: what budgets on the memory store are restored from at start."""
+        t = usage_ledger.c
+        query = (
+            sa.select(t.key, t.model, t.day, sa.func.sum(t.prompt_tokens), sa.func.sum(t.completion_tokens))
+            .where(t.at_ms >= since_ms)
+            .group_by(t.key, t.model, t.day)
+        )
+        async with self.db.begin() as conn:
+            found = (await conn.execute(query)).all()
+        return [(str(k), str(m), str(d), int(p or 0), int(c or 0)) for k, m, d, p, c in found]
+
     async def count(self) -> int:
         async with self.db.begin() as conn:
             return int((await conn.execute(sa.select(sa.func.count()).select_from(usage_ledger))).scalar_one())

@@ -228,19 +228,19 @@ async def test_patch_changes_models_limits_and_expiry_and_audits_from_and_to(gw)
     key = (await create(client, "ci", models=["public-*"]))["key"]
     r = await client.patch(
         "/admin/keys/ci",
-        json={"models": ["other-*"], "limits": {"rpm": 1}, "expires_at": "2999-01-01T00:00:00Z"},
+        json={"models": ["other-*"], "limits": {"rpm": 2}, "expires_at": "2999-01-01T00:00:00Z"},
         headers=as_admin(),
     )
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["models"] == ["other-*"] and body["limits"]["rpm"] == 1
+    assert body["models"] == ["other-*"] and body["limits"]["rpm"] == 2
     assert body["expires_at"].startswith("2999-01-01T00:00:00")
-    assert (await chat(client, key)).status_code == 403  # the new models apply at once
+    assert (await chat(client, key)).status_code == 403  # the new models apply at once (a request of the minute)
     assert (await chat(client, key, "other-model")).status_code == 200
-    assert (await chat(client, key, "other-model")).status_code == 429  # and the new limit
+    assert (await chat(client, key, "other-model")).status_code == 429  # and the new limit: 2 a minute
     [entry] = await audit(client, action="key.update")
     assert entry["changes"]["models"] == {"from": ["public-*"], "to": ["other-*"]}
-    assert entry["changes"]["limits"] == {"from": {}, "to": {"rpm": 1}}
+    assert entry["changes"]["limits"] == {"from": {}, "to": {"rpm": 2}}
     assert entry["changes"]["expires_at"]["from"] is None
     # expires_at: null removes the expiry; a patch that changes nothing is answered but not audited
     r = await client.patch("/admin/keys/ci", json={"expires_at": None}, headers=as_admin())

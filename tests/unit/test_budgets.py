@@ -242,8 +242,13 @@ def test_format_reset_goes_on_into_hours_for_budgets():
 
 
 def _keys(entry: str, models_extra: str = "") -> str:
-    return ONE_BACKEND.replace('{name: alice, sha256: "${ALICE_SHA}"}', entry).replace(
-        "    aliases: [pm]\n", "    aliases: [pm]\n" + models_extra
+    # budgets on the memory store are restored from the ledger at start: it must be on (never opened here:
+    # the in-process client runs no lifespan)
+    return (
+        ONE_BACKEND.replace('{name: alice, sha256: "${ALICE_SHA}"}', entry).replace(
+            "    aliases: [pm]\n", "    aliases: [pm]\n" + models_extra
+        )
+        + "usage: {ledger: true}\n"
     )
 
 
@@ -313,7 +318,13 @@ async def test_a_spent_budget_is_429_insufficient_quota_with_its_reset_before_an
         headers: dict[str, Any] = dict(rs[2].headers)
         assert headers["x-ratelimit-limit-budget-tokens"] == "230"
         assert headers["x-ratelimit-remaining-budget-tokens"] == str(230 - 2 * USED - RESERVED)
-        big = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 210})  # 216: 209 are left
+        # 216 asked, 209 left: admitted with the 203 output tokens that fit, and the engine is held to them
+        fits = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 210})
+        assert fits.status_code == 200 and fits.headers["x-ratelimit-remaining-budget-tokens"] == "0"
+        assert up.calls_to(ENGINE_CHAT)[-1].json()["max_tokens"] == 203
+        # a prompt of 205 tokens (estimated) and one token of output do not fit in the 202 left
+        long = {**CHAT, "messages": [{"role": "user", "content": "x" * 800}]}
+        big = await client.post("/v1/chat/completions", json=long)
     assert big.status_code == 429
     err = big.json()["error"]
     assert (err["type"], err["code"]) == ("insufficient_quota", "insufficient_quota")
@@ -322,16 +333,17 @@ async def test_a_spent_budget_is_429_insufficient_quota_with_its_reset_before_an
     retry = int(big.headers["retry-after"])
     assert abs(retry - (midnight - now).total_seconds()) < 5
     assert err["message"].startswith(
-        "Token budget exhausted: 230 tokens per day, 209 left, this request needs 216 (key 'alice'). "
+        "Token budget exhausted: 230 tokens per day, 202 left, this request needs 206 (key 'alice'). "
         f"The budget resets at {midnight:%Y-%m-%dT%H:%M:%SZ} (in {retry}s)."
     )
     assert abs(reset_seconds(big.headers["x-ratelimit-reset-budget"]) - retry) <= 1
-    assert big.headers["x-ratelimit-remaining-budget-tokens"] == str(230 - 3 * USED)
-    assert len(up.calls_to(ENGINE_CHAT)) == 3  # the refused request never reached the engine
+    assert big.headers["x-ratelimit-remaining-budget-tokens"] == str(230 - 4 * USED)
+    assert len(up.calls_to(ENGINE_CHAT)) == 4  # the refused request never reached the engine
 
 
 async def test_the_openai_sdk_raises_rate_limit_error_with_code_insufficient_quota():
-    cfg = make_config(_keys('{name: alice, sha256: "${ALICE_SHA}", budget: {tokens: 10}}'))
+    # 5 tokens: not even the prompt (6) fits, so the request is refused rather than cut to fit
+    cfg = make_config(_keys('{name: alice, sha256: "${ALICE_SHA}", budget: {tokens: 5}}'))
     async with gateway_client(cfg) as (client, _):
         sdk = openai.AsyncOpenAI(base_url="http://gateway.test/v1", api_key=TEST_KEY, http_client=client, max_retries=0)
         with pytest.raises(openai.RateLimitError) as ei:

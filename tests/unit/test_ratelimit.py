@@ -104,7 +104,7 @@ def test_a_matching_model_limit_adds_a_key_and_model_scope():
     lim = Limiter(SpyStore(), fail_open=True)
     assert lim.scopes(who, "llama-3") == (
         ScopeLimits("k:alice", 10, None, None, 3600.0),
-        ScopeLimits("k:alice:m:llama-3", None, 500, None, 3600.0),
+        ScopeLimits("k:alice@m:llama-3", None, 500, None, 3600.0),
     )
     assert lim.scopes(who, "qwen3") == (ScopeLimits("k:alice", 10, None, None, 3600.0),)
 
@@ -112,7 +112,7 @@ def test_a_matching_model_limit_adds_a_key_and_model_scope():
 def test_model_limits_alone_give_only_the_model_scope():
     who = principal(model_limits={"big-*": Limits(concurrency=1)})
     lim = Limiter(SpyStore(), fail_open=True)
-    assert lim.scopes(who, "big-70b") == (ScopeLimits("k:alice:m:big-70b", None, None, 1, 3600.0),)
+    assert lim.scopes(who, "big-70b") == (ScopeLimits("k:alice@m:big-70b", None, None, 1, 3600.0),)
     assert lim.scopes(who, "small") == ()
 
 

@@ -191,7 +191,7 @@ class Vllm(FastApiEngine):
             finish_at_limit=finish,
             stops=textgen.stop_list(body.get("stop")),
             prompt_tokens=prompt_tokens,
-            fmt=VllmStream(self, chat, include_usage, continuous, prompt_tokens) if stream else None,
+            fmt=VllmStream(self, chat, include_usage, continuous, prompt_tokens, n_choices) if stream else None,
             reasoning=chat,
             body=(lambda res: self._body(res, chat, n_choices)),
             error_reply=lambda: self.err(500, DEAD),
@@ -222,10 +222,13 @@ class Vllm(FastApiEngine):
         await self._run(req, False)
 
     def _body(self, res: Result, chat: bool, n: int) -> Reply:
+        # the tokens of every choice: `num_generated_tokens = sum(len(output.token_ids) for output in
+        # final_res.outputs)` (vllm/entrypoints/openai/chat_completion/serving.py at 006c49d4)
+        completion = res.completion_tokens * n
         usage = {
             "prompt_tokens": res.prompt_tokens,
-            "total_tokens": res.prompt_tokens + res.completion_tokens,
-            "completion_tokens": res.completion_tokens,
+            "total_tokens": res.prompt_tokens + completion,
+            "completion_tokens": completion,
             "prompt_tokens_details": None,
             "completion_tokens_details": None,
         }

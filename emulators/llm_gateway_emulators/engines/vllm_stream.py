@@ -2,6 +2,12 @@
 the finish on the last token's chunk with ``stop_reason``, ``system_fingerprint`` on the
 last chunk, the usage chunk with ``choices: []`` and ``continuous_usage_stats``.
 A mid-stream error is ``data: {"error": ...}`` (``json.dumps`` spacing) then ``[DONE]``.
+
+With ``n`` > 1 every event goes out once per choice, one choice per chunk (``index`` 0..n-1), and the
+usage counts the tokens of all choices together: vLLM's ``chat_completion_stream_generator`` sends "each
+token for each request.n (index)" and its final usage is ``completion_tokens = sum(previous_num_tokens)``
+(vllm-project/vllm ``vllm/entrypoints/openai/chat_completion/serving.py`` at 006c49d4). The emulated
+choices are the same text, which is all a gateway needs to count them.
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ DEAD = "EngineCore encountered an issue. See stack trace (above) for the root ca
 
 
 class VllmStream(StreamFormat):
-    def __init__(self, eng: Vllm, chat: bool, include_usage: bool, continuous: bool, prompt_tokens: int) -> None:
+    def __init__(
+        self, eng: Vllm, chat: bool, include_usage: bool, continuous: bool, prompt_tokens: int, choices: int = 1
+    ) -> None:
         self.eng, self.chat, self.include_usage, self.continuous = eng, chat, include_usage, continuous
         self.prompt_tokens = prompt_tokens
+        self.choices = choices
         self.n = 0
         self.id = ("chatcmpl-" if chat else "cmpl-") + textgen.rand_hex(16)
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -45,20 +54,25 @@ class VllmStream(StreamFormat):
         if not self.chat:
             return b""
         usage = b',"usage":' + self._usage(0) if self.continuous else b""
-        return (
-            b"data: " + self.head + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-            b'"logprobs":null,"finish_reason":null}]' + usage + b',"prompt_token_ids":null,"prompt_text":null}\n\n'
+        return b"".join(
+            b"data: " + self.head + b',"choices":[{"index":' + str(i).encode() + b',"delta":{"role":"assistant",'
+            b'"content":""},"logprobs":null,"finish_reason":null}]' + usage + b',"prompt_token_ids":null,'
+            b'"prompt_text":null}\n\n'
+            for i in range(self.choices)
         )
 
-    def _choice(self, delta: str, finish: bytes, stop_reason: bytes | None) -> bytes:
+    def _choice(self, delta: str, finish: bytes, stop_reason: bytes | None, i: int = 0) -> bytes:
         tail = b',"stop_reason":' + stop_reason if stop_reason is not None else b""
+        index = str(i).encode()
         if self.chat:
             return (
-                b'[{"index":0,"delta":{"content":' + orjson.dumps(delta) + b'},"logprobs":null,'
+                b'[{"index":' + index + b',"delta":{"content":' + orjson.dumps(delta) + b'},"logprobs":null,'
                 b'"finish_reason":' + finish + tail + b',"token_ids":null}]'
             )
         return (
-            b'[{"index":0,"text":'
+            b'[{"index":'
+            + index
+            + b',"text":'
             + orjson.dumps(delta)
             + b',"logprobs":null,"finish_reason":'
             + finish
@@ -68,31 +82,46 @@ class VllmStream(StreamFormat):
 
     def reasoning(self, delta: str) -> bytes:
         self.n += 1
-        choice = b'[{"index":0,"delta":{"reasoning":' + orjson.dumps(delta) + b'},"logprobs":null,"finish_reason":null'
         usage = b',"usage":' + self._usage(self.n) if self.continuous else b""
-        return b"data: " + self.head + b',"choices":' + choice + b',"token_ids":null}]' + usage + b"}\n\n"
+        return b"".join(
+            b"data: "
+            + self.head
+            + b',"choices":[{"index":'
+            + str(i).encode()
+            + b',"delta":{"reasoning":'
+            + orjson.dumps(delta)
+            + b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
+            + usage
+            + b"}\n\n"
+            for i in range(self.choices)
+        )
 
     def token(self, delta: str) -> bytes:
         self.n += 1
         usage = b',"usage":' + self._usage(self.n) if self.continuous else b""
-        return b"data: " + self.head + b',"choices":' + self._choice(delta, b"null", None) + usage + b"}\n\n"
+        return b"".join(
+            b"data: " + self.head + b',"choices":' + self._choice(delta, b"null", None, i) + usage + b"}\n\n"
+            for i in range(self.choices)
+        )
 
     def final(self, delta: str, res: Result) -> bytes:
         n = res.completion_tokens
-        usage = b',"usage":' + self._usage(n) if self.continuous else b""
+        usage = b',"usage":' + self._usage(n) if self.continuous else b""  # continuous: the choice's own count
         fp = b',"system_fingerprint":' + orjson.dumps(self.eng.fingerprint)
         stop = orjson.dumps(res.matched)
-        last = (
+        last = b"".join(
             b"data: "
             + self.head
             + b',"choices":'
-            + self._choice(delta, orjson.dumps(res.finish), stop)
+            + self._choice(delta, orjson.dumps(res.finish), stop, i)
             + usage
             + (b"" if self.include_usage else fp)
             + b"}\n\n"
+            for i in range(self.choices)
         )
-        if self.include_usage:
-            last += b"data: " + self.head + b',"choices":[],"usage":' + self._usage(n, details=False) + fp + b"}\n\n"
+        if self.include_usage:  # the final usage: all choices together
+            total = self._usage(n * self.choices, details=False)
+            last += b"data: " + self.head + b',"choices":[],"usage":' + total + fp + b"}\n\n"
         return last + b"data: [DONE]\n\n"
 
     def error(self) -> bytes:
