@@ -72,10 +72,10 @@ def priority_rank(who: Principal, requested: bytes | None) -> int:
     return rank
 
 
-def ticket_for(who: Principal, rank: int, cost: int, routing: RoutingConfig) -> Ticket:
-    """The queue ticket of a request (anonymous, so first come first served, without fair queuing)."""
-    if not routing.fair_queuing:
-        return ANONYMOUS
+def ticket_for(who: Principal, rank: int, cost: int) -> Ticket:
+    """The queue ticket of a request: its key, class and estimated tokens, with fair queuing or without (the
+    queue's own mode decides the order; the ticket still says whose it is and its class, which is what the
+    per-class metrics report and what a reserved slot is kept for)."""
     return Ticket(who.name, rank, float(max(cost, 1)), who.weight)
 
 
@@ -89,7 +89,7 @@ async def _wait_reporting(d: Deployment, trace: Trace) -> bool:
         while not task.done():
             pos = d.admission.position(joined[0]) if joined else None
             if pos is not None:
-                await trace.progress(pos, d.admission.eta_s(pos))
+                await trace.progress(pos, d.admission.eta_s(pos, trace.ticket.priority))
             await asyncio.wait({task}, timeout=trace.progress_s)
         return task.result()
     except BaseException:

@@ -68,7 +68,7 @@ class GenerationService:
         )
         job = Job(call, rec, rt, endpoint, body, route, info, quota_headers(decision), native)
         job.trace.rank = priority_rank(who, call.header(rt.priority_header))
-        job.trace.ticket = ticket_for(who, job.trace.rank, budget, rt.config.routing)
+        job.trace.ticket = ticket_for(who, job.trace.rank, budget)
         usage: Usage | None = None
         failed = False
         try:
