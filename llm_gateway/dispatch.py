@@ -5,9 +5,11 @@ Candidates are the model's deployments that can serve the request at all and tha
 fits), then those that are routable now (backend not down or loading, breaker not open, model
 present). Selection orders them; admission takes a slot (or queues for one, bounded); the exchange
 runs. A failure that is the backend's (connection refused or reset, 502/503/504, engine queue full,
-timeout) is retried on another deployment, before any byte reached the client,
-bounded in count and time, with jittered backoff. When every deployment of a model is unavailable,
-the model's configured fallbacks are tried in order.
+timeout) is retried on another deployment, bounded in count and time, with jittered backoff. The rule is
+"before the engine's first byte was relayed", not "before the client's first byte": a stream that waited
+in a queue has had its 200 and `: queued` comments, and is still retried, since nothing of the failed
+attempt reached it (service.py answers only once an exchange succeeded). When every deployment of a model
+is unavailable, the model's configured fallbacks are tried in order.
 A request waits in a deployment's queue with its `Ticket` (key, class, estimated tokens: see
 routing/admission.py for the order); the queue-wait budget (`queue_timeout_s`) is its own, apart from
 the engine's timeouts, and a refusal says why (`x-gateway-reject-reason`) and when to come back

@@ -167,6 +167,8 @@ class GenerationService:
             req = adapter.build_native(api, job.native.native_body, ctx)
         else:
             req = adapter.build(job.endpoint, job.body, ctx)
+        if ctx.stream and adapter.closes_after_stream:
+            req.headers["Connection"] = "close"  # the engine closes it after the stream: never pooled
         t = time.perf_counter()
         try:
             resp = await self.gw.upstream.send(
