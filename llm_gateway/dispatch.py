@@ -5,9 +5,11 @@ Candidates are the model's deployments that can serve the request at all and tha
 fits), then those that are routable now (backend not down or loading, breaker not open, model
 present). Selection orders them; admission takes a slot (or queues for one, bounded); the exchange
 runs. A failure that is the backend's (connection refused or reset, 502/503/504, engine queue full,
-timeout) is retried on another deployment, before any byte reached the client,
-bounded in count and time, with jittered backoff. When every deployment of a model is unavailable,
-the model's configured fallbacks are tried in order.
+timeout) is retried on another deployment, bounded in count and time, with jittered backoff. The rule is
+"before the engine's first byte was relayed", not "before the client's first byte": a stream that waited
+in a queue has had its 200 and `: queued` comments, and is still retried, since nothing of the failed
+attempt reached it (service.py answers only once an exchange succeeded). When every deployment of a model
+is unavailable, the model's configured fallbacks are tried in order.
 A request waits in a deployment's queue with its `Ticket` (key, class, estimated tokens: see
 routing/admission.py for the order); the queue-wait budget (`queue_timeout_s`) is its own, apart from
 the engine's timeouts, and a refusal says why (`x-gateway-reject-reason`) and when to come back
@@ -72,10 +74,10 @@ def priority_rank(who: Principal, requested: bytes | None) -> int:
     return rank
 
 
-def ticket_for(who: Principal, rank: int, cost: int, routing: RoutingConfig) -> Ticket:
-    """The queue ticket of a request (anonymous, so first come first served, without fair queuing)."""
-    if not routing.fair_queuing:
-        return ANONYMOUS
+def ticket_for(who: Principal, rank: int, cost: int) -> Ticket:
+    """The queue ticket of a request: its key, class and estimated tokens, with fair queuing or without (the
+    queue's own mode decides the order; the ticket still says whose it is and its class, which is what the
+    per-class metrics report and what a reserved slot is kept for)."""
     return Ticket(who.name, rank, float(max(cost, 1)), who.weight)
 
 
@@ -89,7 +91,7 @@ async def _wait_reporting(d: Deployment, trace: Trace) -> bool:
         while not task.done():
             pos = d.admission.position(joined[0]) if joined else None
             if pos is not None:
-                await trace.progress(pos, d.admission.eta_s(pos))
+                await trace.progress(pos, d.admission.eta_s(pos, trace.ticket.priority))
             await asyncio.wait({task}, timeout=trace.progress_s)
         return task.result()
     except BaseException:

@@ -80,7 +80,7 @@ class GenerationService:
                     native.limit_output(cap)
             job.output_cap = cap * choices
         job.trace.rank = priority_rank(who, call.header(rt.priority_header))
-        job.trace.ticket = ticket_for(who, job.trace.rank, budget, rt.config.routing)
+        job.trace.ticket = ticket_for(who, job.trace.rank, budget)
         usage: Usage | None = None
         failed = False
         try:
@@ -185,6 +185,8 @@ class GenerationService:
             req = adapter.build_native(api, job.native.native_body, ctx)
         else:
             req = adapter.build(job.endpoint, job.body, ctx)
+        if ctx.stream and adapter.closes_after_stream:
+            req.headers["Connection"] = "close"  # the engine closes it after the stream: never pooled
         t = time.perf_counter()
         try:
             resp = await self.gw.upstream.send(

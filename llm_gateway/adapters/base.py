@@ -114,6 +114,12 @@ class Adapter(ABC):
     #: SGLang), rather than only one whose prompt does, cutting the generation at the window's end
     #: (llama-server)? Read by selection's fit check (candidates.fits); False never refuses a valid request.
     window_counts_output: ClassVar[bool] = False
+    #: does the engine close the connection after a streamed answer, although its headers said keep-alive
+    #: (llama-server)? Then a stream asks for `Connection: close`, and the upstream client never returns
+    #: that connection to its pool: a queued request handed the freed slot at once would take it before the
+    #: engine's close arrived, and fail. Checked against each real engine by tests/contract/test_keep_alive.py;
+    #: each adapter's docstring says what its engine does.
+    closes_after_stream: ClassVar[bool] = False
 
     def engine_priority(self, rank: int) -> int:
         """The engine's `priority` value for a gateway class rank (higher rank: sooner)."""

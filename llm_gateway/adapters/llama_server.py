@@ -18,6 +18,14 @@
 - Token counting: `POST /apply-template` renders the chat messages (and tools) into the prompt text,
   `POST /tokenize` (with special tokens, as a generation adds them) counts it.
 - A mid-stream error is `data: {"error": ...}` and the stream closes without `[DONE]`.
+- After a streamed answer the engine closes the connection, although the answer's headers said
+  `Keep-Alive: timeout=5, max=100` (chunked, no `Connection: close`): a second request on that socket fails,
+  every time (fairness-2026-12-04.md D3: 100 of 100 pairs; tests/contract/test_keep_alive.py). The stream's
+  content provider returns false once it has sent its last chunk (`process_handler_response` in
+  ggml-org/llama.cpp `tools/server/server-http.cpp`: `return has_next;` after `sink.done()`), and
+  cpp-httplib ends the keep-alive loop on a provider that returns false. After a whole answer or a `GET`
+  the connection stays open. So `closes_after_stream`: a stream asks for `Connection: close` and its
+  connection is never pooled.
 - `/v1/completions` refuses `echo`, `best_of` and `suffix`: harmless values are dropped, real ones
   are refused before reaching the engine. `repetition_penalty` is llama.cpp's `repeat_penalty`.
 - Request fields: `FIELDS` (adapters/field_table.py). `oaicompat_chat_params_parse`
@@ -126,6 +134,7 @@ class LlamaServerAdapter(OpenAICompatAdapter):
     load_metrics = (("llamacpp:requests_processing",), ("llamacpp:requests_deferred",), ())
     reasoning_key: ClassVar[str | None] = "reasoning_content"
     ignores_model_name: ClassVar[bool] = True
+    closes_after_stream: ClassVar[bool] = True
     renames: ClassVar[Mapping[str, str]] = MappingProxyType({"repetition_penalty": "repeat_penalty"})
     field_table: ClassVar[FieldTable | None] = FIELDS
     #: each model's `status.value` when the last probe found a router, else None (a single-model server)

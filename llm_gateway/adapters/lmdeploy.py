@@ -29,6 +29,10 @@
   `generation_failed` billed its usage; "abort" is a cancelled session, `ResponseType.CANCEL` in
   `lmdeploy/serve/core/async_engine.py` @1263d5c, answered with the usage so far) and "parse_error"
   becomes "stop".
+- The connection stays open after a streamed answer: `api_server` is FastAPI run by `uvicorn.run`
+  (`lmdeploy/serve/openai/api_server.py`), streams are `StreamingResponse`s, and uvicorn keeps the
+  connection once a streamed body has ended. Read from the source (no real LMDeploy runs here), so no
+  `closes_after_stream`.
 """
 
 from __future__ import annotations

@@ -46,6 +46,8 @@ Ollama did not finish (`done: false`, its repeated-token abort, or a `done_reaso
 length) are a 502 `generation_failed`, like SGLang's and LMDeploy's aborts. Errors raised after a
 generation carry its usage (`ChargedError.usage`: Ollama's counts, or an estimate of the text) for the
 service to bill.
+After a streamed answer the connection stays open (Go's net/http ends the chunked body and keeps the
+connection): checked on the real server by tests/contract/test_keep_alive.py, so no `closes_after_stream`.
 """
 
 from __future__ import annotations

@@ -33,6 +33,10 @@
   an error of the chat handler (a prompt too long) becomes 500 "Internal processing error", which
   would read as a failing backend; a mid-stream error is an error event after which the stream goes
   on. The emulator has no such route either.
+- The connection stays open after a streamed answer: the server is FastAPI on uvicorn
+  (`python/sglang/srt/entrypoints/http_server.py`, `StreamingResponse`), and uvicorn ends a streamed
+  body with the last chunk and keeps the connection for the next request unless the request said
+  `Connection: close`. Read from the source (no real SGLang runs here), so no `closes_after_stream`.
 """
 
 from __future__ import annotations

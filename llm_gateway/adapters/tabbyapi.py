@@ -28,6 +28,9 @@
   the gateway always sets it. In streams, Tabby puts the finish reason on the usage chunk; the
   shared relay splits it into OpenAI's shape (finish chunk, then a usage chunk with no choices).
 - Chunks are `json.dumps` output (a space after `:`), which the relay's byte rewrites account for.
+- The connection stays open after a streamed answer: the API is FastAPI served by uvicorn
+  (`endpoints/server.py`), its streams are `sse-starlette` responses, and uvicorn keeps the connection once a
+  streamed body has ended. Read from the source (no real TabbyAPI runs here), so no `closes_after_stream`.
 """
 
 from __future__ import annotations

@@ -44,6 +44,9 @@
   chat errors. A text `document` block, which its block types lack (a 400), is translated instead
   (`refused_blocks`). A version before the Anthropic router answers FastAPI's 404 `{"detail": "Not
   Found"}` there, and is translated from then on (`native_unserved`).
+- The connection stays open after a streamed answer (uvicorn ends the chunked body and waits for the
+  next request): checked on the real server by tests/contract/test_keep_alive.py, so no
+  `closes_after_stream`.
 """
 
 from __future__ import annotations

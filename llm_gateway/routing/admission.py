@@ -18,9 +18,17 @@ the slot straight to the next waiter, chosen so:
    and the ones above it, so an interactive request never waits behind a batch that filled every slot
    (it still waits for a slot of its own class to free). This is what a work-conserving queue cannot give:
    without it a newcomer always waits for the next release.
+Without fair queuing (`fair=False`) the queue is first come, first served: the oldest waiter whose class
+may take the freed slot goes next (rules 1-3 do not apply, rule 4 does: a reserved slot is still kept for
+its classes, and taken by them). The tickets keep their key and class either way, so what is reported per
+class (queue lengths, waits, admitted tokens) is the truth in both modes.
 A waiter whose client goes away (its task cancelled) or whose wait times out leaves the queue at once.
-The queue's drain rate (slots handed over or freed per second, over the last `DRAIN_WINDOW`) gives
-the `Retry-After` of a refusal. With one key and one class this is exactly the FIFO it replaces.
+The drain rate gives the `Retry-After` of a refusal and a waiter's `eta_s`: slots freed per second of
+*busy* time (every slot taken or someone waiting), over the last `DRAIN_WINDOW` releases while busy. Idle
+time does not dilute it, and the silence since the last release counts (so releases that come in bursts,
+as equal generations finishing together do, do not read as an instant drain). A waiter's rate counts only
+the releases that left a slot its class may take (a slot reserved above its class is not one). With one
+key and one class this is exactly the FIFO it replaces.
 """
 
 from __future__ import annotations
@@ -63,12 +71,16 @@ class _Waiter:
 
 class Admission:
     __slots__ = (
+        "_busy_s",
+        "_busy_since",
         "_classes",
         "_clock",
         "_counters",
+        "_drain",
+        "_drain_base",
         "_queued",
-        "_releases",
         "_seq",
+        "fair",
         "in_flight",
         "limit",
         "max_queue",
@@ -83,9 +95,12 @@ class Admission:
         *,
         starvation_s: float = DEFAULT_STARVATION_S,
         reserved: dict[int, int] | None = None,
+        fair: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limit = limit
+        #: fair queuing (classes, then each key's share); False: first come, first served
+        self.fair = fair
         #: slots kept for a class rank and those above it: a lower class may not take the last ones
         self.reserved: dict[int, int] = dict(reserved or {})
         self.max_queue = max_queue
@@ -96,7 +111,11 @@ class Admission:
         self._counters: dict[str, float] = {}  # key -> virtual token counter
         self._queued = 0
         self._seq = 0
-        self._releases: deque[float] = deque(maxlen=DRAIN_WINDOW)
+        #: the releases while busy, (busy seconds at the release, slots in flight just after it), oldest first
+        self._drain: deque[tuple[float, int]] = deque()
+        self._drain_base = 0.0  # busy seconds at the newest release that fell out of `_drain`
+        self._busy_s = 0.0  # busy seconds before `_busy_since`
+        self._busy_since: float | None = None  # when the current busy spell began (None: not busy)
 
     # -- state ------------------------------------------------------------------------------------------
     @property
@@ -125,11 +144,36 @@ class Admission:
 
     def retry_after_s(self) -> int:
         """Seconds until a slot is likely free for a newcomer, from the queue's drain rate (at least 1)."""
-        r = self._releases
-        if len(r) < 2 or r[-1] <= r[0]:
+        per_slot = self._seconds_per_release(None)
+        if per_slot is None:
             return 1
-        rate = (len(r) - 1) / (r[-1] - r[0])
-        return max(1, min(600, math.ceil((self._queued + 1) / rate)))
+        return max(1, min(600, math.ceil((self._queued + 1) * per_slot)))
+
+    def eta_s(self, position: int, priority: int = 0) -> float | None:
+        """Seconds until a waiter of class `priority` at this position is likely served (None: unknown):
+        `position + 1` releases of a slot its class may take, at the rate they came while busy."""
+        per_slot = self._seconds_per_release(self._cap_or_limit(priority))
+        return None if per_slot is None else (position + 1) * per_slot
+
+    def _seconds_per_release(self, cap: int | None) -> float | None:
+        """Busy seconds per release that left fewer than `cap` slots in flight (None: every release)."""
+        n = len(self._drain) if cap is None else sum(1 for _, after in self._drain if after < cap)
+        if n == 0:
+            return None
+        since = self._busy_since
+        busy = self._busy_s + (self._clock() - since if since is not None else 0.0)
+        span = busy - self._drain_base
+        return span / n if span > 0 else None
+
+    def _busy_changed(self) -> None:
+        """Start or end the busy spell (every slot taken, or someone waiting) after a change of state."""
+        busy = self._queued > 0 or (self.limit is not None and self.in_flight >= self.limit)
+        since = self._busy_since
+        if busy and since is None:
+            self._busy_since = self._clock()
+        elif not busy and since is not None:
+            self._busy_s += self._clock() - since
+            self._busy_since = None
 
     # -- entering and leaving --------------------------------------------------------------------------
     def cap(self, priority: int) -> int | None:
@@ -139,23 +183,21 @@ class Admission:
         held = sum(n for rank, n in self.reserved.items() if rank > priority)
         return max(1, self.limit - held)
 
+    def _cap_or_limit(self, priority: int) -> int | None:
+        return self.cap(priority) if self.reserved else self.limit
+
     def _fits(self, priority: int) -> bool:
-        cap = self.cap(priority) if self.reserved else self.limit
+        cap = self._cap_or_limit(priority)
         return cap is None or self.in_flight < cap
 
     def try_enter(self, ticket: Ticket = ANONYMOUS) -> bool:
         if self._fits(ticket.priority):
             self.in_flight += 1
             self._charge(ticket)
+            if self.in_flight == self.limit:
+                self._busy_changed()
             return True
         return False
-
-    def eta_s(self, position: int) -> float | None:
-        """Seconds until a waiter at this position is likely served, from the drain rate (None: unknown)."""
-        r = self._releases
-        if len(r) < 2 or r[-1] <= r[0]:
-            return None
-        return (position + 1) * (r[-1] - r[0]) / (len(r) - 1)
 
     async def wait_enter(
         self,
@@ -191,18 +233,24 @@ class Admission:
             self._drop(w)
 
     def leave(self) -> None:
-        self._releases.append(self._clock())
         self.in_flight -= 1
+        since = self._busy_since
+        if since is not None:  # a release while busy: how fast slots free up when they are wanted
+            d = self._drain
+            if len(d) == DRAIN_WINDOW:
+                self._drain_base = d.popleft()[0]
+            d.append((self._busy_s + self._clock() - since, self.in_flight))
         while self._queued:
             w = self._next()
             if w is None:
-                return  # only classes that may not take a reserved slot are waiting
+                break  # only classes that may not take a reserved slot are waiting
             self._drop(w)
             if not w.fut.done():
                 self.in_flight += 1
                 self._charge(w.ticket)
                 w.fut.set_result(None)  # the slot passes to this waiter
-                return
+                break
+        self._busy_changed()
 
     def settle(self, ticket: Ticket, actual_tokens: int | None) -> None:
         """Correct a key's counter with the tokens its request really used (None: keep the estimate)."""
@@ -212,6 +260,8 @@ class Admission:
 
     # -- the queue --------------------------------------------------------------------------------------
     def _charge(self, ticket: Ticket) -> None:
+        if not self.fair:
+            return  # first come, first served: no counters to keep
         c = self._counters
         c[ticket.key] = c.get(ticket.key, self._floor()) + ticket.cost / ticket.weight
         if len(c) > MAX_COUNTERS:
@@ -226,7 +276,7 @@ class Admission:
 
     def _join(self, fut: asyncio.Future[None], ticket: Ticket) -> _Waiter:
         keys = self._classes.setdefault(ticket.priority, {})
-        if not any(ticket.key in ks for ks in self._classes.values()):
+        if self.fair and not any(ticket.key in ks for ks in self._classes.values()):
             # a key that starts waiting banks no idle time: lifted to just below the least-served key waiting
             # (half a token), so that it goes next but never more than its share from then on
             floor = self._floor() - LIFT_MARGIN
@@ -235,6 +285,8 @@ class Admission:
         w = _Waiter(fut, ticket, self._clock(), self._seq)
         keys.setdefault(ticket.key, deque()).append(w)
         self._queued += 1
+        if self._queued == 1:
+            self._busy_changed()
         return w
 
     def _drop(self, w: _Waiter) -> None:
@@ -248,13 +300,17 @@ class Admission:
             del keys[w.ticket.key]  # type: ignore[union-attr]
             if not keys:
                 del self._classes[w.ticket.priority]
+        if self._queued == 0:
+            self._busy_changed()
 
     def _next(self) -> _Waiter | None:
         """The waiter the next slot goes to (None: no waiting class may take it)."""
-        now = self._clock()
         classes = [p for p in self._classes if self._fits(p)]
         if not classes:
             return None
+        if not self.fair:  # first come, first served: the oldest waiter whose class may take the slot
+            return min((q[0] for p in classes for q in self._classes[p].values()), key=lambda w: w.seq)
+        now = self._clock()
         top = max(classes)
         starved = [
             q[0] for p in classes if p != top for q in self._classes[p].values() if now - q[0].since > self.starvation_s
@@ -268,7 +324,7 @@ class Admission:
         """Every waiter in the order it would be served if nothing changed (for queue positions)."""
         saved = {p: {k: deque(q) for k, q in keys.items()} for p, keys in self._classes.items()}
         counters = dict(self._counters)
-        queued, in_flight = self._queued, self.in_flight
+        queued, in_flight, busy = self._queued, self.in_flight, (self._busy_s, self._busy_since)
         out: list[_Waiter] = []
         try:
             while self._queued:
@@ -281,4 +337,5 @@ class Admission:
                 out.append(w)
         finally:
             self._classes, self._counters, self._queued, self.in_flight = saved, counters, queued, in_flight
+            self._busy_s, self._busy_since = busy
         return out

@@ -183,6 +183,7 @@ def build_table(cfg: GatewayConfig, previous: RoutingTable | None = None) -> Rou
                 prev.admission.limit, prev.admission.max_queue = limit, b.cfg.max_queue
                 prev.admission.starvation_s = r.starvation_s
                 prev.admission.reserved = reserved
+                prev.admission.fair = r.fair_queuing
                 prev.breaker.threshold, prev.breaker.cooldown_s = r.breaker_failures, r.breaker_cooldown_s
                 deps.append(prev)
             else:
@@ -191,7 +192,13 @@ def build_table(cfg: GatewayConfig, previous: RoutingTable | None = None) -> Rou
                         mc.name,
                         b,
                         dc,
-                        Admission(limit, b.cfg.max_queue, starvation_s=r.starvation_s, reserved=reserved),
+                        Admission(
+                            limit,
+                            b.cfg.max_queue,
+                            starvation_s=r.starvation_s,
+                            reserved=reserved,
+                            fair=r.fair_queuing,
+                        ),
                         Breaker(r.breaker_failures, r.breaker_cooldown_s),
                         key,
                     )

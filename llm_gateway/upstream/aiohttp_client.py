@@ -157,17 +157,31 @@ class AiohttpUpstream:
             ttl_dns_cache=60,
             family=socket.AF_UNSPEC,
         )
-        self._session = aiohttp.ClientSession(
-            connector=self._connector,
+        self._session = self._new_session(self._connector)
+        #: for requests that say `Connection: close`, which aiohttp would pool all the same (it reads only the
+        #: response's): a session whose connections are never reused, made on the first such request
+        self._closing: aiohttp.ClientSession | None = None
+        self._timeouts: dict[UpstreamTimeouts, aiohttp.ClientTimeout] = {}
+        self._watchdog: Watchdog[AiohttpResponse] = Watchdog()
+        self._urls: dict[str, URL] = {}  # parsed once: a handful of backend URLs and paths
+
+    @staticmethod
+    def _new_session(connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=connector,
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
             timeout=aiohttp.ClientTimeout(total=None),
             cookie_jar=aiohttp.DummyCookieJar(),
             raise_for_status=False,
         )
-        self._timeouts: dict[UpstreamTimeouts, aiohttp.ClientTimeout] = {}
-        self._watchdog: Watchdog[AiohttpResponse] = Watchdog()
-        self._urls: dict[str, URL] = {}  # parsed once: a handful of backend URLs and paths
+
+    def _session_for(self, headers: Mapping[str, str]) -> aiohttp.ClientSession:
+        if not any(k.lower() == "connection" and v.lower() == "close" for k, v in headers.items()):
+            return self._session
+        if self._closing is None:
+            self._closing = self._new_session(aiohttp.TCPConnector(force_close=True, family=socket.AF_UNSPEC))
+        return self._closing
 
     def _client_timeout(self, t: UpstreamTimeouts) -> aiohttp.ClientTimeout:
         ct = self._timeouts.get(t)
@@ -194,7 +208,7 @@ class AiohttpUpstream:
         if body is not None:
             kw["data"] = body
         try:
-            resp = await self._session.request(method, u, **kw)
+            resp = await self._session_for(headers).request(method, u, **kw)
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise _translate(e, after_headers=False) from None
         return AiohttpResponse(resp, timeouts, self._watchdog, asyncio.get_running_loop())
@@ -202,3 +216,5 @@ class AiohttpUpstream:
     async def aclose(self) -> None:
         self._watchdog.close()
         await self._session.close()
+        if self._closing is not None:
+            await self._closing.close()

@@ -7,8 +7,10 @@ cookies, compression, proxies, multipart. This client does only what the gateway
 per connection at a time, the request written in one `write`, the response parsed by httptools
 (llhttp, the parser Node.js uses; uvicorn already depends on it), body bytes handed over as they
 arrive without copies, connections kept per origin (scheme, host, port) and reused while the engine
-keeps them alive. A response holds its connection until its body ends or `close()` drops it, so an
-engine sees a client that left (and stops generating) at once.
+keeps them alive. A request that says `Connection: close` (an adapter asks for that where its engine closes
+the connection after such an answer anyway) never returns its connection to the pool. A response holds its
+connection until its body ends or `close()` drops it, so an engine sees a client that left (and stops
+generating) at once.
 
 Timeouts follow the gateway's contract (upstream/base.py): `connect_s` for the TCP connect,
 `first_byte_s` until the status line and headers, `idle_s` between body chunks while someone waits
@@ -16,8 +18,10 @@ for them, `total_s` for the whole exchange. One watchdog task (four checks a sec
 exchange instead of a timer per request or per chunk. Failures become the gateway's errors where they
 happen: no connection is `ConnectFailed` (the backend is down), a connection closed before an answer
 is `UpstreamUnreachable`, one closed mid-body is `StreamInterrupted`, a reply that is not HTTP is
-`UpstreamProtocolError`. The buffer of a body nobody reads is bounded: past `HIGH_WATER` bytes the
-connection stops reading (TCP pushes back on the engine) until the reader catches up.
+`UpstreamProtocolError`. A request that met a kept-alive connection's close before any byte of an answer is
+sent once more on a new connection, whatever its method: no byte of the engine's came, so nothing of it
+reached anyone, and the request is the same again. The buffer of a body nobody reads is bounded: past
+`HIGH_WATER` bytes the connection stops reading (TCP pushes back on the engine) until the reader catches up.
 The exchange itself (status, headers, the body pulled or pushed) is h1_response.py; the one timer task
 for every open exchange is watchdog.py, shared with the aiohttp client.
 """
@@ -48,18 +52,14 @@ __all__ = ["HIGH_WATER", "H1Response", "H1Upstream", "Headers"]
 MAX_HEADER_BYTES = 64 * 1024
 
 
-#: requests sent once more when a kept-alive connection closes before any answer (RFC 9110 9.2.2: safe to
-#: repeat). A generation is not: from the client's side an engine that closed an idle connection as the request
-#: came looks the same as one that took the request and died, so a POST there is the caller's to judge
-#: (dispatch fails it over; the SDKs retry a 502). POOL_IDLE_S keeps that race away from every engine's POSTs.
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
 class _ReusedConnectionClosed(UpstreamUnreachable):
-    """A kept-alive connection closed before a byte of the answer came: most likely the engine closed it as
-    idle while the request was on its way (a race no pool can rule out). `send` sends an idempotent request
-    once more on a new connection and turns this into plain `UpstreamUnreachable` otherwise, so it never
-    leaves this module."""
+    """A kept-alive connection closed before a byte of the answer came: the engine closed it as idle while the
+    request was on its way, or had closed it after its last answer without saying so (a race no pool can rule
+    out: the close is in flight when the connection is taken). `send` sends the request once more on a new
+    connection, POSTs included. A generation is safe to send again here: no engine byte came, so the client
+    has nothing of this attempt, whatever else it has been sent (a queued stream's 200 and comments), and an
+    engine that had taken the request and died refuses the new connection (`ConnectFailed`: the backend is
+    marked down). This never leaves this module."""
 
 
 class _Origin:
@@ -86,6 +86,7 @@ class Connection(asyncio.Protocol):
         "idle_since",
         "origin",
         "parser",
+        "reusable",
         "transport",
         "until_close",
     )
@@ -97,6 +98,7 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.until_close = False  # the body has neither a length nor chunks: it ends with the connection
+        self.reusable = True  # False: the exchange at hand said `Connection: close`, the connection ends with it
         self._header_bytes = 0
         self.idle_since = 0.0
         #: the body parsed from the read at hand, handed to the exchange as one piece when the read is parsed
@@ -218,7 +220,7 @@ class Connection(asyncio.Protocol):
             if self.exchange is not ex:  # the exchange's sink let go of it while taking the body
                 return
         self.exchange = None
-        keep = self.parser.should_keep_alive() and not self.until_close
+        keep = self.reusable and self.parser.should_keep_alive() and not self.until_close
         ex.complete()
         if keep and not self.closed:
             self._header_bytes = 0
@@ -228,9 +230,10 @@ class Connection(asyncio.Protocol):
             self.drop()
 
     # -- the client's side ---------------------------------------------------------------------------
-    def start(self, exchange: H1Response, request: bytes) -> None:
+    def start(self, exchange: H1Response, request: bytes, reusable: bool = True) -> None:
         self.exchange = exchange
         self._header_bytes = 0
+        self.reusable = reusable
         self.transport.write(request)  # type: ignore[union-attr]  # set once connected
 
     def _fail(self, err: BackendFailure) -> None:
@@ -317,8 +320,11 @@ class H1Upstream:
     ) -> H1Response:
         origin, path = self._resolve(url)
         head = [method.encode("ascii"), b" ", path, b" HTTP/1.1\r\nhost: ", origin.host_header, b"\r\n"]
+        reusable = True
         for k, v in headers.items():
             head += (k.encode("latin-1"), b": ", v.encode("latin-1"), b"\r\n")
+            if len(k) == 10 and k.lower() == "connection" and v.lower() == "close":
+                reusable = False  # RFC 9112 9.6: no request follows on a connection that said close
         if body is not None:
             head += (b"content-length: ", b"%d" % len(body), b"\r\n\r\n", body)
         else:
@@ -327,28 +333,33 @@ class H1Upstream:
         loop = asyncio.get_running_loop()  # once a request: in 3.11 each look-up is a getpid() syscall
         conn = await self._connection(origin, timeouts, loop)
         resp = H1Response(conn, timeouts, self._watchdog, loop)
-        conn.start(resp, request)
+        conn.start(resp, request, reusable)
         try:
             await resp.wait_headers()
-        except _ReusedConnectionClosed as e:
+        except _ReusedConnectionClosed:
             resp.close()
-            if method not in IDEMPOTENT:
-                raise UpstreamUnreachable(e.message) from None
-            return await self._resend(origin, request, timeouts, loop)
+            return await self._resend(origin, request, reusable, timeouts, loop)
         except BaseException:  # a failure, or the client left while waiting: the engine sees it leave
             resp.close()
             raise
         return resp
 
     async def _resend(
-        self, origin: _Origin, request: bytes, timeouts: UpstreamTimeouts, loop: asyncio.AbstractEventLoop
+        self,
+        origin: _Origin,
+        request: bytes,
+        reusable: bool,
+        timeouts: UpstreamTimeouts,
+        loop: asyncio.AbstractEventLoop,
     ) -> H1Response:
-        """An idempotent `request` met a kept-alive connection's close: send it once more, on a new connection
-        (as Go's net/http and aiohttp do). The prober's GETs are why: one that met an engine's idle close took
-        a healthy backend down. The steps are `send`'s own, which keeps them inline (a coroutine less a request)."""
+        """`request` met a kept-alive connection's close before any byte of an answer: send it once more, on a
+        new connection (`_ReusedConnectionClosed` says why that is safe). The prober's GETs were the first
+        reason (one that met an engine's idle close took a healthy backend down); a queued stream that took the
+        connection llama-server was closing after its last stream the second. The steps are `send`'s own, which
+        keeps them inline (a coroutine less a request)."""
         conn = await self._connect(origin, timeouts, loop)
         resp = H1Response(conn, timeouts, self._watchdog, loop)
-        conn.start(resp, request)
+        conn.start(resp, request, reusable)
         try:
             await resp.wait_headers()
         except BaseException:

@@ -227,3 +227,103 @@ async def test_a_waiting_higher_class_takes_a_freed_slot_first() -> None:
     a.leave()
     await asyncio.gather(*tasks)
     assert served == ["inter", "batch"]
+
+
+# -- first come, first served (fair=False) ---------------------------------------------------------------------
+
+
+async def test_first_come_first_served_ignores_class_and_share() -> None:
+    a = Admission(1, max_queue=10, fair=False)
+    batch, inter = Ticket("b", priority=0, cost=100), Ticket("i", priority=2, cost=1)
+    assert a.try_enter(batch)
+    served: list[str] = []
+    tasks = await queue_up(a, [("b1", batch), ("i1", inter), ("b2", batch), ("i2", inter)], served)
+    assert a.queued_by_class() == {0: 2, 2: 2}  # each waiter under its own class
+    futs = {w.seq: w.fut for keys in a._classes.values() for q in keys.values() for w in q}
+    assert [a.position(futs[k]) for k in sorted(futs)] == [0, 1, 2, 3]
+    await drain(a, 4)
+    await asyncio.gather(*tasks)
+    assert served == ["b1", "i1", "b2", "i2"]  # fair queuing would serve i1 and i2 first
+
+
+async def test_first_come_first_served_keeps_the_reserved_slot_for_its_class_and_lets_it_take_it() -> None:
+    a = Admission(2, max_queue=10, reserved={2: 1}, fair=False)
+    batch, inter = Ticket("b", priority=0), Ticket("i", priority=2)
+    assert a.try_enter(batch) and not a.try_enter(batch)
+    served: list[str] = []
+    tasks = await queue_up(a, [("b1", batch)], served)
+    assert a.try_enter(inter)  # the kept slot, past the waiting batch request
+    a.leave()  # the interactive one ends: not a slot for the batch waiter
+    await settle_loop()
+    assert served == [] and a.in_flight == 1
+    a.leave()
+    await asyncio.gather(*tasks)
+    assert served == ["b1"]
+
+
+# -- eta_s: the observed release rate of the slots a waiter may take ---------------------------------------------
+
+
+async def test_eta_counts_the_silence_since_the_last_release_not_only_the_gaps_between_releases() -> None:
+    clock = Clock()
+    a = Admission(4, max_queue=100, clock=clock)
+    for _ in range(4):
+        assert a.try_enter()
+    served: list[str] = []
+    tasks = await queue_up(a, [(f"w{i}", Ticket("A")) for i in range(8 + 13)], served)
+    for _ in range(8):  # eight short requests end within 8 ms, each slot handed to the next waiter
+        clock.t += 0.001
+        await drain(a, 1)
+    assert len(served) == 8 and a.queued == 13  # then four long ones hold every slot, with 13 waiting
+    clock.t += 3.0  # nothing freed for 3 s: the 13th waiter is not "0.0 s" away
+    eta = a.eta_s(12)
+    assert eta is not None and eta > 3.0
+    await drain(a, 13)
+    await asyncio.gather(*tasks)
+
+
+async def test_eta_of_lockstep_releases_is_the_rounds_ahead_not_the_gaps_inside_a_burst() -> None:
+    clock = Clock()
+    a = Admission(4, max_queue=100, clock=clock)
+    for _ in range(4):
+        assert a.try_enter()
+    served: list[str] = []
+    tasks = await queue_up(a, [(f"w{i}", Ticket("A")) for i in range(64)], served)
+    assert a.eta_s(12) is None  # nothing measured yet
+    for _ in range(10):  # rounds of 0.6 s: four equal generations end together, four waiters take their slots
+        clock.t += 0.6
+        await drain(a, 4)
+        clock.t += 0.0005
+    clock.t += 0.3  # half a round in
+    eta = a.eta_s(12)  # 13 releases: three rounds and a quarter of 0.6 s (the sawtooth: 0.3 s of it has passed)
+    assert eta is not None and 1.6 < eta < 2.4
+    await drain(a, 24)
+    await asyncio.gather(*tasks)
+
+
+async def test_eta_counts_only_the_releases_of_slots_the_waiters_class_may_take() -> None:
+    clock = Clock()
+    a = Admission(4, max_queue=100, reserved={2: 1}, clock=clock)
+    batch, inter = Ticket("b", priority=0), Ticket("i", priority=2)
+    for _ in range(3):
+        assert a.try_enter(batch)
+    assert a.try_enter(inter)
+    served: list[str] = []
+    tasks = await queue_up(a, [(f"b{i}", batch) for i in range(5)], served)
+    for _ in range(20):  # the kept slot turns over ten times a second; no batch slot frees
+        clock.t += 0.1
+        a.leave()
+        assert a.try_enter(inter)
+    eta = a.eta_s(0, priority=0)
+    assert eta is None  # none of those was a slot a batch request may take
+    clock.t += 1.0
+    a.leave()  # the interactive one ends: three in flight are all a batch request may have
+    await settle_loop()
+    assert served == [] and a.eta_s(0, priority=0) is None
+    a.leave()  # now a batch request ends: the batch waiter b0 takes its slot
+    await settle_loop()
+    assert served == ["b0"]
+    eta = a.eta_s(0, priority=0)
+    assert eta is not None and eta > 2.0  # one batch release in 3 s of busy time, not 22
+    await drain(a, 6)
+    await asyncio.gather(*tasks)

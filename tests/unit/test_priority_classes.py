@@ -5,6 +5,7 @@ asks, and refused in config for an engine that cannot; the fair queue's refusals
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
@@ -128,3 +129,86 @@ async def test_an_interactive_key_goes_before_a_default_keys_backlog() -> None:
 async def test_without_fair_queuing_it_is_first_come_first_served() -> None:
     order, _ = await served_order(fair=False)
     assert order == ["A1", "A2", "A3", "B1"]
+
+
+# -- first come, first served (`fair_queuing: false`): the order ignores the class, nothing else does -------------
+
+FIFO = """
+server: {access_log: false}
+auth:
+  mode: keys
+  keys:
+    - {name: alice, sha256: "${ALICE_SHA}", priority: ALICE_CLASS}
+    - {name: bob, sha256: "${BOB_SHA}", priority: interactive}
+routing: {fair_queuing: false RESERVE}
+backends:
+  - {name: engine-a, engine: vllm, url: "http://engine-a.test", max_concurrency: LIMIT, max_queue: 8}
+models:
+  - name: solo
+    deployments: [{backend: engine-a, model: upstream-model, format: safetensors}]
+"""
+
+
+def fifo_config(alice: str, limit: int, reserve: str = "") -> Any:
+    return make_config(FIFO.replace("ALICE_CLASS", alice).replace("LIMIT", str(limit)).replace("RESERVE", reserve))
+
+
+def series(app: Any, name: str) -> dict[str, float]:
+    """`name`'s samples on /metrics, by their label text."""
+    text = app.gw.metrics.render().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.M)}
+
+
+async def test_without_fair_queuing_an_interactive_key_still_takes_the_slot_reserved_for_it() -> None:
+    # the fairness check's D1: every FIFO waiter was `batch`, capped at limit - reserved: 3 of 4 slots, ever
+    engine = Engine()
+    async with gateway_client(fifo_config("batch", 4, ", reserved_slots: {interactive: 1}"), upstream=engine.up) as (
+        client,
+        app,
+    ):
+
+        def post(tag: str, key: str) -> asyncio.Task[Any]:
+            return asyncio.create_task(
+                client.post("/v1/chat/completions", json=chat(tag), headers={"authorization": f"Bearer {key}"})
+            )
+
+        tasks = [post(f"A{i}", TEST_KEY) for i in range(4)]  # batch fills its three slots, the fourth waits
+        await until(lambda: len(engine.up.calls) == 3 and deployment(app).admission.queued == 1)
+        tasks.append(post("B1", OTHER_KEY))  # interactive: the kept slot, at once
+        await until(lambda: len(engine.up.calls) == 4, timeout_s=3)
+        assert deployment(app).admission.in_flight == 4 and "B1" in engine.seen()
+        engine.release.set()
+        for t in tasks:
+            assert (await settled(t)).status_code == 200
+
+
+async def test_without_fair_queuing_the_queue_metrics_name_each_waiters_own_class_and_key() -> None:
+    # the fairness check's D2: every FIFO waiter was counted as `batch`, and no admitted-tokens series existed
+    engine = Engine()
+    async with gateway_client(fifo_config("default", 1), upstream=engine.up) as (client, app):
+
+        def post(tag: str, key: str) -> asyncio.Task[Any]:
+            return asyncio.create_task(
+                client.post("/v1/chat/completions", json=chat(tag), headers={"authorization": f"Bearer {key}"})
+            )
+
+        tasks = [post("A1", TEST_KEY)]
+        await until(lambda: len(engine.up.calls) == 1)
+        tasks.append(post("A2", TEST_KEY))
+        await until(lambda: deployment(app).admission.queued == 1)
+        tasks.append(post("B1", OTHER_KEY))
+        await until(lambda: deployment(app).admission.queued == 2)
+        assert series(app, "gateway_queue_length") == {
+            'priority="batch"': 0.0,
+            'priority="default"': 1.0,
+            'priority="interactive"': 1.0,
+        }
+        engine.release.set()
+        for t in tasks:
+            assert (await settled(t)).status_code == 200
+        assert engine.seen() == ["A1", "A2", "B1"]  # still first come, first served
+        waits = series(app, "gateway_queue_wait_seconds_count")
+        assert (waits['priority="batch"'], waits['priority="default"'], waits['priority="interactive"']) == (0, 1, 1)
+        admitted = series(app, "gateway_queue_admitted_tokens_total")
+        assert set(admitted) == {'key="alice",priority="default"', 'key="bob",priority="interactive"'}
+        assert all(v > 0 for v in admitted.values())

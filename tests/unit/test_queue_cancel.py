@@ -21,6 +21,7 @@ import orjson
 import pytest
 from multidict import CIMultiDict
 
+from llm_gateway.errors import UpstreamUnreachable
 from llm_gateway.http.asgi import GatewayApp
 from llm_gateway.routing.table import Deployment
 from tests.conftest import TEST_KEY, gateway_client, make_config
@@ -347,3 +348,50 @@ async def test_a_queued_stream_whose_wait_times_out_ends_with_the_error_event() 
     assert events[0].startswith(": queued position=0")
     assert orjson.loads(events[-2].removeprefix("data: "))["error"]["code"] == "queue_full"
     assert events[-1] == "data: [DONE]" and engine.seen() == ["A"]
+
+
+async def test_a_queued_stream_whose_attempt_failed_before_any_engine_byte_is_retried_not_ended_with_an_error() -> None:
+    # the rule is "before the engine's first byte", not "before the client's": the stream has its 200 and a
+    # `: queued` comment, but nothing of the failed attempt, so another deployment answers it in full
+    cfg = make_config(
+        """
+server: {access_log: false}
+auth:
+  mode: keys
+  keys:
+    - {name: alice, sha256: "${ALICE_SHA}"}
+backends:
+  - {name: engine-a, engine: vllm, url: "http://engine-a.test", max_concurrency: 1}
+  - {name: engine-b, engine: vllm, url: "http://engine-b.test", max_concurrency: 1}
+models:
+  - name: solo
+    deployments:
+      - {backend: engine-a, model: upstream-model, format: safetensors}
+      - {backend: engine-b, model: upstream-model, format: safetensors}
+"""
+    )
+    engine = Engine()
+    failed: list[str] = []
+
+    async def answer(method: str, url: str, headers: CIMultiDict[str], body: bytes | None) -> Any:
+        if orjson.loads(body or b"{}")["messages"][0]["content"] == "C" and not failed:
+            failed.append(url)
+            return UpstreamUnreachable("the engine closed the connection without answering")
+        return await engine.answer(method, url, headers, body)
+
+    engine.up.route("POST", "/v1/chat/completions", answer)
+    engine.up.routes.pop(("POST", ENGINE_CHAT))
+    async with gateway_client(cfg, upstream=engine.up) as (client, app):
+        a = asyncio.create_task(client.post("/v1/chat/completions", json=chat("A")))
+        b = asyncio.create_task(client.post("/v1/chat/completions", json=chat("B")))
+        await until(lambda: len(engine.up.calls) == 2)  # both slots held
+        deps = app.gw.runtime.table.models[0].deployments
+        c = asyncio.create_task(client.post("/v1/chat/completions", json=chat("C", stream=True)))
+        await until(lambda: sum(d.admission.queued for d in deps) == 1)
+        engine.release.set()
+        ra, rb, rc = await settled(a), await settled(b), await settled(c)
+    assert (ra.status_code, rb.status_code, rc.status_code) == (200, 200, 200)
+    lines = [x for x in rc.text.split("\n\n") if x]
+    assert lines[0].startswith(": queued position=0")
+    assert '"error"' not in rc.text and '"content":"C"' in rc.text and lines[-1] == "data: [DONE]"
+    assert len(failed) == 1 and engine.seen().count("C") == 2  # the failed attempt, then the one that answered
