@@ -17,6 +17,7 @@ import httpx2
 import openai
 import orjson
 import pytest
+import sqlalchemy as sa
 
 from llm_gateway.app import create_app
 from llm_gateway.auth import digest_of
@@ -506,6 +507,48 @@ async def test_the_sdk_reads_function_calls_whole_and_streamed(tmp_path: Path) -
         assert (fc.call_id, fc.name, fc.arguments) == ("call_7", "get_weather", '{"city":"Rome"}')
         assert resp.usage is not None and (resp.usage.input_tokens, resp.usage.output_tokens) == (30, 9)
         assert resp.status == "completed"
+    up.assert_all_closed()
+
+
+async def test_references_cost_one_query_and_a_request_without_them_none(tmp_path: Path) -> None:
+    """The store is read for references only when the input has some, and then once for all of them."""
+    answer = {
+        "id": "chatcmpl-r",
+        "object": "chat.completion",
+        "model": "upstream-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Yes."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    }
+    up = FakeUpstream({("POST", "http://engine-a.test/v1/chat/completions"): [FakeAnswer.json(answer)] * 3})
+    cfg = ONE_BACKEND.replace("server: {access_log: false}", f'server: {{access_log: false, data_dir: "{tmp_path}"}}')
+    app = create_app(make_config(cfg), upstream=up, probes=False)
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gateway.test")
+    sdk = openai.AsyncOpenAI(base_url="http://gateway.test/v1", api_key=TEST_KEY, http_client=http, max_retries=0)
+    try:
+        first = await sdk.responses.create(
+            model="public-model", input=[{"role": "user", "content": "A"}, {"role": "user", "content": "B"}]
+        )
+        store = app.responses.store
+        assert store is not None
+        seen: list[str] = []
+        sa.event.listen(store.db.engine.sync_engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+        await sdk.responses.create(model="public-model", input=[{"role": "user", "content": "no references"}])
+        assert not [q for q in seen if q.lstrip().upper().startswith("SELECT")]  # only the save's inserts
+        seen.clear()
+        ids = [it.id for it in (await sdk.responses.input_items.list(first.id, order="asc")).data]
+        seen.clear()
+        await sdk.responses.create(model="public-model", input=_refs(*ids, first.output[0].id), store=False)  # type: ignore[arg-type]
+        assert len([q for q in seen if q.lstrip().upper().startswith("SELECT")]) == 1
+        sent_messages = up.calls[-1].json()["messages"]
+        assert sent_messages == [
+            {"role": "user", "content": "A"},
+            {"role": "user", "content": "B"},
+            {"role": "assistant", "content": "Yes."},
+        ]
+    finally:
+        await http.aclose()
+        await app.responses.aclose()
+        await app.gw.aclose()
     up.assert_all_closed()
 
 
