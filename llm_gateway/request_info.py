@@ -7,7 +7,9 @@ limits, a lower bound of the prompt's tokens for the context-window fit check (`
 the affinity key for prefix-aware routing. Everything else passes through to the engine.
 
 The two token numbers differ on purpose. `prompt_tokens` (characters / 4, plus a little per message
-and image) is a typical count, for reservations that are settled later. `prompt_floor` is what the
+and image; tool definitions, tool calls and the other fields a template renders counted by their JSON
+bytes, already measured for the ceiling) is a typical count, for reservations that are settled later and
+for the token-count routes' estimate when no engine tokenizer answers. `prompt_floor` is what the
 prompt's text cannot be less than under any tokenizer in use: its UTF-8 bytes that are not blanks,
 at most `FLOOR_BYTES_PER_TOKEN` (8) a token (prose runs 3 to 5 bytes a token, CJK 2 to 4, code and
 base64 less; vocabularies hold long runs of blanks as one token), with chat templates, images, tools
@@ -104,7 +106,9 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
         tools = body.get("tools") or body.get("functions")
         if tools:
             needs.add("tools")
-            ceiling += CEILING_TOOLS + len(orjson.dumps(tools))
+            size = len(orjson.dumps(tools))  # what the template renders of them: counted in the estimate too
+            chars += size
+            ceiling += CEILING_TOOLS + size
         if body.get("chat_template_kwargs") is not None:
             ceiling += len(orjson.dumps(body["chat_template_kwargs"]))
         rf = body.get("response_format")
@@ -230,7 +234,9 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int]:
         elif content is not None and role != "assistant":
             raise InvalidRequest(f"messages[{i}].content must be a string or an array", param=f"messages[{i}].content")
         if len(m) > 2:  # name, tool_calls, tool_call_id, reasoning_content...: rendered by templates too
-            ceiling += _other_fields_size(m)
+            size = _other_fields_size(m)
+            chars += size
+            ceiling += size
     return chars, "\x00".join(head), floor, ceiling
 
 

@@ -85,6 +85,26 @@ if ! "$CODEX_DIR/node_modules/.bin/codex" --version >/dev/null 2>&1; then
   rm -rf "$CODEX_DIR" && mv "$CODEX_DIR.tmp" "$CODEX_DIR"
 fi
 
+# The Vercel AI SDK (`ai`, `@ai-sdk/openai` and its peer `zod`) for tests/e2e/test_ai_sdk.py: the provider's
+# default model speaks the Responses API with `store` on and sends earlier output items as `item_reference`s.
+# Pure JavaScript, ~3 s, ~10 MB, cached; tests/support/agent_cli.py reads the pins below and looks in the same
+# folder (npm warns that both ask for Node 22; Node 20 runs what the test uses).
+AI_SDK_VERSION=${AI_SDK_VERSION:-7.0.173}
+AI_SDK_OPENAI_VERSION=${AI_SDK_OPENAI_VERSION:-4.0.118}
+AI_SDK_ZOD_VERSION=${AI_SDK_ZOD_VERSION:-4.6.7}
+AI_SDK_DIR=${LLM_GATEWAY_CACHE:-$HOME/.cache/llm-gateway}/ai-sdk-$AI_SDK_VERSION-openai-$AI_SDK_OPENAI_VERSION
+ai_sdk_ok() { (cd "$1" && node --input-type=module -e "await import('ai'); await import('@ai-sdk/openai'); await import('zod')"); }
+if ! ai_sdk_ok "$AI_SDK_DIR" >/dev/null 2>&1; then
+  echo "== Vercel AI SDK ai@$AI_SDK_VERSION @ai-sdk/openai@$AI_SDK_OPENAI_VERSION (npm, into $AI_SDK_DIR)"
+  command -v npm >/dev/null || { echo "npm is missing: apt-get install nodejs npm" >&2; exit 1; }
+  rm -rf "$AI_SDK_DIR.tmp" && mkdir -p "$AI_SDK_DIR.tmp"
+  {
+    npm install --prefix "$AI_SDK_DIR.tmp" --no-audit --no-fund --no-save "ai@$AI_SDK_VERSION" \
+      "@ai-sdk/openai@$AI_SDK_OPENAI_VERSION" "zod@$AI_SDK_ZOD_VERSION" && ai_sdk_ok "$AI_SDK_DIR.tmp"
+  } > "$LOGS/ai-sdk.log" 2>&1 || { cat "$LOGS/ai-sdk.log" >&2; exit 1; }
+  rm -rf "$AI_SDK_DIR" && mv "$AI_SDK_DIR.tmp" "$AI_SDK_DIR"
+fi
+
 fail=0
 for p in "$P1:llama-server" "$P2:vllm" "$P3:ollama" "$P4:tiny-gguf"; do
   pid=${p%%:*}; name=${p#*:}

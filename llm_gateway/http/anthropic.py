@@ -10,8 +10,10 @@ already Anthropic's; any other gets the chat translation. The service says which
 service's own seam: `AnthropicExchange` implements `ClientExchange` over the real `Call` and passes a
 native answer through, or translates what the service answers (a whole OpenAI chat completion, or
 OpenAI SSE written chunk by chunk) into Anthropic's message and event stream. Errors raised before
-the answer starts are rendered in Anthropic's envelope by the app (asgi.py's `DIALECTS`), errors
-after it by the native relay or the stream translation. count_tokens counts by the engine (natively
+the answer starts are rendered in Anthropic's envelope by the app (asgi.py's `DIALECTS`), the chat
+fields they name as Messages' own (`ingress.error_names`: `stop` is `stop_sequences`...), errors after
+it by the native relay or the stream translation. The request's model is recorded as soon as the body
+parsed, so that a 400 of its translation is counted under it. count_tokens counts by the engine (natively
 where it serves that too). Keys come as `x-api-key` or `Authorization: Bearer`; `anthropic-version`
 and `anthropic-beta` are accepted whatever their value.
 """
@@ -22,12 +24,14 @@ from typing import Any
 
 import orjson
 
+from llm_gateway.errors import GatewayError
 from llm_gateway.exchange import JSON, Headers
 from llm_gateway.http.call import Call, CallExchange
-from llm_gateway.http.handlers import HandlerContext, authenticate, read_json_object
+from llm_gateway.http.handlers import HandlerContext, authenticate, read_json_object, record_model
 from llm_gateway.ingress.anthropic_request import MessagesRequest, to_chat
 from llm_gateway.ingress.anthropic_response import message_bytes
 from llm_gateway.ingress.anthropic_stream import StreamTranslator
+from llm_gateway.ingress.error_names import MESSAGES, renamed
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.runtime import Runtime
 
@@ -95,16 +99,23 @@ async def messages(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runt
     rec.endpoint = "messages"
     who = authenticate(call, rec, rt)
     body = await read_json_object(ctx, call)
+    record_model(rec, rt, body)
     req = to_chat(body)
     exchange = AnthropicExchange(call, req, body)
-    await ctx.service.handle(exchange, rec, rt, "chat", req.body, who, native=exchange)
+    try:
+        await ctx.service.handle(exchange, rec, rt, "chat", req.body, who, native=exchange)
+    except GatewayError as e:
+        raise renamed(e, MESSAGES) from None
 
 
 async def count_tokens(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     who = authenticate(call, rec, rt)
     body = await read_json_object(ctx, call)
     req = to_chat(body, count_only=True)
-    n, source = await ctx.service.count_prompt_tokens(call, rec, rt, req.body, who, native_body=body)
+    try:
+        n, source = await ctx.service.count_prompt_tokens(call, rec, rt, req.body, who, native_body=body)
+    except GatewayError as e:
+        raise renamed(e, MESSAGES) from None
     headers = [
         (b"x-request-id", call.rid.encode()),
         (b"request-id", call.rid.encode()),

@@ -36,6 +36,7 @@ from llm_gateway.http.call import Call
 from llm_gateway.http.openapi import openapi_document
 from llm_gateway.observability.metrics import Metrics
 from llm_gateway.observability.record import RequestRecord
+from llm_gateway.request_info import FORMAT_SEP
 from llm_gateway.routing.table import ModelRoute
 from llm_gateway.runtime import Runtime
 from llm_gateway.service import GenerationService
@@ -104,6 +105,17 @@ def authenticate(call: Call, rec: RequestRecord, rt: Runtime) -> Principal:
     rec.key = who.name
     call.who = who  # a refusal before the limiter admits the request is still one against its rpm (asgi.py)
     return who
+
+
+def record_model(rec: RequestRecord, rt: Runtime, body: dict[str, Any]) -> None:
+    """Count a translated request (Responses, Messages) under the public model it names from the moment its
+    body parsed, so that its translation's 400s are not counted as "unknown"; a name the gateway does not
+    serve stays "unknown" (metric labels never take a client's string)."""
+    model = body.get("model")
+    if isinstance(model, str):
+        route = rt.table.resolve(model.rpartition(FORMAT_SEP)[0] or model)
+        if route is not None:
+            rec.model = route.name
 
 
 async def _generation(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime, endpoint: Endpoint) -> None:

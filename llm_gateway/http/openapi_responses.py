@@ -34,7 +34,7 @@ def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
 ERRORS = {
     "400": "the request is invalid, or asks for what the gateway does not support",
     "401": "no valid API key",
-    "404": "no such response (of this key), or no such model",
+    "404": "no such response (of this key), no such stored item (an `item_reference`), or no such model",
     "429": "a rate limit, or the gateway is overloaded",
     "503": "the database of stored responses cannot be reached, or no backend can serve the model",
 }

@@ -6,11 +6,12 @@ It says exactly what `ingress/responses_request.py` accepts, so that a request v
 is one the gateway takes and an invalid one is refused with a 400 (tests/reliability/test_schemathesis.py):
 an explicit null counts as an absent optional field (an unknown top-level field too, but only when null:
 any other value of one is refused), the fields the gateway cannot honour (`background: true`,
-`conversation`, `prompt`, `context_management`, `max_tool_calls`, built-in tools, `item_reference`
-and file inputs) are documented as refused, and the gateway's own limits are stated (`temperature`
-0..2, `top_logprobs` at most 20, 16 metadata pairs, images in user messages only, an input that
-leaves the model nothing to answer). Kept apart from the answers (openapi_responses_answers.py) and the
-paths (openapi_responses.py) because it is the part that must track the ingress parser.
+`conversation`, `prompt`, `context_management`, `max_tool_calls`, built-in tools and file inputs)
+are documented as refused, an `item_reference` as the stored item it names (404 when the key has none
+such), and the gateway's own limits are stated (`temperature` 0..2, `top_logprobs` at most 20, 16
+metadata pairs, images in user messages only, an input that leaves the model nothing to answer). Kept
+apart from the answers (openapi_responses_answers.py) and the paths (openapi_responses.py) because it
+is the part that must track the ingress parser.
 """
 
 from __future__ import annotations
@@ -114,16 +115,20 @@ REASONING_ITEM = _obj(
         "summary": _reasoning_parts("summary_text"),
     },
 )
+ITEM_REFERENCE = {
+    **_obj(["type", "id"], {"type": {"const": "item_reference"}, "id": STRING}),
+    "description": "an item stored for this key (an input or output item of a stored response): 404 if none",
+}
 # what becomes a chat message (a reasoning item only rides on the next assistant turn)
 CONVERSATIONAL = [USER_MESSAGE, OTHER_MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT]
 INPUT = {
     "anyOf": [
         {"type": "string", "description": "one user message"},
-        {"type": "array", "items": {"anyOf": [*CONVERSATIONAL, REASONING_ITEM]}},
+        {"type": "array", "items": {"anyOf": [*CONVERSATIONAL, REASONING_ITEM, ITEM_REFERENCE]}},
     ],
     "description": (
-        "items: messages (`type` may be left out), function calls and their outputs, reasoning; "
-        "`item_reference`, file inputs and the built-in tools' items are refused"
+        "items: messages (`type` may be left out), function calls and their outputs, reasoning, references to "
+        "stored items; file inputs and the built-in tools' items are refused"
     ),
 }
 
@@ -202,7 +207,10 @@ REQUEST_PROPERTIES: dict[str, Any] = {
     "instructions": {**N_STRING, "description": "a first system message (not carried over by chaining)"},
     "previous_response_id": {
         **_nullable({"type": "string", "pattern": "^resp_"}),
-        "description": "a stored response of this key, whose conversation goes before this input (404 if none)",
+        "description": (
+            "a stored response of this key, whose conversation goes before this input "
+            "(400 previous_response_not_found if none)"
+        ),
     },
     "store": {**N_BOOL, "description": "keep the response for GET and chaining (default true)"},
     "stream": N_BOOL,

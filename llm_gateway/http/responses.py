@@ -15,9 +15,18 @@ which an engine's own store (one per engine process) could not share across repl
 far in the gateway's database (`state.responses`: SQLite by default, Postgres when replicas share
 it), written once the answer is complete and before its last bytes go out, so that a client that
 chains at once finds it; `store: false` writes nothing. Responses are visible to the key that made
-them only. A database that cannot be reached is a 503 for reads and chaining; for a generation
-that already ran, the answer still goes out (with `x-gateway-stored: false`) and the failure is
-logged and counted.
+them only. Their items (new input items and output items) can be named by a later request's
+`item_reference`s: all of a request's references are looked up in one query, and only when it has
+some; another key's item, or an unknown one, is OpenAI's 404 (`param` input). A `previous_response_id`
+the key has no stored response for (unknown, deleted, `store: false`, another key's) is OpenAI's 400
+`previous_response_not_found`, the code Codex and its proxies recover on. A database that cannot be
+reached is a 503 for reads, references and chaining; for a generation that already ran, the answer
+still goes out (with `x-gateway-stored: false`) and the failure is logged and counted.
+
+Errors are in the route's names: what the chat path raises about the translated body (`messages`,
+`max_tokens`...) names `input`, `max_output_tokens`... (`ingress.error_names`). The request's model is
+recorded as soon as the body parsed, so an early 400 is counted under the public model it asked for (a
+model the gateway does not serve stays "unknown": metric labels never take a client's string).
 """
 
 from __future__ import annotations
@@ -32,8 +41,9 @@ import orjson
 from llm_gateway.errors import GatewayError, InvalidRequest
 from llm_gateway.exchange import JSON, Headers
 from llm_gateway.http.call import Call, CallExchange
-from llm_gateway.http.handlers import HandlerContext, authenticate, read_json_object
-from llm_gateway.ingress.responses_items import new_id
+from llm_gateway.http.handlers import HandlerContext, authenticate, read_json_object, record_model
+from llm_gateway.ingress.error_names import RESPONSES, renamed
+from llm_gateway.ingress.responses_items import item_references, new_id
 from llm_gateway.ingress.responses_request import ResponsesRequest, parse
 from llm_gateway.ingress.responses_response import to_response
 from llm_gateway.ingress.responses_stream import ResponsesStream
@@ -132,8 +142,9 @@ class ResponsesExchange(CallExchange):
             input_items=req.items,
             conversation=[*self._earlier, *req.messages, turn],
         )
+        new_inputs = [it for it in req.items if it["id"] not in req.referenced]  # referenced: stored already
         try:
-            await store.save(stored)
+            await store.save(stored, [*new_inputs, *resp["output"]])
         except GatewayError as e:
             log.warning("response %s was not stored: %s (request %s)", resp["id"], e.message, self.rid)
             return False
@@ -144,16 +155,22 @@ class ResponsesExchange(CallExchange):
 async def create(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     rec.endpoint = "responses"
     who = authenticate(call, rec, rt)
-    req = parse(await read_json_object(ctx, call))
-    earlier = await _earlier(ctx, req, who.name)
+    owner = who.name
+    body = await read_json_object(ctx, call)
+    record_model(rec, rt, body)
+    req = parse(body, await _referenced(ctx, body, owner))
+    earlier = await _earlier(ctx, req, owner)
     store = None
     if req.store:
         try:
             store = await ctx.responses.get()
         except GatewayError as e:  # the answer still goes out, marked as not stored
             log.warning("responses cannot be stored now: %s (request %s)", e.message, call.rid)
-    exchange = ResponsesExchange(call, req, earlier, store, who.name)
-    await ctx.service.handle(exchange, rec, rt, "chat", req.chat_body(earlier), who)
+    exchange = ResponsesExchange(call, req, earlier, store, owner)
+    try:
+        await ctx.service.handle(exchange, rec, rt, "chat", req.chat_body(earlier), who)
+    except GatewayError as e:
+        raise renamed(e, RESPONSES) from None
 
 
 async def input_tokens(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
@@ -161,24 +178,39 @@ async def input_tokens(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: 
     own tokenizer where it has one (`x-gateway-token-count: engine`), else the gateway's estimate.
     Not charged to the key's limits: nothing is generated."""
     who = authenticate(call, rec, rt)
-    req = parse(await read_json_object(ctx, call))
+    raw = await read_json_object(ctx, call)
+    req = parse(raw, await _referenced(ctx, raw, who.name))
     earlier = await _earlier(ctx, req, who.name)
     body = req.chat_body(earlier)
     for k in ("stream", "stream_options", "max_tokens", "temperature", "top_p", "logprobs", "top_logprobs", "user"):
         body.pop(k, None)
-    n, source = await ctx.service.count_prompt_tokens(call, rec, rt, body, who)
+    try:
+        n, source = await ctx.service.count_prompt_tokens(call, rec, rt, body, who)
+    except GatewayError as e:
+        raise renamed(e, RESPONSES) from None
     headers = [(b"x-request-id", call.rid.encode()), (TOKEN_COUNT_HEADER, source.encode())]
     await call.respond(200, orjson.dumps({"object": "response.input_tokens", "input_tokens": n}), headers)
 
 
+async def _referenced(ctx: HandlerContext, body: dict[str, Any], owner: str) -> dict[str, dict[str, Any]] | None:
+    """The stored items the input's `item_reference`s name, by id, in one query (None: it names none)."""
+    refs = item_references(body.get("input"))
+    if not refs:
+        return None
+    return await (await ctx.responses.get()).load_items(refs, owner)
+
+
 async def _earlier(ctx: HandlerContext, req: ResponsesRequest, owner: str) -> list[dict[str, Any]]:
-    """The stored conversation `previous_response_id` names ([] without one); 404 if the key has none such."""
+    """The stored conversation `previous_response_id` names ([] without one); OpenAI's 400
+    `previous_response_not_found` if the key has none such."""
     if req.previous_response_id is None:
         return []
     prev = await (await ctx.responses.get()).load(req.previous_response_id, owner)
     if prev is None:
-        raise _not_found(
-            f"Previous response with id '{req.previous_response_id}' not found.", param="previous_response_id"
+        raise InvalidRequest(
+            f"Previous response with id '{req.previous_response_id}' not found.",
+            param="previous_response_id",
+            code="previous_response_not_found",
         )
     return prev.conversation
 

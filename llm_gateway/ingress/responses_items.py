@@ -7,15 +7,20 @@ content a string or parts: `input_text` / `output_text` / `refusal` -> text, `in
 `tool_calls` (merged into the assistant message just before them), `function_call_output` -> `tool`
 messages (images in an output follow in a user message), `reasoning` items -> the next assistant turn's
 `reasoning_content`. Every item is also listed back with an id (GET /v1/responses/{id}/input_items).
-`item_reference`, file inputs and other item types are a 400.
+An `item_reference` (`{"type": "item_reference", "id"}`, or OpenAI's short form: an id with neither
+`type` nor `role`) stands for an item the gateway stored for the same key: the handler looks up every
+reference of a request in one query (`item_references` lists them without reading the rest) and the
+item is read as if the client had sent it; one the key has no such item for is OpenAI's 404 (`param`
+input). File inputs and other item types are a 400.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
-from llm_gateway.errors import InvalidRequest
+from llm_gateway.errors import GatewayError, InvalidRequest
 from llm_gateway.ingress.field_checks import PromptChars, as_list, as_obj, as_str, check_hint
 
 
@@ -35,10 +40,33 @@ def new_id(prefix: str) -> str:
     return prefix + os.urandom(24).hex()
 
 
+def missing_item(item_id: str) -> GatewayError:
+    """OpenAI's answer to a reference to an item it does not hold for the key (status, envelope and text)."""
+    return GatewayError(
+        f"Item with id '{item_id}' not found.", status=404, type_="invalid_request_error", param="input"
+    )
+
+
+def _is_reference(it: dict[str, Any]) -> bool:
+    kind = it.get("type")
+    return kind == "item_reference" or (kind is None and "role" not in it and "id" in it)
+
+
+def item_references(value: Any) -> list[str]:
+    """The ids an `input` refers to (none for a string, or for items that are all given whole)."""
+    if not isinstance(value, list):
+        return []
+    return [it["id"] for it in value if isinstance(it, dict) and _is_reference(it) and isinstance(it.get("id"), str)]
+
+
 # -- input items --------------------------------------------------------------------------------------
 
 
-def input_messages(value: Any, seen: PromptChars) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def input_messages(
+    value: Any, seen: PromptChars, found: Mapping[str, dict[str, Any]] | None = None, referenced: set[str] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The input as chat messages and as items; `found`: the stored items its references name (by id),
+    and the ids of those it used are added to `referenced`."""
     if isinstance(value, str):
         seen.chars += len(value)
         item = {
@@ -54,6 +82,14 @@ def input_messages(value: Any, seen: PromptChars) -> tuple[list[dict[str, Any]],
     for i, raw in enumerate(as_list(value, "input")):
         p = f"input.{i}"
         it = as_obj(raw, p)
+        if _is_reference(it):
+            ref = as_str(it.get("id"), f"{p}.id")
+            stored = found.get(ref) if found is not None else None
+            if stored is None:
+                raise missing_item(ref)
+            it = stored
+            if referenced is not None:
+                referenced.add(ref)
         kind = it.get("type", "message")
         seen.chars += 16
         if kind == "message":
@@ -88,10 +124,6 @@ def input_messages(value: Any, seen: PromptChars) -> tuple[list[dict[str, Any]],
             seen.chars += len(text)
             if text:
                 reasoning.append(text)
-        elif kind == "item_reference":
-            raise unsupported(
-                "item references are not supported by this gateway; send the items themselves", f"{p}.type"
-            )
         elif isinstance(kind, str):
             raise unsupported(f"'{kind}' input items are not supported by this gateway", f"{p}.type")
         else:

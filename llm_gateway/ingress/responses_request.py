@@ -28,12 +28,13 @@ What maps, field by field:
 An explicit null is an absent field. Unknown top-level fields are a 400 (OpenAI: "Unknown
 parameter"). What the gateway cannot honour is a clear 400, never dropped: `background`,
 `conversation`, `prompt` templates, `context_management`, `max_tool_calls`, built-in tools (web
-search, file search, computer use, MCP, code interpreter, image generation), `item_reference` and
-file inputs.
+search, file search, computer use, MCP, code interpreter, image generation) and file inputs.
+`item_reference` input items are the items the gateway stored for the key (`parse`'s `found`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +128,8 @@ class ResponsesRequest:
     #: the request fields the Response object carries back
     echo: dict[str, Any] = field(default_factory=dict)
     prompt_estimate: int = 0
+    #: the ids of the stored items this input referred to (listed in `items`, not stored again)
+    referenced: frozenset[str] = frozenset()
 
     def chat_body(self, earlier: list[dict[str, Any]]) -> dict[str, Any]:
         """The chat body: instructions, then the earlier conversation, then this input."""
@@ -138,8 +141,9 @@ class ResponsesRequest:
         return {"model": self.model, "messages": messages, **self.options}
 
 
-def parse(req: dict[str, Any]) -> ResponsesRequest:
-    """Check a Responses request and translate what maps. Raises InvalidRequest as OpenAI would."""
+def parse(req: dict[str, Any], found: Mapping[str, dict[str, Any]] | None = None) -> ResponsesRequest:
+    """Check a Responses request and translate what maps; `found`: the stored items its `item_reference`s
+    name, by id (`responses_items.item_references` lists those). Raises GatewayError as OpenAI would."""
     for k, v in req.items():
         if k in _FIELDS or v is None:
             continue
@@ -161,7 +165,8 @@ def parse(req: dict[str, Any]) -> ResponsesRequest:
     if req.get("instructions") is not None:
         instructions = as_str(req["instructions"], "instructions")
         seen.chars += len(instructions)
-    messages, items = input_messages(req["input"], seen)
+    referenced: set[str] = set()
+    messages, items = input_messages(req["input"], seen, found, referenced)
     options: dict[str, Any] = {}
     echo: dict[str, Any] = {"instructions": instructions}
     stream = req.get("stream") is not None and as_bool(req["stream"], "stream")
@@ -180,7 +185,17 @@ def parse(req: dict[str, Any]) -> ResponsesRequest:
             raise invalid("expected an ID that begins with 'resp_'.", "previous_response_id")
     echo["store"] = store
     return ResponsesRequest(
-        model, stream, store, prev, instructions, messages, items, options, echo, seen.chars // 4 + 1
+        model,
+        stream,
+        store,
+        prev,
+        instructions,
+        messages,
+        items,
+        options,
+        echo,
+        seen.chars // 4 + 1,
+        frozenset(referenced),
     )
 
 

@@ -2,7 +2,8 @@
 
 A Response: `id` "resp_...", `object` response, `created_at`, `status` (completed; incomplete with
 `incomplete_details.reason` max_output_tokens when the engine stopped at the token limit, or
-content_filter; failed with `error` when a stream broke), `model` (the public model), `output`
+content_filter, and then the item it cut is `incomplete` too, as OpenAI's are; failed with `error` when a
+stream broke), `model` (the public model), `output`
 items in the engine's order of meaning: a `reasoning` item (the engine's reasoning text as a
 `reasoning_text` content part), a `message` (`output_text` with its logprobs where the engine sent
 them, or a `refusal`), then one `function_call` per tool call (`call_id` the engine's tool call
@@ -74,13 +75,13 @@ def status_of(finish: Any) -> tuple[str, dict[str, str] | None]:
     return "completed", None
 
 
-def reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
+def reasoning_item(text: str, item_id: str | None = None, status: str = "completed") -> dict[str, Any]:
     return {
         "id": item_id or new_id("rs_"),
         "type": "reasoning",
         "summary": [],
         "content": [{"type": "reasoning_text", "text": text}],
-        "status": "completed",
+        "status": status,
     }
 
 
@@ -181,6 +182,8 @@ def to_response(obj: dict[str, Any], req: ResponsesRequest, response_id: str) ->
     if tool_calls:
         turn["tool_calls"] = tool_calls
     resp["status"], resp["incomplete_details"] = status_of(choice.get("finish_reason"))
+    if resp["status"] == "incomplete" and output:
+        output[-1]["status"] = "incomplete"  # the item the limit cut (openai-python: its `status`)
     resp["output"] = output
     resp["usage"] = usage(obj.get("usage"))
     return resp, turn

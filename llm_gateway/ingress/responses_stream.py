@@ -6,7 +6,8 @@ part), `response.reasoning_text.delta`s, `.done`, `response.content_part.done`; 
 with an `output_text` part and `response.output_text.delta`s (with their logprobs); for a tool call
 `response.function_call_arguments.delta`s and `.done`; then `response.output_item.done` with the
 whole item. An item ends when output of another kind starts. At the end `response.completed` (or
-`response.incomplete` when the engine stopped at the token limit) carries the whole Response, equal
+`response.incomplete` when the engine stopped at the token limit, whose last item is then `incomplete`
+in its `output_item.done` and in the Response) carries the whole Response, equal
 to what a whole answer would have been, usage included; an error event in the chat stream (the
 engine failed after the first byte) becomes `response.failed` with the error, and nothing follows.
 Every event has a `sequence_number`. Frames are `event: TYPE\\ndata: JSON\\n\\n`.
@@ -243,8 +244,8 @@ class ResponsesStream:
             out += self._frame("response.function_call_arguments.delta", {**self._where(), "delta": args})
         return out
 
-    def _close(self) -> bytes:
-        """End the open item: its done events, and the item in the final output."""
+    def _close(self, status: str = "completed") -> bytes:
+        """End the open item: its done events, and the item (with this status) in the final output."""
         kind = self._kind
         if kind is None:
             return b""
@@ -253,7 +254,7 @@ class ResponsesStream:
         item = self._item
         out = b""
         if kind == "reasoning":
-            done = reasoning_item(text, item["id"])
+            done = reasoning_item(text, item["id"], status)
             part = done["content"][0]
             out += self._frame("response.reasoning_text.done", {**where, "content_index": 0, "text": text})
             out += self._frame("response.content_part.done", {**where, "content_index": 0, "part": part})
@@ -261,12 +262,12 @@ class ResponsesStream:
         elif kind == "text":
             lp = item.get("_logprobs") or []
             part = text_part(text, lp)
-            done = message_item([part], item["id"])
+            done = message_item([part], item["id"], status)
             out += self._frame("response.output_text.done", {**where, "content_index": 0, "text": text, "logprobs": lp})
             out += self._frame("response.content_part.done", {**where, "content_index": 0, "part": part})
             self.turn["content"] = (self.turn.get("content") or "") + text
         else:
-            done = call_item(item["call_id"], item["name"], text, item["id"])
+            done = call_item(item["call_id"], item["name"], text, item["id"], status)
             out += self._frame(
                 "response.function_call_arguments.done", {**where, "name": item["name"], "arguments": text}
             )
@@ -282,9 +283,9 @@ class ResponsesStream:
         out = b"" if self._started else self._start({})
         if not self.response["output"] and self._kind is None:  # nothing generated: an empty message
             out += self._open("text", message_item([], status="in_progress"), text_part(""))
-        out += self._close()
         resp = self.response
         resp["status"], resp["incomplete_details"] = status_of(self._finish)
+        out += self._close(resp["status"])  # the item the limit cut is incomplete too
         u = usage(self._usage)
         if u is None:  # the engine sent no count: the estimates
             u = usage({"prompt_tokens": self.estimate, "completion_tokens": self._deltas})

@@ -4,18 +4,26 @@ response later and continue a conversation from it with `previous_response_id`.
 A response belongs to the API key that created it (`owner`, the key's name): every read and delete
 names the owner, and another key's response is indistinguishable from one that does not exist. Each
 record carries the whole conversation so far as OpenAI chat messages, so continuing from it is one read,
-however long the chain. A database that is down or too slow raises `DatabaseUnavailable` (503).
+however long the chain. Its items (new input items and output items) are also kept by id
+(`response_items`), so that a later request's `item_reference`s are found in one query per
+`ITEMS_PER_QUERY` references; they belong to the owner of their response (a join, so ownership has one
+column) and go with it when it is deleted. A database that is down or too slow raises
+`DatabaseUnavailable` (503).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
 from llm_gateway.state.database import Database
-from llm_gateway.state.tables import responses
+from llm_gateway.state.tables import response_items, responses
+
+#: references looked up by one statement (SQLite bounds a statement's parameters; Postgres' plan stays small)
+ITEMS_PER_QUERY = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +44,9 @@ class ResponseStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def save(self, r: StoredResponse) -> None:
-        """Insert; ids are minted by the gateway, so saving one twice is a bug (IntegrityError)."""
+    async def save(self, r: StoredResponse, items: Sequence[dict[str, Any]] = ()) -> None:
+        """Insert, with `items` (each with a string `id`) findable by `load_items`; ids of responses are
+        minted by the gateway, so saving one twice is a bug (IntegrityError)."""
         async with self.db.begin() as conn:
             await conn.execute(
                 responses.insert().values(
@@ -51,6 +60,30 @@ class ResponseStore:
                     conversation=r.conversation,
                 )
             )
+            if items:
+                await conn.execute(
+                    response_items.insert(),
+                    [{"response_id": r.id, "position": i, "id": it["id"], "item": it} for i, it in enumerate(items)],
+                )
+
+    async def load_items(self, ids: Collection[str], owner: str) -> dict[str, dict[str, Any]]:
+        """The owner's stored items with these ids, by id (an id of another key's, or unknown, is absent);
+        an id stored more than once is its latest response's."""
+        wanted = list(dict.fromkeys(ids))
+        found: dict[str, dict[str, Any]] = {}
+        if not wanted:
+            return found
+        async with self.db.begin() as conn:
+            for at in range(0, len(wanted), ITEMS_PER_QUERY):
+                query = (
+                    sa.select(response_items.c.id, response_items.c.item)
+                    .join(responses, responses.c.id == response_items.c.response_id)
+                    .where(response_items.c.id.in_(wanted[at : at + ITEMS_PER_QUERY]), responses.c.owner == owner)
+                    .order_by(responses.c.created_at, response_items.c.position)
+                )
+                for row in await conn.execute(query):
+                    found[row.id] = row.item
+        return found
 
     async def load(self, response_id: str, owner: str) -> StoredResponse | None:
         """The owner's response; None when the id is unknown or another key's."""
@@ -75,4 +108,6 @@ class ResponseStore:
         query = responses.delete().where(responses.c.id == response_id, responses.c.owner == owner)
         async with self.db.begin() as conn:
             result = await conn.execute(query)
+            if result.rowcount > 0:
+                await conn.execute(response_items.delete().where(response_items.c.response_id == response_id))
         return result.rowcount > 0

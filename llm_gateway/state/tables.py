@@ -48,6 +48,19 @@ responses = sa.Table(
     sa.Index("ix_responses_owner_created_at", "owner", "created_at"),
 )
 
+# each item of a stored response (its new input items, then its output items) by id, so that a later
+# request's `item_reference` finds it; whose it is comes from its response (a join on responses.owner), and it
+# is deleted with it. Not unique by id: a client may send an item again with the id it was given.
+response_items = sa.Table(
+    "response_items",
+    metadata,
+    sa.Column("response_id", sa.String(), primary_key=True),
+    sa.Column("position", sa.Integer(), primary_key=True, autoincrement=False),
+    sa.Column("id", sa.String(), nullable=False),
+    sa.Column("item", JsonText(), nullable=False),
+    sa.Index("ix_response_items_id", "id"),
+)
+
 api_keys = sa.Table(
     "api_keys",
     metadata,

@@ -17,6 +17,7 @@ import httpx2
 import openai
 import orjson
 import pytest
+import sqlalchemy as sa
 
 from llm_gateway.app import create_app
 from llm_gateway.auth import digest_of
@@ -42,6 +43,8 @@ models:
   - name: tiny-public
     aliases: [tiny-alias]
     deployments: [{{backend: emu, model: tiny, format: safetensors, capabilities: [chat, tools, json_schema]}}]
+  - name: small-window
+    deployments: [{{backend: emu, model: tiny, format: safetensors, context_length: 64}}]
 """
 WEATHER = {
     "type": "function",
@@ -229,7 +232,7 @@ def test_stored_responses_get_list_delete_and_belong_to_their_key(
         bob.responses.retrieve(r.id)  # another key's response does not exist for it
     with pytest.raises(openai.NotFoundError):
         bob.responses.delete(r.id)
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.BadRequestError):  # previous_response_not_found
         bob.responses.create(model="tiny-public", previous_response_id=r.id, input="x", max_output_tokens=1)
     client.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError):
@@ -266,7 +269,7 @@ def test_errors_are_the_sdks_typed_exceptions(gateway: GatewayProcess, client: o
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="tiny-public", input="x", tools=[{"type": "web_search"}])
     assert "not supported by this gateway" in e.value.message
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.BadRequestError):
         client.responses.create(model="tiny-public", input="x", previous_response_id="resp_nope")
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="no-such-model", input="x")
@@ -277,6 +280,110 @@ def test_errors_are_the_sdks_typed_exceptions(gateway: GatewayProcess, client: o
     raw = httpx.put(gateway.url + "/v1/responses/resp_x", headers={"authorization": f"Bearer {ALICE}"})
     assert raw.status_code == 405 and raw.headers["allow"] == "DELETE, GET"
     assert raw.json()["error"]["code"] == "method_not_allowed"
+
+
+def _refs(*ids: str) -> list[dict[str, str]]:
+    return [{"type": "item_reference", "id": i} for i in ids]
+
+
+def test_item_references_are_the_items_the_gateway_stored_for_the_key(
+    gateway: GatewayProcess, client: openai.OpenAI, emulator: EmulatorThread
+) -> None:
+    first = client.responses.create(
+        model="tiny-public", input=[{"role": "user", "content": "Hello"}], max_output_tokens=3
+    )
+    asked = client.responses.input_items.list(first.id).data[0].id  # an input item the client sent
+    said = first.output[0].id  # an output item
+    with client.responses.stream(
+        model="tiny-public",
+        input=[*_refs(asked, said), {"role": "user", "content": "More"}],  # type: ignore[list-item]
+        max_output_tokens=2,
+    ) as s:
+        _, second = terminal(iter(s))
+    assert sent(emulator)["messages"] == [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": expected_text(3)},
+        {"role": "user", "content": "More"},
+    ]
+    listed = client.responses.input_items.list(second.id, order="asc").data
+    assert [it.id for it in listed[:2]] == [asked, said]  # listed as the items they stand for
+    # the second's new input item and its (streamed) output are stored by id in turn
+    client.responses.create(
+        model="tiny-public",
+        input=_refs(asked, said, listed[2].id, second.output[0].id),  # type: ignore[arg-type]
+        max_output_tokens=1,
+        store=False,
+    )
+    assert [m["content"] for m in sent(emulator)["messages"]] == ["Hello", expected_text(3), "More", expected_text(2)]
+    bob = openai.OpenAI(base_url=gateway.url + "/v1", api_key=BOB, max_retries=0)
+    for who, ref in ((bob, asked), (client, "msg_unknown"), (bob, "msg_unknown")):
+        with pytest.raises(openai.NotFoundError) as e:  # another key's item is one that does not exist
+            who.responses.create(model="tiny-public", input=_refs(ref), max_output_tokens=1)  # type: ignore[arg-type]
+        assert e.value.body == {
+            "message": f"Item with id '{ref}' not found.",
+            "type": "invalid_request_error",
+            "param": "input",
+            "code": None,
+        }
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):  # a deleted response's items go with it
+        client.responses.create(model="tiny-public", input=_refs(said), max_output_tokens=1)  # type: ignore[arg-type]
+
+
+def test_a_previous_response_the_key_has_not_is_previous_response_not_found(
+    gateway: GatewayProcess, client: openai.OpenAI
+) -> None:
+    deleted = client.responses.create(model="tiny-public", input="x", max_output_tokens=1)
+    client.responses.delete(deleted.id)
+    unstored = client.responses.create(model="tiny-public", input="x", max_output_tokens=1, store=False)
+    bobs = openai.OpenAI(base_url=gateway.url + "/v1", api_key=BOB, max_retries=0).responses.create(
+        model="tiny-public", input="x", max_output_tokens=1
+    )
+    for prev in ("resp_unknown", deleted.id, unstored.id, bobs.id):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model="tiny-public", previous_response_id=prev, input="y", max_output_tokens=1)
+        assert e.value.status_code == 400
+        assert e.value.body == {  # OpenAI's (Codex and its proxies recover on the code)
+            "message": f"Previous response with id '{prev}' not found.",
+            "type": "invalid_request_error",
+            "param": "previous_response_id",
+            "code": "previous_response_not_found",
+        }
+
+
+def test_errors_of_the_chat_path_name_the_responses_parameters(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:  # the prompt alone is over the 64-token window
+        client.responses.create(model="small-window", input="word " * 2000, max_output_tokens=10)
+    body: Any = e.value.body
+    assert (body["code"], body["param"]) == ("context_length_exceeded", "input")
+    assert "max_output_tokens 10" in body["message"] and "max_tokens" not in body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="tiny-public", input=[])
+    body = e.value.body
+    assert body["param"] == "input" and "'input'" in body["message"] and "messages" not in body["message"]
+
+
+def test_an_early_400_is_counted_under_the_model_it_asked_for(gateway: GatewayProcess, client: openai.OpenAI) -> None:
+    def count(model: str) -> float:
+        text = httpx.get(gateway.url + "/metrics").text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("gateway_requests_total{")
+            and 'endpoint="responses"' in line
+            and f'model="{model}"' in line
+            and 'status_class="4xx"' in line
+        )
+
+    before, unknown = count("tiny-public"), count("unknown")
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="tiny-alias", input="x", extra_body={"bogus": 1})  # refused by the translation
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="tiny-public", input="x", previous_response_id="resp_unknown")
+    assert count("tiny-public") == before + 2  # the public model of the alias, as a served request is counted
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="not-served", input="x", extra_body={"bogus": 1})
+    assert count("unknown") == unknown + 1  # a name the gateway does not serve is no label
 
 
 def test_the_endpoint_label_counts_responses(gateway: GatewayProcess, client: openai.OpenAI) -> None:
@@ -400,6 +507,48 @@ async def test_the_sdk_reads_function_calls_whole_and_streamed(tmp_path: Path) -
         assert (fc.call_id, fc.name, fc.arguments) == ("call_7", "get_weather", '{"city":"Rome"}')
         assert resp.usage is not None and (resp.usage.input_tokens, resp.usage.output_tokens) == (30, 9)
         assert resp.status == "completed"
+    up.assert_all_closed()
+
+
+async def test_references_cost_one_query_and_a_request_without_them_none(tmp_path: Path) -> None:
+    """The store is read for references only when the input has some, and then once for all of them."""
+    answer = {
+        "id": "chatcmpl-r",
+        "object": "chat.completion",
+        "model": "upstream-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Yes."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    }
+    up = FakeUpstream({("POST", "http://engine-a.test/v1/chat/completions"): [FakeAnswer.json(answer)] * 3})
+    cfg = ONE_BACKEND.replace("server: {access_log: false}", f'server: {{access_log: false, data_dir: "{tmp_path}"}}')
+    app = create_app(make_config(cfg), upstream=up, probes=False)
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gateway.test")
+    sdk = openai.AsyncOpenAI(base_url="http://gateway.test/v1", api_key=TEST_KEY, http_client=http, max_retries=0)
+    try:
+        first = await sdk.responses.create(
+            model="public-model", input=[{"role": "user", "content": "A"}, {"role": "user", "content": "B"}]
+        )
+        store = app.responses.store
+        assert store is not None
+        seen: list[str] = []
+        sa.event.listen(store.db.engine.sync_engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+        await sdk.responses.create(model="public-model", input=[{"role": "user", "content": "no references"}])
+        assert not [q for q in seen if q.lstrip().upper().startswith("SELECT")]  # only the save's inserts
+        seen.clear()
+        ids = [it.id for it in (await sdk.responses.input_items.list(first.id, order="asc")).data]
+        seen.clear()
+        await sdk.responses.create(model="public-model", input=_refs(*ids, first.output[0].id), store=False)  # type: ignore[arg-type]
+        assert len([q for q in seen if q.lstrip().upper().startswith("SELECT")]) == 1
+        sent_messages = up.calls[-1].json()["messages"]
+        assert sent_messages == [
+            {"role": "user", "content": "A"},
+            {"role": "user", "content": "B"},
+            {"role": "assistant", "content": "Yes."},
+        ]
+    finally:
+        await http.aclose()
+        await app.responses.aclose()
+        await app.gw.aclose()
     up.assert_all_closed()
 
 

@@ -84,6 +84,23 @@ async def test_two_replicas_see_each_others_writes_and_deletes(postgres: Postgre
         await two.aclose()
 
 
+async def test_items_saved_on_one_replica_are_referenced_on_the_other(postgres: PostgresServer):
+    url = postgres.new_database()
+    one, two = await Database.open(url), await Database.open(url)
+    try:
+        a, b = ResponseStore(one), ResponseStore(two)
+        items = [{"id": f"msg_{i}", "type": "message", "role": "user", "content": f"NUL \x00 {i}"} for i in range(600)]
+        await a.save(_response("resp_a"), items=items)
+        found = await b.load_items([it["id"] for it in items], "alice")  # two batches
+        assert found == {it["id"]: it for it in items}
+        assert await b.load_items(["msg_1"], "bob") == {}
+        assert await b.delete("resp_a", "alice")
+        assert await a.load_items(["msg_1"], "alice") == {}
+    finally:
+        await one.aclose()
+        await two.aclose()
+
+
 async def test_replicas_opening_together_migrate_once_to_exactly_the_tables(postgres: PostgresServer):
     url = postgres.new_database()
     replicas = await asyncio.gather(*(Database.open(url) for _ in range(4)))

@@ -52,6 +52,8 @@ MODEL = "st-model"
 MAX_EXAMPLES = 50  # per operation, in the fuzzing phase (coverage and stateful add their own)
 # the operations on a stored response, and the answers they must give schemathesis at least once
 # (the dictionary ids make the 200s; generated ids the 404s)
+#: schemathesis's default answers to a valid request, and the 400 for a `previous_response_id` of no response
+ACCEPTED = ["2xx", "3xx", "400", "401", "403", "404", "409", "429", "5xx"]
 STORED_OPERATIONS = {
     "GET /v1/responses/{response_id}": (200, 404),
     "GET /v1/responses/{response_id}/input_items": (200, 404),
@@ -108,6 +110,12 @@ def load_schema(base_url: str, stored: Stored | None = None) -> BaseSchema:
                     "include-name": "DELETE /v1/responses/{response_id}",
                     "parameters": {"path.response_id": {"dictionary": "disposable", "probability": 0.5}},
                 },
+                # a well-formed `previous_response_id` that names no stored response is OpenAI's 400
+                # `previous_response_not_found` (what Codex recovers on), which no schema can state
+                *(
+                    {"include-name": name, "checks": {"positive_data_acceptance": {"expected-statuses": ACCEPTED}}}
+                    for name in ("POST /v1/responses", "POST /v1/responses/input_tokens")
+                ),
             ],
         }
     config = schemathesis.Config.from_dict(

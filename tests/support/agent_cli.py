@@ -12,6 +12,11 @@ the platform package npm put beside it). ``scripts/setup_dev.sh`` installs its p
 points at another binary. :func:`write_codex_home` writes the ``config.toml`` that makes it a gateway client
 and nothing else, :func:`codex_env` the environment it runs in.
 
+The Vercel AI SDK is the npm packages ``ai`` and ``@ai-sdk/openai`` (with ``zod``, its peer): a library, not a
+CLI. ``scripts/setup_dev.sh`` installs its pins into ``$LLM_GATEWAY_CACHE/ai-sdk-<ai>-openai-<provider>``;
+:func:`ai_sdk_node_modules` reads those pins the same way and finds the ``node_modules`` a test script imports
+from. ``$AI_SDK_NODE_MODULES`` points at another.
+
 No other traffic: :func:`loopback_only_argv` wraps a command in ``unshare -rn`` (a new user and network
 namespace: the only interface is ``lo``, which :func:`bring_loopback_up` brings up from inside), so any
 connection to anything but 127.0.0.1 fails at once, with nothing sent anywhere.
@@ -233,6 +238,57 @@ def codex_env(*, api_key: str, codex_home: Path, home: Path) -> dict[str, str]:
     }
 
 
+# -- the Vercel AI SDK ----------------------------------------------------------------------------------------
+
+AI_SDK_PACKAGES = ("ai", "@ai-sdk/openai", "zod")
+AI_SDK_ENV_VAR = "AI_SDK_NODE_MODULES"
+
+
+def _pin(name: str) -> str:
+    """A version pinned in scripts/setup_dev.sh as ``NAME=${NAME:-version}``, or ``$NAME`` where set."""
+    given = os.environ.get(name)
+    if given:
+        return given
+    m = re.search(rf"{name}=\$\{{{name}:-([^}}]+)\}}", SETUP_SCRIPT.read_text())
+    if m is None:
+        raise AgentCliMissing(f"no {name}=${{{name}:-...}} pin in {SETUP_SCRIPT}")
+    return m.group(1)
+
+
+def ai_sdk_versions() -> dict[str, str]:
+    """The pinned versions of the three packages."""
+    return {
+        "ai": _pin("AI_SDK_VERSION"),
+        "@ai-sdk/openai": _pin("AI_SDK_OPENAI_VERSION"),
+        "zod": _pin("AI_SDK_ZOD_VERSION"),
+    }
+
+
+def ai_sdk_dir() -> Path:
+    """Where scripts/setup_dev.sh installs the pinned versions (its npm --prefix)."""
+    v = ai_sdk_versions()
+    return cache_dir() / f"ai-sdk-{v['ai']}-openai-{v['@ai-sdk/openai']}"
+
+
+def ai_sdk_node_modules() -> Path:
+    """The ``node_modules`` holding the pinned AI SDK: ``$AI_SDK_NODE_MODULES``, else the cached install;
+    AgentCliMissing if the packages (at their pinned versions) are not there."""
+    given = os.environ.get(AI_SDK_ENV_VAR)
+    path = Path(given) if given else ai_sdk_dir() / "node_modules"
+    for package, version in ai_sdk_versions().items():
+        manifest = path / package / "package.json"
+        found = json.loads(manifest.read_text()).get("version") if manifest.is_file() else None
+        if found != version and not given:
+            raise AgentCliMissing(
+                f"the Vercel AI SDK is not installed (looked for {manifest} at {version}): run scripts/setup_dev.sh "
+                f"(npm install --prefix {ai_sdk_dir()} ai @ai-sdk/openai zod at the pinned versions) or point "
+                f"{AI_SDK_ENV_VAR} at a node_modules"
+            )
+    if shutil.which("node") is None:
+        raise AgentCliMissing("node is not installed (apt-get install nodejs)")
+    return path
+
+
 # -- a network namespace with only loopback -------------------------------------------------------------
 
 _SIOCGIFFLAGS = 0x8913
@@ -280,10 +336,14 @@ def network_interfaces() -> list[str]:
 
 
 __all__ = [
+    "AI_SDK_PACKAGES",
     "CLAUDE_CODE_PACKAGE",
     "CODEX_KEY_ENV_VAR",
     "CODEX_PACKAGE",
     "AgentCliMissing",
+    "ai_sdk_dir",
+    "ai_sdk_node_modules",
+    "ai_sdk_versions",
     "bring_loopback_up",
     "claude_code_binary",
     "claude_code_dir",

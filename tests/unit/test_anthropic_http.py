@@ -371,6 +371,50 @@ async def test_count_tokens_falls_back_to_the_estimate_and_says_so() -> None:
     assert len(down.calls) == 1
 
 
+TOOLS = [
+    {
+        "name": f"tool_{i}",
+        "description": "Looks a thing up in a long catalogue of things, by name and by kind, " * 3,
+        "input_schema": {"type": "object", "properties": {"name": {"type": "string"}, "kind": {"type": "string"}}},
+    }
+    for i in range(2)
+]
+
+
+async def test_the_estimate_counts_tools_and_tool_calls() -> None:
+    """No tokenizer reachable: the estimate still grows with the tool definitions and the tool calls, the
+    bytes the engine's template renders too (issue 34: two tools estimated the same as none)."""
+    plain = {"model": "pm", "messages": MESSAGES["messages"]}
+    use = {"type": "tool_use", "id": "toolu_1", "name": "tool_0", "input": {"name": "a" * 400, "kind": "b"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}
+    called = {
+        "model": "pm",
+        "messages": [
+            *MESSAGES["messages"],
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [result]},
+        ],
+    }
+    down = FakeUpstream(default=refused())
+    async with gateway_client(make_config(ONE_BACKEND), upstream=down) as (client, _):
+        counts = []
+        for body in (plain, {**plain, "tools": TOOLS}, called):
+            r = await client.post("/v1/messages/count_tokens", json=body)
+            assert r.status_code == 200 and r.headers["x-gateway-token-count"] == "estimate", r.text
+            counts.append(r.json()["input_tokens"])
+        tool = {"type": "function", "name": "t", "description": "d " * 300, "parameters": {"type": "object"}}
+        sizes = []
+        for extra in ({}, {"tools": [tool, {**tool, "name": "u"}]}):
+            r = await client.post("/v1/responses/input_tokens", json={"model": "pm", "input": "hello", **extra})
+            assert r.status_code == 200 and r.headers["x-gateway-token-count"] == "estimate", r.text
+            sizes.append(r.json()["input_tokens"])
+    tools_bytes = len(orjson.dumps([{"type": "function", "function": {"name": t["name"]}} for t in TOOLS]))
+    assert counts[1] >= counts[0] + tools_bytes // 4  # the definitions, at least their names' JSON
+    assert counts[1] >= counts[0] + 2 * len(TOOLS[0]["description"]) // 4
+    assert counts[2] >= counts[0] + 400 // 4  # the tool call's arguments
+    assert sizes[1] >= sizes[0] + 2 * 600 // 4
+
+
 # -- the adapters' token counting -----------------------------------------------------------------------------
 
 

@@ -11,7 +11,8 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from llm_gateway.errors import InvalidRequest
+from llm_gateway.errors import GatewayError, InvalidRequest
+from llm_gateway.ingress.responses_items import item_references
 from llm_gateway.ingress.responses_request import parse
 from llm_gateway.ingress.responses_response import to_response
 from llm_gateway.ingress.responses_stream import ResponsesStream
@@ -132,6 +133,76 @@ def test_items_become_chat_turns_with_tool_calls_outputs_and_reasoning() -> None
     assert all(isinstance(it["id"], str) for it in req.items)
 
 
+def test_item_references_are_the_stored_items_they_name() -> None:
+    """What `item_reference` stands for is the item the gateway stored (the handler finds them, in one
+    query); the request then reads as if the client had sent those items themselves."""
+    stored = {
+        "msg_u": {"id": "msg_u", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+        "rs_1": {
+            "id": "rs_1",
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "Call it."}],
+            "status": "completed",
+        },
+        "msg_a": {
+            "id": "msg_a",
+            "type": "message",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Checking.", "annotations": [], "logprobs": []}],
+        },
+        "fc_1": {
+            "id": "fc_1",
+            "type": "function_call",
+            "status": "completed",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": "{}",
+        },
+        "fco_1": {"id": "fco_1", "type": "function_call_output", "call_id": "call_1", "output": "18C"},
+    }
+    refs: list[dict[str, Any]] = [{"type": "item_reference", "id": k} for k in stored]
+    refs[2] = {"id": "msg_a"}  # OpenAI's ItemReference: `type` may be left out
+    req = parse({"model": "m", "input": [*refs, {"role": "user", "content": "And now?"}]}, stored)
+    sent = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "Call it."},
+    ]
+    sent[1]["tool_calls"] = [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    ]
+    assert req.chat_body([])["messages"] == [
+        *sent,
+        {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+        {"role": "user", "content": "And now?"},
+    ]
+    assert req.items[:5] == list(stored.values())  # listed back as the items they stand for
+    assert req.referenced == frozenset(stored)  # not stored again as new items
+    with pytest.raises(GatewayError) as e:  # a reference the store does not hold for this key
+        parse({"model": "m", "input": [{"type": "item_reference", "id": "msg_nope"}]}, stored)
+    assert e.value.envelope() == {
+        "error": {
+            "message": "Item with id 'msg_nope' not found.",
+            "type": "invalid_request_error",
+            "param": "input",
+            "code": None,
+        }
+    }
+    assert e.value.status == 404  # OpenAI's answer to it (vercel/ai#10290 shows its body)
+    with pytest.raises(GatewayError):  # nothing resolved at all
+        parse({"model": "m", "input": [{"type": "item_reference", "id": "msg_u"}]})
+
+
+def test_references_are_found_without_reading_the_rest() -> None:
+    assert item_references("just text") == []
+    assert item_references([{"role": "user", "content": "x"}, {"type": "message"}]) == []
+    assert item_references([{"type": "item_reference", "id": "a"}, {"id": "b"}, {"id": "c", "role": "user"}]) == [
+        "a",
+        "b",
+    ]
+
+
 def test_text_format_reasoning_and_logprobs() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     body = parse(
@@ -161,7 +232,7 @@ def test_text_format_reasoning_and_logprobs() -> None:
         ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
         ({"max_tool_calls": 3}, "max_tool_calls", "unsupported_parameter"),
         ({"tools": [{"type": "web_search"}]}, "tools.0.type", "unsupported_parameter"),
-        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type", "unsupported_parameter"),
+        ({"input": [{"type": "item_reference", "id": 7}]}, "input.0.id", None),
         (
             {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
             "input.0.content.0.type",
@@ -241,6 +312,20 @@ def test_the_token_limit_is_an_incomplete_response() -> None:
     r = Response.model_validate(obj)
     assert r.status == "incomplete" and r.incomplete_details is not None
     assert r.incomplete_details.reason == "max_output_tokens"
+    # the item the limit cut is incomplete too (openai-python: ResponseOutputMessage.status), as OpenAI's are
+    assert [(o.type, o.status) for o in r.output] == [("message", "incomplete")]
+
+
+def test_only_the_item_the_limit_cut_is_incomplete() -> None:
+    answer = chat_answer({"content": "cu", "reasoning_content": "Done thinking."}, "length")
+    obj, _ = to_response(answer, parse({"model": "p", "input": "x"}), "resp_3")
+    r = Response.model_validate(obj)
+    assert [(o.type, o.status) for o in r.output] == [("reasoning", "completed"), ("message", "incomplete")]
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a":'}}
+    obj, _ = to_response(chat_answer({"tool_calls": [call]}, "length"), parse({"model": "p", "input": "x"}), "r")
+    assert [(o["type"], o["status"]) for o in obj["output"]] == [("function_call", "incomplete")]
+    obj, _ = to_response(chat_answer({"content": "whole"}), parse({"model": "p", "input": "x"}), "resp_4")
+    assert obj["output"][0]["status"] == "completed"
 
 
 # -- streams -------------------------------------------------------------------------------------------------
@@ -371,9 +456,23 @@ def test_a_stream_without_its_end_marker_fails_rather_than_completes() -> None:
 
 
 def test_the_token_limit_ends_with_response_incomplete() -> None:
-    _, evs = run([chunk({"content": "Hi"}), chunk({}, "length"), b"data: [DONE]\n\n"])
+    s, evs = run(
+        [chunk({"reasoning_content": "Hm."}), chunk({"content": "Hi"}), chunk({}, "length"), b"data: [DONE]\n\n"]
+    )
     assert evs[-1]["type"] == "response.incomplete"
     assert evs[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    done = [e["item"] for e in evs if e["type"] == "response.output_item.done"]
+    assert [(i["type"], i["status"]) for i in done] == [("reasoning", "completed"), ("message", "incomplete")]
+    assert [(i["type"], i["status"]) for i in evs[-1]["response"]["output"]] == [
+        ("reasoning", "completed"),
+        ("message", "incomplete"),
+    ]
+    whole, _ = to_response(
+        chat_answer({"content": "Hi", "reasoning_content": "Hm."}, "length"),
+        parse({"model": "public", "input": "hi", "stream": True}),
+        "resp_s",
+    )
+    assert [i["status"] for i in whole["output"]] == [i["status"] for i in s.response["output"]]
 
 
 def test_no_usage_from_the_engine_means_estimates_not_zeros() -> None:

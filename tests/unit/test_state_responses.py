@@ -211,3 +211,49 @@ async def test_a_data_dir_that_cannot_be_made_is_unavailable(tmp_path: Path):
     (tmp_path / "not-a-dir").write_text("a file where the data dir should be")
     with pytest.raises(DatabaseUnavailable, match="unavailable"):
         await Database.open(database_url(_config(tmp_path / "not-a-dir" / "data")))
+
+
+# -- items by id, for `item_reference` ------------------------------------------------------------------------
+
+
+def _statements(db: Database) -> list[str]:
+    """The SQL statements `db` runs from now on (appended as they go)."""
+    seen: list[str] = []
+    sa.event.listen(db.engine.sync_engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    return seen
+
+
+async def test_items_are_found_by_id_for_their_owner_in_one_query(db: Database):
+    store = ResponseStore(db)
+    user = {"id": "msg_in", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    said = {"id": "msg_out", "type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "yo"}]}
+    thought = {"id": "rs_1", "type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]}
+    call = {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+    await store.save(_response(), items=[user, thought, said, call])
+    seen = _statements(db)
+    found = await store.load_items(["msg_in", "rs_1", "msg_out", "fc_1", "msg_unknown"], "alice")
+    assert found == {"msg_in": user, "rs_1": thought, "msg_out": said, "fc_1": call}
+    assert len([s for s in seen if s.lstrip().upper().startswith("SELECT")]) == 1  # one query for all of them
+    assert await store.load_items(["msg_in", "fc_1"], "bob") == {}  # another key's items do not exist for it
+    assert await store.load_items([], "alice") == {}
+
+
+async def test_an_item_saved_twice_is_found_once_and_goes_with_its_last_response(db: Database):
+    store = ResponseStore(db)
+    item = {"id": "msg_x", "type": "message", "role": "user", "content": "again"}
+    await store.save(_response("resp_1"), items=[item])
+    await store.save(_response("resp_2"), items=[item, item])  # a client resending an item with its id
+    assert await store.load_items(["msg_x"], "alice") == {"msg_x": item}
+    assert await store.delete("resp_1", "alice") and await store.delete("resp_2", "alice")
+    assert await store.load_items(["msg_x"], "alice") == {}  # a deleted response's items are gone with it
+
+
+async def test_many_references_are_found_in_few_queries(db: Database):
+    store = ResponseStore(db)
+    items = [{"id": f"msg_{i}", "type": "message", "role": "user", "content": str(i)} for i in range(2500)]
+    await store.save(_response(), items=items)
+    seen = _statements(db)
+    found = await store.load_items([it["id"] for it in items], "alice")
+    assert len(found) == 2500 and found["msg_2499"]["content"] == "2499"
+    selects = [s for s in seen if s.lstrip().upper().startswith("SELECT")]
+    assert len(selects) == 5  # batched (SQLite bounds the parameters of one statement), never one per item
