@@ -102,6 +102,7 @@ def authenticate(call: Call, rec: RequestRecord, rt: Runtime) -> Principal:
     """The caller's key (`Authorization: Bearer` or `x-api-key`), recorded on the request."""
     who = rt.auth.authenticate(call.header(b"authorization"), call.header(b"x-api-key"))
     rec.key = who.name
+    call.authenticated()  # its connection leaves the unauthenticated ones' cap (http/hardened_protocol.py)
     return who
 
 

@@ -166,6 +166,18 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        # the admin API (admin/gate.py): its traffic, and the admin keys it refused
+        self.admin_requests = Counter(
+            "gateway_admin_requests", "Admin API requests answered, by method and status class.", ["method", "status_class"], registry=r
+        )
+        self.admin_auth_failures = Counter(
+            "gateway_admin_auth_failures",
+            "Admin API requests refused for their admin key: missing_api_key or invalid_api_key.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("missing_api_key", "invalid_api_key"):  # from the start, so an alert's rate() works
+            self.admin_auth_failures.labels(reason)
         self._state = _StateCollector()
         r.register(self._state)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from llm_gateway.settings.vocabulary import Strict
 
@@ -62,6 +62,12 @@ class ServerConfig(Strict):
     body_timeout_s: float = Field(60.0, gt=0)
     keepalive_timeout_s: float = Field(30.0, gt=0)
     max_connections: int = Field(16384, ge=1)
+    max_unauthenticated_connections: int | None = Field(
+        None,
+        ge=1,
+        description="connections that have not yet shown a key (client or admin) may hold at most this many of "
+        "max_connections; past it the oldest of them is dropped. Unset: max_connections / 2, at most 1024",
+    )
     graceful_shutdown_s: float = Field(30.0, ge=0)
     access_log: bool = True
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -73,6 +79,23 @@ class ServerConfig(Strict):
     )
     reload_poll_s: float = Field(2.0, ge=0, description="config file check interval; 0 turns watching off")
     data_dir: str = Field("data", description="where the embedded database lives (relative: to the working directory)")
+
+    @model_validator(mode="after")
+    def _unauthenticated_below_the_cap(self) -> ServerConfig:
+        n = self.max_unauthenticated_connections
+        if n is not None and n >= self.max_connections:
+            raise ValueError(
+                f"max_unauthenticated_connections ({n}) must be below max_connections ({self.max_connections}): "
+                "the rest is what keyed clients always find free"
+            )
+        return self
+
+    @property
+    def unauthenticated_connections(self) -> int:
+        """The cap on connections that have not shown a key (`max_unauthenticated_connections`, or its default)."""
+        if self.max_unauthenticated_connections is not None:
+            return self.max_unauthenticated_connections
+        return max(1, min(1024, self.max_connections // 2))
 
 
 class UsageConfig(Strict):
