@@ -4,6 +4,7 @@ logging, the upstream client), the usage ledger and the database.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -47,11 +48,30 @@ class CorsConfig(Strict):
         return tuple(h.lower() for h in v)
 
 
+class MetricsAuthConfig(Strict):
+    """A bearer token for /metrics on the main port: with it, the main port serves every series (those
+    labelled by key too) to a caller that presents it, and 401 to anyone else."""
+
+    sha256: str = Field(description="hex SHA-256 digest of the metrics token; the token itself is never stored")
+
+    @field_validator("sha256")
+    @classmethod
+    def _check_digest(cls, v: str) -> str:
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", v):
+            raise ValueError("must be 64 hex characters (sha256 of the metrics token)")
+        return v.lower()
+
+
 class ServerConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     metrics_port: int | None = Field(None, ge=0, le=65535, description="also serve /metrics on this port")
     metrics_on_main_port: bool = True
+    metrics_auth: MetricsAuthConfig | None = Field(
+        None,
+        description="unset: /metrics on the main port answers anyone but leaves out the series labelled by key "
+        "(tenant names and usage; metrics_port has them all); set: it needs this bearer token and has every series",
+    )
     admin_port: int | None = Field(
         None, ge=0, le=65535, description="serve the admin API (/admin) on this port alone, not on the main port"
     )
