@@ -78,7 +78,7 @@ class GatewayProtocol(HttpToolsProtocol):
     max_header_bytes = 32 * 1024
     #: the connections of this server that have not shown a key yet, oldest first (a dict: ordered, O(1)
     #: removal); each configured class (`protocol_class`) has its own
-    unauthenticated: dict[GatewayProtocol, None] = {}  # noqa: RUF012  # replaced per class by protocol_class
+    unauthenticated: dict[GatewayProtocol, None] = {}  # replaced per class by protocol_class
 
     def __init__(
         self,

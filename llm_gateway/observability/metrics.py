@@ -168,8 +168,10 @@ class Metrics:
         )
         # the admin API (admin/gate.py): its traffic, and the admin keys it refused
         self.admin_requests = Counter(
-            "gateway_admin_requests", "Admin API requests answered, by method and status class.", ["method", "status_class"], registry=r
+            "gateway_admin_requests", "Admin API requests answered, by status class.", ["status_class"], registry=r
         )
+        for status_class in ("2xx", "4xx", "5xx"):
+            self.admin_requests.labels(status_class)
         self.admin_auth_failures = Counter(
             "gateway_admin_auth_failures",
             "Admin API requests refused for their admin key: missing_api_key or invalid_api_key.",

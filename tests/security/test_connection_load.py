@@ -152,7 +152,9 @@ def test_a_keyed_client_is_served_while_200_unauthenticated_slow_connections_pre
                     timeout=30,
                 )
                 statuses.append(None if fresh is None else fresh.status)
-                reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+                reply = client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                )
                 assert reply.choices[0].message is not None
             health = http_status(gw.url + "/healthz", timeout=10)
             took = time.monotonic() - t0

@@ -124,7 +124,9 @@ def test_a_client_still_uploading_after_an_early_answer_reads_the_answer_then_th
 def test_the_admin_api_refuses_a_request_without_a_key_before_reading_its_body(gateway: GatewayProcess) -> None:
     """exhaust.py's request: POST /admin/keys, content-length 100, no body ever."""
     with socket.create_connection(("127.0.0.1", gateway.port)) as s:
-        s.sendall(b"POST /admin/keys HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n")
+        s.sendall(
+            b"POST /admin/keys HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+        )
         raw, closed_after = read_until_closed(s, PATIENCE_S)
     resp = parse(raw)
     assert resp is not None, "no answer: the admin API waited for a body that never came"
@@ -169,7 +171,9 @@ def test_parked_admin_requests_past_max_connections_do_not_make_healthz_answer_5
     try:
         for _ in range(30):
             s = socket.create_connection(("127.0.0.1", gateway.port))
-            s.sendall(b"POST /admin/keys HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n")
+            s.sendall(
+                b"POST /admin/keys HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+            )
             socks.append(s)
         time.sleep(1.0)  # they are all in: parked, or already answered and closed
         with socket.create_connection(("127.0.0.1", gateway.port), timeout=PATIENCE_S) as p:
