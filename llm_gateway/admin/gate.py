@@ -123,4 +123,3 @@ class AdminGate:
         if failure is not None:
             fields["auth_failure"] = failure
         gw.access.emit(fields)
-

@@ -128,6 +128,8 @@ class CoalescingCycle(RequestResponseCycle):
             await self._send(message)
         finally:
             self._direct = self._chunks_direct()
+            if self.response_complete:
+                self.conn = None  # no reference cycle left behind by an answered request
 
     async def _send(self, message: Any) -> None:
         if self.more_body and not self.response_started and message["type"] == "http.response.start":
@@ -193,6 +195,7 @@ class CoalescingCycle(RequestResponseCycle):
         if not self.keep_alive:
             self.transport.close()
         self.on_response()
+        self.conn = None  # no reference cycle left behind by an answered request
 
     def respond_now(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """A whole answer, its headers carrying its content-length, in one write; False: nothing written

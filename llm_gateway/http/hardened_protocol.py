@@ -274,9 +274,6 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         self._response_done = True
-        cycle = self.cycle
-        if cycle is not None:
-            cycle.conn = None  # type: ignore[attr-defined]  # no reference cycle left behind by the answered request
         if self._draining:  # answered early, closing: no keep-alive, no next request
             self.server_state.total_requests += 1
             return

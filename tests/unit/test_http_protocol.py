@@ -704,6 +704,14 @@ async def test_a_connection_whose_request_showed_a_key_leaves_the_unauthenticate
     assert len(server.state.connections) == 3
 
 
+async def test_a_pipelined_request_that_shows_a_key_authenticates_its_connection(server: Server) -> None:
+    conn = server.connect()
+    conn.send(request(path="/first") + request(path="/call-key"))  # the second queued behind the first
+    await server.settle()
+    assert [r.status for r in responses(conn.transport.out)] == [200, 204]
+    assert conn.proto not in server.cls.unauthenticated
+
+
 async def test_the_connection_dropped_is_one_not_in_the_middle_of_a_request_when_there_is_one() -> None:
     server = make_server(max_connections=10, max_unauthenticated=2)
     with stream_gate() as gate:
