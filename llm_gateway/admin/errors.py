@@ -3,12 +3,14 @@
 Routes raise `GatewayError`s (the same tree as the data plane); FastAPI's own failures are rendered
 the same way: a body that is not JSON is 400 `invalid_json`, a body or query that breaks the schema is
 422 `validation_error` with the failing fields (never their values: a pasted secret is not echoed),
-an unknown route 404, a wrong method 405, a body past the admin API's limit 413 (`BodyLimit`, before
-anything reads it whole: the body is read before the admin key is checked).
+an unknown route 404, a wrong method 405, a body past the admin API's limit 413 and one that does not
+arrive within `server.body_timeout_s` 408 (`BodyLimit`, before anything reads it whole; the admin key was
+checked before, from the headers, by the gate: admin/gate.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -70,7 +72,9 @@ async def _validation_error(request: Request, e: Exception) -> Response:
 
 async def _http_error(request: Request, e: Exception) -> Response:
     assert isinstance(e, HTTPException)
-    code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status_code, "http_error")
+    code = {404: "not_found", 405: "method_not_allowed", 408: "request_timeout", 413: "request_too_large"}.get(
+        e.status_code, "http_error"
+    )
     message = (
         str(e.detail)
         if e.status_code not in (404, 405)
@@ -97,11 +101,13 @@ def _too_large(max_bytes: int) -> GatewayError:
 
 class BodyLimit:
     """Pure ASGI: a declared length past `max_bytes` is answered 413 at once; a streamed body that grows
-    past it fails its read with a 413 (rendered by the handlers above)."""
+    past it fails its read with a 413, and one that has not all arrived `timeout_s` after the request
+    reached the app fails its read with a 408 (rendered by the handlers above)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 60.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -112,14 +118,23 @@ class BodyLimit:
                 await _render(_too_large(self.max_bytes))(scope, receive, send)
                 return
         seen = 0
+        body_done = False
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
 
         async def limited() -> Message:
-            nonlocal seen
-            msg = await receive()
+            nonlocal seen, body_done
+            if body_done:  # what follows the body (a disconnect) is waited for as long as the route wants
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    msg = await receive()
+            except TimeoutError:
+                raise HTTPException(408, f"The request body did not arrive within {self.timeout_s:g}s.") from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.max_bytes:
                     raise HTTPException(413)
+                body_done = not msg.get("more_body", False)
             return msg
 
         await self.app(scope, limited, send)

@@ -5,7 +5,8 @@ Admin keys are configured as digests (`admin.keys: [{name, sha256}]`), hashed li
 presented the same way (`Authorization: Bearer <key>` or `x-api-key: <key>`), and looked up by digest
 with a constant-time confirmation. They are a role of their own: a client key is refused here (401),
 and an admin key is no client key (the config refuses a digest in both lists). The admin keys follow
-config reloads. The admin's name is who the audit log says acted.
+config reloads. The admin's name is who the audit log says acted. The same check runs first in the admin
+app's gate (admin/gate.py), from the headers alone, before anything reads a body.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from llm_gateway.settings import AdminConfig
 
 _bearer = HTTPBearer(auto_error=False, description="an admin key (admin.keys), as `Authorization: Bearer <key>`")
 _api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="an admin key (admin.keys)")
-_CHALLENGE = {"www-authenticate": "Bearer"}
+CHALLENGE = "Bearer"
+_CHALLENGE = {"www-authenticate": CHALLENGE}
+MISSING_KEY = "You didn't provide an admin key. Send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
+INVALID_KEY = "Incorrect admin key provided."
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +62,11 @@ async def require_admin(
 ) -> Admin:
     token = bearer.credentials.strip() if bearer is not None else (x_api_key or "").strip()
     if not token:
-        raise AuthenticationFailed(
-            "You didn't provide an admin key. Send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
-            code="missing_api_key",
-            headers=dict(_CHALLENGE),
-        )
+        raise AuthenticationFailed(MISSING_KEY, code="missing_api_key", headers=dict(_CHALLENGE))
     ctx = request.app.state.admin  # the AdminContext (llm_gateway.admin.context)
     name = ctx.admin_keys.lookup(ctx.gw.runtime.config.admin, token.encode())
     if name is None:
-        raise AuthenticationFailed("Incorrect admin key provided.", headers=dict(_CHALLENGE))
+        raise AuthenticationFailed(INVALID_KEY, headers=dict(_CHALLENGE))
     return Admin(name)
 
 

@@ -2,7 +2,8 @@
 
 A second uvicorn server in the gateway's own process and event loop, on a socket bound here (so a port
 in use fails the gateway's startup with an OSError, not an exit from inside a task), with the hardened
-protocol of the main port and no lifespan (the main app's lifespan starts and stops everything). The
+protocol of the main port (its own connection cap, and a smaller one for connections that have not shown
+an admin key yet) and no lifespan (the main app's lifespan starts and stops everything). The
 main server keeps the signals: on SIGTERM its shutdown closes this one.
 """
 
@@ -20,6 +21,8 @@ from llm_gateway.http.hardened_protocol import protocol_class
 from llm_gateway.settings import ServerConfig
 
 MAX_CONNECTIONS = 256
+#: connections that showed no admin key yet: past this many the oldest is dropped, so they never fill the port
+MAX_UNAUTHENTICATED = 64
 
 
 class _AdminServer(uvicorn.Server):
@@ -34,7 +37,7 @@ class AdminServer:
             app,
             host=host,
             port=port,
-            http=protocol_class(MAX_CONNECTIONS, server.header_timeout_s, server.max_header_bytes),
+            http=protocol_class(MAX_CONNECTIONS, server.header_timeout_s, server.max_header_bytes, MAX_UNAUTHENTICATED),
             lifespan="off",
             access_log=False,
             log_config=None,

@@ -127,13 +127,14 @@ class GatewayApp:
         by_name = dict(reversed(scope["headers"]))  # a header sent twice: its first value
         rid_in = by_name.get(b"x-request-id")
         rid = rid_in.decode() if rid_in is not None and _RID.match(rid_in) else os.urandom(12).hex()
+        server_send = None
         if self.cors is not None:
             origin = by_name.get(b"origin")
             if origin is not None:
-                send = self.cors.wrap(origin, send)
+                server_send, send = send, self.cors.wrap(origin, send)
                 if method == "OPTIONS" and handler is None and by_name.get(b"access-control-request-method"):
                     handler = self.cors.preflight_handler(path)
-        call = Call(scope, receive, send, rid, by_name)
+        call = Call(scope, receive, send, rid, by_name, server_send)
         rec = RequestRecord(rid, t0, method, path if path in PATHS else "other")
         self.gw.usage.begin(rec)  # in flight: a crash spool's checkpoint sees it (one dict insert)
         rt = self.gw.runtime

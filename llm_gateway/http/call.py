@@ -33,6 +33,7 @@ class Call:
     __slots__ = (
         "_body_now",
         "_by_name",
+        "_conn",
         "_cycle",
         "_direct",
         "_held",
@@ -50,7 +51,13 @@ class Call:
     )
 
     def __init__(
-        self, scope: Scope, receive: Receive, send: Send, rid: str, by_name: dict[bytes, bytes] | None = None
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        rid: str,
+        by_name: dict[bytes, bytes] | None = None,
+        server_send: Send | None = None,
     ) -> None:
         self.scope = scope
         self.receive = receive
@@ -72,6 +79,10 @@ class Call:
         self._cycle: CoalescingCycle | None = cycle if isinstance(cycle, CoalescingCycle) else None
         self._held: tuple[int, Headers] | None = None  # a stream's head waiting for its first part (start(hold))
         self._by_name = by_name  # the request's headers by name (`header`), when the app has made them
+        # the server's cycle behind `send`, or behind `server_send` when `send` wraps it (CORS): told when the
+        # request shows a valid key (`authenticated`)
+        conn = self._cycle if server_send is None else getattr(server_send, "__self__", None)
+        self._conn: CoalescingCycle | None = conn if isinstance(conn, CoalescingCycle) else None
 
     def header(self, name: bytes) -> bytes | None:
         """The request's header `name` (lower-case), its first value when it was sent more than once."""
@@ -79,6 +90,13 @@ class Call:
         if by_name is None:  # built on the first look (a request looks up about seven): one pass in C
             by_name = self._by_name = dict(reversed(self.scope["headers"]))
         return by_name.get(name)
+
+    def authenticated(self) -> None:
+        """The request showed a valid key: its connection no longer counts as an unauthenticated one
+        (hardened_protocol.py: those have a cap of their own)."""
+        conn = self._conn
+        if conn is not None:
+            conn.authenticated()
 
     async def read_body(self, limit: int, timeout_s: float) -> bytes:
         length = self.header(b"content-length")

@@ -21,11 +21,31 @@ from llm_gateway.observability.record import RequestRecord
 from llm_gateway.runtime import Runtime
 from llm_gateway.settings import CorsConfig
 
-#: answer headers a browser script may read
-EXPOSED = (
-    b"x-request-id, x-gateway-backend, x-gateway-engine, x-gateway-model, x-gateway-overhead-ms, "
-    b"x-gateway-token-count, retry-after, x-ratelimit-limit-requests, x-ratelimit-remaining-requests, "
-    b"x-ratelimit-reset-requests, x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens"
+#: answer headers a browser script may read: every header of the gateway's own that an answer can carry (the
+#: limits', the budget's included: a browser client has no other way to see what it has left)
+EXPOSED = b", ".join(
+    (
+        b"x-request-id",
+        b"x-gateway-backend",
+        b"x-gateway-engine",
+        b"x-gateway-model",
+        b"x-gateway-overhead-ms",
+        b"x-gateway-token-count",
+        b"x-gateway-stored",
+        b"x-gateway-reject-reason",
+        b"retry-after",
+        b"x-ratelimit-limit-requests",
+        b"x-ratelimit-remaining-requests",
+        b"x-ratelimit-reset-requests",
+        b"x-ratelimit-limit-tokens",
+        b"x-ratelimit-remaining-tokens",
+        b"x-ratelimit-reset-tokens",
+        b"x-ratelimit-limit-budget-tokens",
+        b"x-ratelimit-remaining-budget-tokens",
+        b"x-ratelimit-limit-budget-cost",
+        b"x-ratelimit-remaining-budget-cost",
+        b"x-ratelimit-reset-budget",
+    )
 )
 Headers = list[tuple[bytes, bytes]]
 

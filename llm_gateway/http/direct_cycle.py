@@ -15,6 +15,12 @@ through its `send` (the cycle's bound method: `send.__self__`), never through th
 and a scope holding the cycle's methods would make every request a reference cycle for the garbage collector (tens
 of ms of pauses at a thousand requests a second, bench/). It subclasses uvicorn's private RequestResponseCycle
 (uvicorn is pinned exactly, constraints.txt; tests/unit/test_http_protocol.py drives every override).
+
+An answer that starts before the request's body has all arrived (an early 401, 408 or 413) says `connection:
+close`, and the connection then closes by the protocol's lingering close, not uvicorn's plain one: the client,
+perhaps still uploading, reads the answer instead of a reset, and cannot keep the connection by trickling the rest
+of a body (hardened_protocol.py). The protocol is the cycle's `conn` while the request is being answered; through
+it the app says that the request showed a valid key (`authenticated`).
 """
 
 from __future__ import annotations
@@ -68,6 +74,20 @@ class _Capture:
         return getattr(self.real, name)
 
 
+class _LingeringClose:
+    """Stands in for the transport of an answer given before the request's body ended: its `close` is the
+    protocol's lingering close."""
+
+    __slots__ = ("close", "real")
+
+    def __init__(self, real: Any, close: Callable[[], None]) -> None:
+        self.real = real
+        self.close = close
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
 class CoalescingCycle(RequestResponseCycle):
     """uvicorn's request/response cycle; a response start that says `COALESCE` is written with the
     body message that follows it, in one write."""
@@ -79,6 +99,20 @@ class CoalescingCycle(RequestResponseCycle):
     #: held, the client not gone (`_chunks_direct()`); one flag read per event instead of six, kept by what
     #: changes those: `start_now`, `_complete`, `send` and the protocol's `connection_lost`
     _direct = False
+    #: the connection's protocol (hardened_protocol.GatewayProtocol) until the answer is complete; None otherwise
+    conn: Any = None
+
+    def authenticated(self) -> None:
+        """The request showed a valid key: its connection leaves the cap of unauthenticated ones."""
+        conn = self.conn
+        if conn is not None:
+            conn.authenticated()
+
+    def _answer_starts(self) -> None:
+        """An answer before the request's body has all arrived: the connection closes after it, lingering."""
+        if self.more_body and self.conn is not None and not isinstance(self.transport, _LingeringClose):
+            self.keep_alive = False
+            self.transport = _LingeringClose(self.transport, self.conn.close_lingering)  # type: ignore[assignment]
 
     def _chunks_direct(self) -> bool:
         return (
@@ -94,8 +128,12 @@ class CoalescingCycle(RequestResponseCycle):
             await self._send(message)
         finally:
             self._direct = self._chunks_direct()
+            if self.response_complete:
+                self.conn = None  # no reference cycle left behind by an answered request
 
     async def _send(self, message: Any) -> None:
+        if self.more_body and not self.response_started and message["type"] == "http.response.start":
+            self._answer_starts()
         held = self._held
         if held is None and not (message["type"] == "http.response.start" and message.get(COALESCE)):
             await super().send(message)
@@ -126,6 +164,8 @@ class CoalescingCycle(RequestResponseCycle):
             or self.scope["method"] == "HEAD"
         ):
             return None
+        if self.more_body:
+            self._answer_starts()
         content = [STATUS_LINE[status]]
         # "name: value" lines joined in C (map over the pairs), not a Python loop over a dozen headers
         if self.default_headers:
@@ -155,6 +195,7 @@ class CoalescingCycle(RequestResponseCycle):
         if not self.keep_alive:
             self.transport.close()
         self.on_response()
+        self.conn = None  # no reference cycle left behind by an answered request
 
     def respond_now(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """A whole answer, its headers carrying its content-length, in one write; False: nothing written

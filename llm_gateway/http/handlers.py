@@ -15,6 +15,8 @@ OpenAI routes: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ import orjson
 
 from llm_gateway.auth import Principal
 from llm_gateway.errors import (
+    AuthenticationFailed,
     GatewayError,
     InvalidJSON,
     InvalidRequest,
@@ -104,6 +107,7 @@ def authenticate(call: Call, rec: RequestRecord, rt: Runtime) -> Principal:
     who = rt.auth.authenticate(call.header(b"authorization"), call.header(b"x-api-key"))
     rec.key = who.name
     call.who = who  # a refusal before the limiter admits the request is still one against its rpm (asgi.py)
+    call.authenticated()  # its connection leaves the unauthenticated ones' cap (http/hardened_protocol.py)
     return who
 
 
@@ -214,9 +218,22 @@ async def readyz(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
 
 
 async def metrics(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
-    if ctx.server.metrics_port is not None and not ctx.server.metrics_on_main_port:
+    """/metrics on the main port: without `server.metrics_auth`, to anyone and without the series labelled by
+    key (the metrics port has them); with it, every series to the bearer of its token, 401 to anyone else."""
+    server = ctx.server
+    if server.metrics_port is not None and not server.metrics_on_main_port:
         raise RouteNotFound("Metrics are served on the metrics port.")
-    await call.respond(200, ctx.metrics.render(), [], content_type=PROM)
+    auth = server.metrics_auth
+    if auth is not None:
+        scheme, _, token = (call.header(b"authorization") or b"").partition(b" ")
+        presented = hashlib.sha256(token.strip()).hexdigest().encode()
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(presented, auth.sha256.encode()):
+            raise AuthenticationFailed(
+                "/metrics needs the metrics token (server.metrics_auth) as 'Authorization: Bearer <token>'.",
+                headers={"www-authenticate": "Bearer"},
+            )
+        call.authenticated()
+    await call.respond(200, ctx.metrics.render(per_key=auth is not None), [], content_type=PROM)
 
 
 async def openapi(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:

@@ -3,12 +3,21 @@
 Adds what uvicorn leaves out: a deadline for the request headers (a client that trickles bytes is
 cut off with 408, holding no worker), a cap on header size (431, checked while the headers are
 still arriving, before the parser buffers them), and a cap on open connections (503 and close).
-The body has its own read timeout and size cap in `Call.read_body`.
+The body has its own read timeout and size cap in `Call.read_body` (the admin API's in its gate).
 
-Header counting restarts only when both the request was parsed to its end and its response is
-complete: an app that answers early (401, 413) leaves the rest of the body to arrive, and those
-bytes are body, not the next request's headers; once that body has ended, the header deadline
-covers the idle connection again (uvicorn's keep-alive timer was cancelled by the body bytes).
+Every state of a connection has a deadline: waiting for a request's headers (`header_timeout_s`, which
+also closes a connection that never sends a byte), idle between requests (uvicorn's keep-alive timer),
+the body (the app's read timeout), and after an answer that left before the request's body had all
+arrived (401, 408, 413, ...): that answer says `connection: close` (direct_cycle.py) and the connection
+closes after a short linger, whatever the client sends next, where uvicorn would wait for the rest of
+a body that may never come (red-team H4).
+
+Connections that have not yet shown a key have a cap of their own (`max_unauthenticated`, from
+`server.max_unauthenticated_connections`), below `max_connections`: a new connection past it drops the
+oldest of them (one not in the middle of a request, if any), so parked connections can never fill
+`max_connections` and starve keyed clients. A connection counts as authenticated from the moment a request
+on it presents a valid key (`Call.authenticated`, or the admin gate's check of an admin key).
+
 This subclasses uvicorn's private HttpToolsProtocol, which is why uvicorn is pinned exactly
 (constraints.txt) and why tests/unit/test_http_protocol.py drives every override fast.
 
@@ -64,8 +73,12 @@ _ACCESS_LOGGER = logging.getLogger("uvicorn.access")
 
 class GatewayProtocol(HttpToolsProtocol):
     max_connections = 16384
+    max_unauthenticated = 1024
     header_timeout_s = 15.0
     max_header_bytes = 32 * 1024
+    #: the connections of this server that have not shown a key yet, oldest first (a dict: ordered, O(1)
+    #: removal); each configured class (`protocol_class`) has its own
+    unauthenticated: dict[GatewayProtocol, None] = {}  # replaced per class by protocol_class
 
     def __init__(
         self,
@@ -120,7 +133,35 @@ class GatewayProtocol(HttpToolsProtocol):
         if len(self.connections) > self.max_connections:
             self._refuse(503, "too_many_connections", "The gateway has too many open connections; retry shortly.")
             return
+        unauthenticated = self.unauthenticated
+        if len(unauthenticated) >= self.max_unauthenticated:
+            self._drop_oldest_unauthenticated()
+        unauthenticated[self] = None
         self._arm()
+
+    def _drop_oldest_unauthenticated(self) -> None:
+        """Make room for a new connection among those that showed no key: drop the oldest that is not in the
+        middle of a request (parked on its headers, idle, lingering), else the oldest of all. Aborted, not
+        closed: a client that reads nothing would keep a closed connection (and its slot) until its unsent
+        answer drained."""
+        unauthenticated = self.unauthenticated
+        victim = next(iter(unauthenticated))
+        for conn in unauthenticated:
+            cycle = conn.cycle
+            if cycle is None or cycle.response_complete:
+                victim = conn
+                break
+        del unauthenticated[victim]
+        # out of the server's connections now, not when the loop reports it lost: a burst of new connections
+        # taken in one loop iteration (accept_drain.py) would otherwise count every one it dropped
+        self.connections.discard(victim)
+        victim._disarm()
+        victim.transport.abort()
+
+    def authenticated(self) -> None:
+        """A request on this connection showed a valid key: it no longer counts against the cap of the
+        unauthenticated ones."""
+        self.unauthenticated.pop(self, None)
 
     def _arm(self) -> None:
         if self._header_timer is None:
@@ -140,20 +181,36 @@ class GatewayProtocol(HttpToolsProtocol):
                 self.transport.close()  # an idle connection that never sent a request
 
     def _refuse(self, status: int, code: str, message: str) -> None:
-        """Answer and close, lingering: what the client is still sending is read and thrown away for a
+        """Answer and close, lingering (`close_lingering`)."""
+        if self.transport.is_closing() or self._draining:
+            return
+        self.transport.write(_response(status, code, message))
+        self.close_lingering()
+
+    def close_lingering(self) -> None:
+        """Close after what was written: what the client is still sending is read and thrown away for a
         moment, so that it reads the answer instead of a connection reset (as nginx's lingering_close)."""
         self._disarm()
         transport = self.transport
         if transport.is_closing() or self._draining:
             return
-        transport.write(_response(status, code, message))
         self._draining = True
+        self._unset_keepalive_if_required()
         try:
             transport.write_eof()
         except (OSError, NotImplementedError, RuntimeError):
             transport.close()
             return
-        self.loop.call_later(LINGER_S, transport.close)
+        self.loop.call_later(LINGER_S, self._end_linger)
+
+    def _end_linger(self) -> None:
+        transport = self.transport
+        if transport.is_closing():
+            return
+        if transport.get_write_buffer_size():
+            transport.abort()  # the client read nothing of the answer in all that time
+        else:
+            transport.close()
 
     def send_400_response(self, msg: str) -> None:
         """A request the HTTP parser rejects (bad framing, bogus Content-Length): the OpenAI envelope,
@@ -170,6 +227,7 @@ class GatewayProtocol(HttpToolsProtocol):
             super().data_received(data)
             return
         self._header_bytes += len(data)
+        self._arm()  # bytes of a request's head (they cancelled uvicorn's keep-alive timer): this deadline guards them
         super().data_received(data)
         if self._awaiting_headers and self._header_bytes > self.max_header_bytes:
             self._refuse(
@@ -205,6 +263,7 @@ class GatewayProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and type(cycle) is RequestResponseCycle:
             cycle.__class__ = CoalescingCycle  # before its task runs: `send` is looked up when the app starts
+            cycle.conn = self  # type: ignore[attr-defined]  # a CoalescingCycle's: early answers, authentication
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -215,6 +274,9 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         self._response_done = True
+        if self._draining:  # answered early, closing: no keep-alive, no next request
+            self.server_state.total_requests += 1
+            return
         if self._message_parsed:
             self._await_next_request()
         super().on_response_complete()
@@ -225,8 +287,11 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.unauthenticated.pop(self, None)
         super().connection_lost(exc)
         cycle = self.cycle
+        if cycle is not None:
+            cycle.conn = None  # type: ignore[attr-defined]
         if cycle is not None and cycle.disconnected:
             cycle._direct = False  # type: ignore[attr-defined]  # a CoalescingCycle's
             left = getattr(cycle, "on_disconnect", None)
@@ -235,13 +300,18 @@ class GatewayProtocol(HttpToolsProtocol):
                 left()
 
 
-def protocol_class(max_connections: int, header_timeout_s: float, max_header_bytes: int) -> type[GatewayProtocol]:
+def protocol_class(
+    max_connections: int, header_timeout_s: float, max_header_bytes: int, max_unauthenticated: int | None = None
+) -> type[GatewayProtocol]:
+    """The protocol of one server, with its limits and its own set of unauthenticated connections."""
     return type(
         "ConfiguredGatewayProtocol",
         (GatewayProtocol,),
         {
             "max_connections": max_connections,
+            "max_unauthenticated": max_unauthenticated or max(1, min(1024, max_connections // 2)),
             "header_timeout_s": header_timeout_s,
             "max_header_bytes": max_header_bytes,
+            "unauthenticated": {},
         },
     )

@@ -29,7 +29,9 @@ def uvicorn_config(app: GatewayApp, server: ServerConfig, host: str, port: int) 
         host=host,
         port=port,
         loop="uvloop",
-        http=protocol_class(server.max_connections, server.header_timeout_s, server.max_header_bytes),
+        http=protocol_class(
+            server.max_connections, server.header_timeout_s, server.max_header_bytes, server.unauthenticated_connections
+        ),
         lifespan="on",
         access_log=False,
         log_config=None,

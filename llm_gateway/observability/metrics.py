@@ -190,6 +190,20 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        # the admin API (admin/gate.py): its traffic, and the admin keys it refused
+        self.admin_requests = Counter(
+            "gateway_admin_requests", "Admin API requests answered, by status class.", ["status_class"], registry=r
+        )
+        for status_class in ("2xx", "4xx", "5xx"):
+            self.admin_requests.labels(status_class)
+        self.admin_auth_failures = Counter(
+            "gateway_admin_auth_failures",
+            "Admin API requests refused for their admin key: missing_api_key or invalid_api_key.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("missing_api_key", "invalid_api_key"):  # from the start, so an alert's rate() works
+            self.admin_auth_failures.labels(reason)
         self._state = _StateCollector()
         r.register(self._state)
 
@@ -208,8 +222,25 @@ class Metrics:
     def watch(self, table_getter: Callable[[], RoutingTable]) -> None:
         self._state.table = table_getter
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, *, per_key: bool = True) -> bytes:
+        """The exposition; without `per_key`, every series labelled by key is left out (the tenants' names and
+        usage: what /metrics on the main port shows anyone, red-team L3)."""
+        return generate_latest(self.registry if per_key else _WithoutKeys(self.registry))
+
+
+class _WithoutKeys(Collector):
+    """A registry's families less their samples labelled `key`; a family left with none is left out."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():  # each family is built afresh per collect: ours to trim
+            if any("key" in s.labels for s in family.samples):
+                family.samples = [s for s in family.samples if "key" not in s.labels]
+                if not family.samples:
+                    continue
+            yield family
 
 
 class _StateCollector(Collector):

@@ -104,6 +104,11 @@ class AdminConfig(Strict):
     key_poll_s: float = Field(
         1.0, gt=0, le=10, description="how often each replica checks the keys table for changes made elsewhere"
     )
+    docs: bool = Field(
+        False,
+        description="serve /admin/docs: the admin routes on a page of the gateway's own (offline, no script); "
+        "/admin/openapi.json is served either way, to admin keys",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> AdminConfig:

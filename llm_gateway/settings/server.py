@@ -4,10 +4,11 @@ logging, the upstream client), the usage ledger and the database.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from llm_gateway.settings.vocabulary import Strict
 
@@ -47,11 +48,30 @@ class CorsConfig(Strict):
         return tuple(h.lower() for h in v)
 
 
+class MetricsAuthConfig(Strict):
+    """A bearer token for /metrics on the main port: with it, the main port serves every series (those
+    labelled by key too) to a caller that presents it, and 401 to anyone else."""
+
+    sha256: str = Field(description="hex SHA-256 digest of the metrics token; the token itself is never stored")
+
+    @field_validator("sha256")
+    @classmethod
+    def _check_digest(cls, v: str) -> str:
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", v):
+            raise ValueError("must be 64 hex characters (sha256 of the metrics token)")
+        return v.lower()
+
+
 class ServerConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     metrics_port: int | None = Field(None, ge=0, le=65535, description="also serve /metrics on this port")
     metrics_on_main_port: bool = True
+    metrics_auth: MetricsAuthConfig | None = Field(
+        None,
+        description="unset: /metrics on the main port answers anyone but leaves out the series labelled by key "
+        "(tenant names and usage; metrics_port has them all); set: it needs this bearer token and has every series",
+    )
     admin_port: int | None = Field(
         None, ge=0, le=65535, description="serve the admin API (/admin) on this port alone, not on the main port"
     )
@@ -62,6 +82,12 @@ class ServerConfig(Strict):
     body_timeout_s: float = Field(60.0, gt=0)
     keepalive_timeout_s: float = Field(30.0, gt=0)
     max_connections: int = Field(16384, ge=1)
+    max_unauthenticated_connections: int | None = Field(
+        None,
+        ge=1,
+        description="connections that have not yet shown a key (client or admin) may hold at most this many of "
+        "max_connections; past it the oldest of them is dropped. Unset: max_connections / 2, at most 1024",
+    )
     graceful_shutdown_s: float = Field(30.0, ge=0)
     access_log: bool = True
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -73,6 +99,23 @@ class ServerConfig(Strict):
     )
     reload_poll_s: float = Field(2.0, ge=0, description="config file check interval; 0 turns watching off")
     data_dir: str = Field("data", description="where the embedded database lives (relative: to the working directory)")
+
+    @model_validator(mode="after")
+    def _unauthenticated_below_the_cap(self) -> ServerConfig:
+        n = self.max_unauthenticated_connections
+        if n is not None and n >= self.max_connections:
+            raise ValueError(
+                f"max_unauthenticated_connections ({n}) must be below max_connections ({self.max_connections}): "
+                "the rest is what keyed clients always find free"
+            )
+        return self
+
+    @property
+    def unauthenticated_connections(self) -> int:
+        """The cap on connections that have not shown a key (`max_unauthenticated_connections`, or its default)."""
+        if self.max_unauthenticated_connections is not None:
+            return self.max_unauthenticated_connections
+        return max(1, min(1024, self.max_connections // 2))
 
 
 class UsageConfig(Strict):

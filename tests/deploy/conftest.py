@@ -17,10 +17,11 @@ from llm_gateway.reload import ConfigWatcher
 from tests.conftest import OTHER_KEY, TEST_KEY, gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream, refused
 
+METRICS_TOKEN = "metrics-token-for-the-deploy-tests"  # every series, the per-key ones too (server.metrics_auth)
 # Engines: a (vLLM) answers, b (SGLang) is overloaded (503, retried elsewhere), c (llama-server)
 # fails with 500 (not retryable), d (LMDeploy) refuses connections.
 TRAFFIC_CONFIG = f"""
-server: {{access_log: false}}
+server: {{access_log: false, metrics_auth: {{sha256: "{digest_of(METRICS_TOKEN)}"}}}}
 auth:
   mode: keys
   keys:
@@ -154,7 +155,7 @@ async def _traffic(workdir: Path) -> str:
             "limited2": 429,
         }
         assert statuses == expected
-        metrics = await client.get("/metrics")
+        metrics = await client.get("/metrics", headers={"authorization": f"Bearer {METRICS_TOKEN}"})
         assert metrics.status_code == 200
         assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
         return metrics.text

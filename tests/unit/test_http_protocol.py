@@ -98,6 +98,8 @@ class FakeTransport:
         self.read_paused = False
         self.late_writes = 0
         self.writes = 0  # calls that wrote bytes: each is a send syscall on a real transport
+        self.aborted = False
+        self.unsent = 0  # bytes written that the client has not taken (a test sets it)
 
     def write(self, data: bytes) -> None:
         if self.closed:
@@ -116,6 +118,12 @@ class FakeTransport:
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
 
     def is_closing(self) -> bool:
         return self.closed
@@ -231,8 +239,17 @@ CALL_EVENTS: list[str] = []  # what `/call-wait` saw
 
 async def call_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """The app's side as the gateway writes it, through `Call`: `/call-stream` holds its head for the first
-    event and ends with its last; `/call-wait` watches for the client leaving while it waits."""
+    event and ends with its last; `/call-wait` watches for the client leaving while it waits; `/call-early`
+    answers 401 at once (`Call.respond`, the direct write), `/call-key` says the request showed a key, then
+    answers 204."""
     call = Call(scope, receive, send, "rid-1")
+    if scope["path"] == "/call-early":
+        await call.respond(401, b"{}", [])
+        return
+    if scope["path"] == "/call-key":
+        call.authenticated()
+        await call.respond(204, b"", [])
+        return
     if scope["path"] == "/call-stream":
         await call.start(200, [(b"content-type", b"text/event-stream")], hold=True)
         await call.write(b"data: 0\n\n")
@@ -289,8 +306,10 @@ class Server:
             await asyncio.sleep(0)
 
 
-def make_server(max_connections: int = 100) -> Server:
+def make_server(max_connections: int = 100, max_unauthenticated: int | None = None) -> Server:
+    cap = {} if max_unauthenticated is None else {"max_unauthenticated_connections": max_unauthenticated}
     settings = ServerConfig(
+        **cap,
         max_connections=max_connections,
         header_timeout_s=HEADER_TIMEOUT_S,
         max_header_bytes=MAX_HEADER_BYTES,
@@ -639,8 +658,11 @@ async def test_bad_framing_gets_400_in_the_json_envelope(server: Server, raw: by
 
 # -- connection cap: 503 at connection_made ---------------------------------------------------------------------
 async def test_a_connection_over_the_cap_is_refused_with_503_at_once() -> None:
-    server = make_server(max_connections=2)
-    first, second = server.connect(), server.connect()
+    server = make_server(max_connections=2, max_unauthenticated=1)
+    first = server.connect()
+    first.proto.authenticated()  # else the next one would take its place among the unauthenticated
+    second = server.connect()
+    second.proto.authenticated()
     over = server.connect()
     assert first.transport.out == second.transport.out == b""
     assert first.loop.pending() == second.loop.pending() == [HEADER_TIMEOUT_S]
@@ -651,6 +673,73 @@ async def test_a_connection_over_the_cap_is_refused_with_503_at_once() -> None:
     first.proto.connection_lost(None)
     again = server.connect()  # a slot is free again
     assert again.transport.out == b"" and not again.transport.eof
+
+
+# -- the cap of connections that showed no key -------------------------------------------------------------------
+async def test_past_the_unauthenticated_cap_a_new_connection_drops_the_oldest_unauthenticated_one() -> None:
+    server = make_server(max_connections=10, max_unauthenticated=3)
+    conns = [server.connect() for _ in range(3)]
+    assert list(server.cls.unauthenticated) == [c.proto for c in conns]
+    newest = server.connect()
+    oldest = conns[0]
+    assert oldest.transport.aborted and oldest.transport.out == b""  # dropped without a word
+    assert oldest.loop.pending() == []  # and its header deadline with it
+    assert oldest.proto not in server.state.connections  # at once, not when the loop reports it lost
+    assert list(server.cls.unauthenticated) == [conns[1].proto, conns[2].proto, newest.proto]
+    oldest.proto.connection_lost(None)
+    assert not any(c.transport.closed for c in [*conns[1:], newest])
+    assert len(server.state.connections) == 3
+
+
+async def test_a_connection_whose_request_showed_a_key_leaves_the_unauthenticated_ones_and_is_never_dropped() -> None:
+    server = make_server(max_connections=10, max_unauthenticated=2)
+    keyed = server.connect()
+    keyed.send(request(path="/call-key"))
+    await server.settle()
+    assert only_response(keyed).status == 204
+    assert keyed.proto not in server.cls.unauthenticated
+    others = [server.connect() for _ in range(6)]  # each past the second drops the oldest of the others
+    assert not keyed.transport.closed
+    assert [c.transport.aborted for c in others] == [True] * 4 + [False] * 2
+    assert len(server.state.connections) == 3
+
+
+async def test_a_pipelined_request_that_shows_a_key_authenticates_its_connection(server: Server) -> None:
+    conn = server.connect()
+    conn.send(request(path="/first") + request(path="/call-key"))  # the second queued behind the first
+    await server.settle()
+    assert [r.status for r in responses(conn.transport.out)] == [200, 204]
+    assert conn.proto not in server.cls.unauthenticated
+
+
+async def test_the_connection_dropped_is_one_not_in_the_middle_of_a_request_when_there_is_one() -> None:
+    server = make_server(max_connections=10, max_unauthenticated=2)
+    with stream_gate() as gate:
+        busy = server.connect()
+        busy.send(request(path="/idle"))  # its request is being answered
+        await server.settle()
+        idle = server.connect()
+        server.connect()
+        assert idle.transport.aborted and not busy.transport.closed
+        gate.set()
+        await server.settle()
+
+
+async def test_losing_a_connection_takes_it_out_of_the_unauthenticated_ones(server: Server) -> None:
+    conn = server.connect()
+    assert conn.proto in server.cls.unauthenticated
+    conn.proto.connection_lost(None)
+    assert conn.proto not in server.cls.unauthenticated
+
+
+def test_the_unauthenticated_cap_defaults_to_half_the_connections_at_most_1024_and_stays_below_the_cap() -> None:
+    assert ServerConfig(max_connections=100).unauthenticated_connections == 50
+    assert ServerConfig().unauthenticated_connections == 1024
+    assert ServerConfig(max_connections=100, max_unauthenticated_connections=10).unauthenticated_connections == 10
+    with pytest.raises(ValueError, match="below max_connections"):
+        ServerConfig(max_connections=100, max_unauthenticated_connections=100)
+    assert make_server(max_connections=40).cls.max_unauthenticated == 20
+    assert make_server().cls.unauthenticated is not make_server().cls.unauthenticated  # one set per server
 
 
 # -- lingering close -----------------------------------------------------------------------------------------------
@@ -716,35 +805,60 @@ async def test_kept_alive_requests_are_each_served(server: Server) -> None:
     assert server.state.total_requests == 3
 
 
-async def test_the_rest_of_a_body_the_app_did_not_read_is_not_counted_as_headers(server: Server) -> None:
+@pytest.mark.parametrize("path", ["/early", "/call-early"])  # as uvicorn's `send` writes it; the direct write
+async def test_an_answer_before_the_body_ended_says_close_and_the_connection_closes_after_a_linger(
+    server: Server, path: str
+) -> None:
     conn = server.connect()
     body = b"u" * (MAX_HEADER_BYTES * 4)
-    raw = request("POST", "/early", body)
+    raw = request("POST", path, body)
     split = len(raw) - len(body) + 10
     conn.send(raw[:split])  # headers and the start of the body
     await server.settle()  # the app answers 401 without reading the body
-    assert only_response(conn).status == 401
-    conn.send(raw[split:], step=512)  # the client keeps uploading what it announced
-    conn.send(request(path="/after"))
+    resp = only_response(conn)
+    assert resp.status == 401 and resp.headers["connection"] == "close"
+    assert conn.transport.eof and not conn.transport.closed  # the answer is out; the client may still be sending
+    assert conn.loop.pending() == [LINGER_S]  # no keep-alive, no header deadline: the linger's end
+    conn.send(raw[split:], step=512)  # the client keeps uploading what it announced: read and thrown away
+    conn.send(request(path="/after"))  # ... and a next request is not one
     await server.settle()
-    assert [r.status for r in responses(conn.transport.out)] == [401, 200]
+    assert len(responses(conn.transport.out)) == 1
+    conn.loop.fire(LINGER_S)
+    assert conn.transport.closed and not conn.transport.aborted
+    assert server.state.total_requests == 1
 
 
-async def test_a_connection_idle_after_the_unread_rest_of_a_body_is_closed_by_the_header_deadline(
+async def test_a_client_trickling_the_rest_of_a_body_after_an_early_answer_cannot_hold_the_connection(
     server: Server,
 ) -> None:
+    # red-team H4: after an early 401, one more body byte cancelled uvicorn's keep-alive timer and nothing
+    # replaced it: the connection stayed open with no traffic, for ever
     conn = server.connect()
-    body = b"u" * 4096
-    raw = request("POST", "/early", body)
-    split = len(raw) - len(body) + 10
-    conn.send(raw[:split])
-    await server.settle()  # answered 401 before the body ended
+    conn.send(b"POST /early HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer bogus\r\ncontent-length: 1000\r\n\r\n{")
+    await server.settle()
     assert only_response(conn).status == 401
-    conn.send(raw[split:])  # the rest of the body: it cancels uvicorn's keep-alive timer
-    assert HEADER_TIMEOUT_S in conn.loop.pending()  # ... so the header deadline guards the idle connection
-    conn.loop.fire(HEADER_TIMEOUT_S)
+    conn.send(b" ")
+    assert conn.loop.pending() == [LINGER_S]
+    conn.loop.fire(LINGER_S)
     assert conn.transport.closed
-    assert len(responses(conn.transport.out)) == 1  # closed without a second answer
+
+
+async def test_a_lingering_connection_whose_client_reads_nothing_is_aborted_at_the_end(server: Server) -> None:
+    conn = server.connect()
+    conn.send(b"POST /early HTTP/1.1\r\nhost: gw\r\ncontent-length: 1000\r\n\r\n{")
+    await server.settle()
+    conn.transport.unsent = 4096  # the answer still waits in the socket's buffer
+    conn.loop.fire(LINGER_S)
+    assert conn.transport.aborted  # a close would wait for the client to read it, holding the slot
+
+
+async def test_an_answer_after_the_whole_body_keeps_the_connection_alive(server: Server) -> None:
+    conn = server.connect()
+    conn.send(request("POST", "/early", b"all of it"))  # in: the app answers without reading it
+    await server.settle()
+    resp = only_response(conn)
+    assert resp.status == 401 and "connection" not in resp.headers
+    assert conn.loop.pending() == [KEEPALIVE_S] and not conn.transport.eof
 
 
 # -- reading the body (Call.read_body over the cycle) ---------------------------------------------------
@@ -846,6 +960,7 @@ def direct_head(headers: list[tuple[bytes, bytes]]) -> list[bytes] | None:
     cycle.response_started = cycle.disconnected = cycle.access_log = cycle.waiting_for_100_continue = False
     cycle.flow = type("Flow", (), {"write_paused": False})()
     cycle.scope = {"method": "POST"}
+    cycle.more_body = False
     cycle.default_headers = [(b"date", b"Tue, 01 Dec 2026 00:00:00 GMT")]
     cycle.keep_alive = True
     return cycle._head(200, headers)
