@@ -194,6 +194,7 @@ async def test_a_browser_may_read_every_gateway_header_an_answer_carries_the_bud
     app_origin = "https://app.example.com"
     text = f"""
     server: {{access_log: false, cors: {{allow_origins: ["{app_origin}"]}}}}
+    usage: {{ledger: true}}
     auth:
       mode: keys
       keys:
