@@ -4,7 +4,9 @@ Routes raise `GatewayError`s (the same tree as the data plane); FastAPI's own fa
 the same way: a body that is not JSON is 400 `invalid_json`, a body or query that breaks the schema is
 422 `validation_error` with the failing fields (never their values: a pasted secret is not echoed),
 an unknown route 404, a wrong method 405, a body past the admin API's limit 413 (`BodyLimit`, before
-anything reads it whole: the body is read before the admin key is checked).
+anything reads it whole: the body is read before the admin key is checked). Anything else a route raises
+(a bug) is a 500 `internal_error` in the same envelope, never Starlette's plain text; its traceback goes
+to the log, not to the client.
 """
 
 from __future__ import annotations
@@ -86,6 +88,17 @@ async def _http_error(request: Request, e: Exception) -> Response:
     return _render(err)
 
 
+async def _unexpected(request: Request, e: Exception) -> Response:
+    return _render(
+        GatewayError(
+            "The admin API failed unexpectedly; see the gateway's log.",
+            status=500,
+            type_="server_error",
+            code="internal_error",
+        )
+    )
+
+
 def _too_large(max_bytes: int) -> GatewayError:
     return GatewayError(
         f"The request body is over the admin API's limit of {max_bytes} bytes.",
@@ -129,3 +142,4 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)  # Starlette's outermost: it still logs the traceback
