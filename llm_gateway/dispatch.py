@@ -76,7 +76,7 @@ def ticket_for(who: Principal, rank: int, cost: int, routing: RoutingConfig) -> 
     """The queue ticket of a request (anonymous, so first come first served, without fair queuing)."""
     if not routing.fair_queuing:
         return ANONYMOUS
-    return Ticket(who.name, rank, float(max(cost, 1)), who.weight)
+    return Ticket(who.id, rank, float(max(cost, 1)), who.weight, who.name)
 
 
 async def _wait_reporting(d: Deployment, trace: Trace) -> bool:
@@ -213,7 +213,9 @@ class Dispatcher:
         if ticket.key:
             inc(
                 self.metrics.child(
-                    self.metrics.admitted_tokens, ticket.key, CLASS_NAMES.get(ticket.priority, "default")
+                    self.metrics.admitted_tokens,
+                    ticket.label or ticket.key,
+                    CLASS_NAMES.get(ticket.priority, "default"),
                 ),
                 ticket.cost,
             )

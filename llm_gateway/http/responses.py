@@ -145,14 +145,14 @@ async def create(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
     rec.endpoint = "responses"
     who = authenticate(call, rec, rt)
     req = parse(await read_json_object(ctx, call))
-    earlier = await _earlier(ctx, req, who.name)
+    earlier = await _earlier(ctx, req, who.id)
     store = None
     if req.store:
         try:
             store = await ctx.responses.get()
         except GatewayError as e:  # the answer still goes out, marked as not stored
             log.warning("responses cannot be stored now: %s (request %s)", e.message, call.rid)
-    exchange = ResponsesExchange(call, req, earlier, store, who.name)
+    exchange = ResponsesExchange(call, req, earlier, store, who.id)
     await ctx.service.handle(exchange, rec, rt, "chat", req.chat_body(earlier), who)
 
 
@@ -162,7 +162,7 @@ async def input_tokens(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: 
     Not charged to the key's limits: nothing is generated."""
     who = authenticate(call, rec, rt)
     req = parse(await read_json_object(ctx, call))
-    earlier = await _earlier(ctx, req, who.name)
+    earlier = await _earlier(ctx, req, who.id)
     body = req.chat_body(earlier)
     for k in ("stream", "stream_options", "max_tokens", "temperature", "top_p", "logprobs", "top_logprobs", "user"):
         body.pop(k, None)
@@ -202,7 +202,7 @@ async def retrieve(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runt
     rid, sub = _target(call)
     if sub not in ("", "input_items"):
         raise _not_found(f"Unknown request URL: GET {call.scope['path'][:200]}")
-    stored = await (await ctx.responses.get()).load(rid, who.name)
+    stored = await (await ctx.responses.get()).load(rid, who.id)
     if stored is None:
         raise _not_found(f"No response found with id '{rid}'.", param="response_id")
     body = orjson.dumps(stored.response if sub == "" else _items_page(stored.input_items, call))
@@ -214,7 +214,7 @@ async def delete(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
     rid, sub = _target(call)
     if sub:
         raise _not_found(f"Unknown request URL: DELETE {call.scope['path'][:200]}")
-    if not await (await ctx.responses.get()).delete(rid, who.name):
+    if not await (await ctx.responses.get()).delete(rid, who.id):
         raise _not_found(f"No response found with id '{rid}'.", param="response_id")
     body = orjson.dumps({"id": rid, "object": "response.deleted", "deleted": True})
     await call.respond(200, body, [(b"x-request-id", call.rid.encode())])
