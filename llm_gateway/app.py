@@ -117,6 +117,7 @@ def create_app(
                 config_path,
                 gw.server.reload_poll_s,
                 on_applied=lambda: prober.sync(gw.runtime.table) if probes else None,
+                vet=refresher.name_clashes if refresher is not None else None,  # names unique across key kinds
             )
             watcher.start()
         if gw.server.metrics_port is not None:

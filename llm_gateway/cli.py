@@ -2,7 +2,7 @@
 
 llm-gateway serve [--config PATH] [--host H] [--port P]
 llm-gateway check-config PATH
-llm-gateway keys new NAME [--models GLOB ...] [--rpm N] [--tpm N] [--concurrency N]
+llm-gateway keys new NAME --models GLOB [GLOB ...] [--rpm N] [--tpm N] [--concurrency N]
 llm-gateway keys digest            (reads a key on stdin, prints its SHA-256)
 llm-gateway usage [--config PATH] [--since 7d] [--until T] [--by key,model] [--format table|csv|json]
 """
@@ -41,7 +41,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ks = k.add_subparsers(dest="keys_cmd", required=True)
     kn = ks.add_parser("new", help="make a key; prints it once, with the config entry holding its digest")
     kn.add_argument("name")
-    kn.add_argument("--models", nargs="+", default=["*"])
+    kn.add_argument(
+        "--models",
+        nargs="+",
+        required=True,
+        metavar="GLOB",
+        help="the public models it may use (globs, matched against each model's own name, not its aliases); "
+        "'*' for every model",
+    )
     kn.add_argument("--rpm", type=int)
     kn.add_argument("--tpm", type=int)
     kn.add_argument("--concurrency", type=int)

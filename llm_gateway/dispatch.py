@@ -78,7 +78,7 @@ def ticket_for(who: Principal, rank: int, cost: int) -> Ticket:
     """The queue ticket of a request: its key, class and estimated tokens, with fair queuing or without (the
     queue's own mode decides the order; the ticket still says whose it is and its class, which is what the
     per-class metrics report and what a reserved slot is kept for)."""
-    return Ticket(who.name, rank, float(max(cost, 1)), who.weight)
+    return Ticket(who.id, rank, float(max(cost, 1)), who.weight, who.name)
 
 
 async def _wait_reporting(d: Deployment, trace: Trace) -> bool:
@@ -215,7 +215,9 @@ class Dispatcher:
         if ticket.key:
             inc(
                 self.metrics.child(
-                    self.metrics.admitted_tokens, ticket.key, CLASS_NAMES.get(ticket.priority, "default")
+                    self.metrics.admitted_tokens,
+                    ticket.label or ticket.key,
+                    CLASS_NAMES.get(ticket.priority, "default"),
                 ),
                 ticket.cost,
             )

@@ -4,7 +4,9 @@ The new file is read and validated completely first; only a valid config is swap
 reference, see `Gateway.apply`), and requests in flight finish on the runtime they started with.
 An invalid file keeps the running config, logs what is wrong (file, field, line) and counts the
 failure in `gateway_config_reloads_total{result="failure"}`. The runtime keys (created through the
-admin API, held by the authenticator) are carried over to the new runtime in the same step.
+admin API, held by the authenticator) are carried over to the new runtime in the same step. A valid file
+can still be refused by `vet` (given by the composition root): with the admin API on, a config whose
+keys take a runtime key's name is refused whole, the same way, with the reason in the log.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ import contextlib
 import hashlib
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from llm_gateway.config_loader import ConfigError, load_config
 from llm_gateway.runtime import Gateway
+from llm_gateway.settings import GatewayConfig
+
+#: why a valid config may not be applied now, or None
+Vet = Callable[[GatewayConfig], Awaitable[str | None]]
 
 log = logging.getLogger("llm_gateway.reload")
 
@@ -31,8 +37,16 @@ def _fingerprint(path: Path) -> bytes | None:
 
 
 class ConfigWatcher:
-    def __init__(self, gw: Gateway, path: str, poll_s: float, on_applied: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        gw: Gateway,
+        path: str,
+        poll_s: float,
+        on_applied: Callable[[], None] | None = None,
+        vet: Vet | None = None,
+    ) -> None:
         self.gw = gw
+        self._vet = vet
         self.path = Path(path)
         self.poll_s = poll_s
         self._on_applied = on_applied
@@ -62,6 +76,11 @@ class ConfigWatcher:
             except ConfigError as e:
                 self.gw.metrics.config_reloads.labels("failure").inc()
                 log.error("config reload (%s) rejected; the running config stays:\n%s", reason, e)
+                return False
+            problem = None if self._vet is None else await self._vet(cfg)
+            if problem is not None:
+                self.gw.metrics.config_reloads.labels("failure").inc()
+                log.error("config reload (%s) rejected; the running config stays: %s", reason, problem)
                 return False
             try:
                 old = self.gw.runtime

@@ -100,6 +100,7 @@ class Gateway:
             on_store_error=m.ratelimit_store_errors.inc,
             lease_s=max(b.timeouts.total_s for b in config.backends) + 60 if config.backends else 3600.0,
             prices={m.name: m.price for m in config.models if m.price is not None},
+            aliases={m.name: m.aliases for m in config.models if m.aliases},
         )
         return Runtime(
             config=config,

@@ -130,8 +130,7 @@ class GenerationService:
                 "The requested model does not exist; GET /v1/models lists the models this key may use.", param="model"
             )
         rec.model = route.name
-        if not (who.may_use(route.name) or who.may_use(info.model)):
-            rt.auth.check_model(who, route.name)
+        rt.auth.check_model(who, route.name, route.cfg.aliases)  # the canonical model, never the alias asked
         return info, route
 
     async def count_prompt_tokens(

@@ -5,7 +5,9 @@ the same way: a body that is not JSON is 400 `invalid_json`, a body or query tha
 422 `validation_error` with the failing fields (never their values: a pasted secret is not echoed),
 an unknown route 404, a wrong method 405, a body past the admin API's limit 413 and one that does not
 arrive within `server.body_timeout_s` 408 (`BodyLimit`, before anything reads it whole; the admin key was
-checked before, from the headers, by the gate: admin/gate.py).
+checked before, from the headers, by the gate: admin/gate.py). Anything else a route raises
+(a bug) is a 500 `internal_error` in the same envelope, never Starlette's plain text; its traceback goes
+to the log, not to the client.
 """
 
 from __future__ import annotations
@@ -90,6 +92,17 @@ async def _http_error(request: Request, e: Exception) -> Response:
     return _render(err)
 
 
+async def _unexpected(request: Request, e: Exception) -> Response:
+    return _render(
+        GatewayError(
+            "The admin API failed unexpectedly; see the gateway's log.",
+            status=500,
+            type_="server_error",
+            code="internal_error",
+        )
+    )
+
+
 def _too_large(max_bytes: int) -> GatewayError:
     return GatewayError(
         f"The request body is over the admin API's limit of {max_bytes} bytes.",
@@ -144,3 +157,4 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)  # Starlette's outermost: it still logs the traceback

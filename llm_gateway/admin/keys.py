@@ -4,7 +4,16 @@ A created or rotated key is answered once (`key`) and only its SHA-256 digest is
 config file are listed too, marked `source: config`, `read_only: true`: changing one is 409 (edit the
 file). Every change writes one audit row (who, what, which fields, when) in the same transaction, and
 takes effect on this replica at once and on every other within `admin.key_poll_s` (see refresh.py).
-Revoking keeps the key listed (status `revoked`) and refuses it; deleting removes it and frees its name.
+Revoking keeps the key listed (status `revoked`) and refuses it; deleting removes it, deletes the stored
+responses it owns and frees its name.
+
+Every key has an `id`, its identity (minted for a runtime key at creation, derived from the digest for a
+config key); a name is a label, unique across the config file's keys and the runtime keys: creating a
+runtime key under a config key's name is 409 `name_taken`, and a config reload that would give a config
+key a runtime key's name is refused (reload.py). A runtime key whose name a config key took while the
+gateway was down is listed with status `conflict` and refused (refresh.py); the routes that change a key
+act on the runtime key of a name whenever there is one, so it can still be revoked or deleted. A row an
+older version stored in a form this one cannot read is listed as `malformed`, never a 500.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response
+from pydantic import ValidationError
 
 from llm_gateway.admin.context import AdminContext, admin_context
 from llm_gateway.admin.errors import Conflict, NotFound
@@ -24,12 +34,13 @@ from llm_gateway.admin.schemas import (
     KeyName,
     KeyOut,
     KeyUpdate,
+    Status,
     to_time,
     to_unix,
 )
 from llm_gateway.admin.security import AdminUser
 from llm_gateway.admin.store import KeyRow, KeyStore, NameTaken
-from llm_gateway.auth import new_key
+from llm_gateway.auth import config_key_id, new_key, new_key_id
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.settings import KeyConfig, Limits
 
@@ -45,6 +56,7 @@ def _limits(lim: Limits) -> dict[str, Any]:
 
 def _config_out(k: KeyConfig) -> KeyOut:
     return KeyOut(
+        id=config_key_id(k.sha256),
         name=k.name,
         source="config",
         read_only=True,
@@ -56,19 +68,32 @@ def _config_out(k: KeyConfig) -> KeyOut:
     )
 
 
-def _out(row: KeyRow, now: float) -> KeyOut:
-    status = "revoked" if row.revoked_at is not None else "active"
-    if status == "active" and row.expires_at is not None and row.expires_at <= now:
+def _out(ctx: AdminContext, row: KeyRow, now: float) -> KeyOut:
+    try:
+        limits = Limits(**row.limits)
+        model_limits = {g: Limits(**v) for g, v in row.model_limits.items()}
+        malformed = False
+    except (ValidationError, TypeError, AttributeError):  # stored by an older version: listed, refused
+        limits, model_limits, malformed = Limits(), {}, True
+    status: Status = "active"
+    if row.revoked_at is not None:
+        status = "revoked"
+    elif malformed:
+        status = "malformed"
+    elif row.name in ctx.gw.runtime.auth.config_names:
+        status = "conflict"
+    elif row.expires_at is not None and row.expires_at <= now:
         status = "expired"
     return KeyOut(
+        id=row.id,
         name=row.name,
         source="runtime",
         read_only=False,
         status=status,
         sha256_prefix=row.sha256[:DIGEST_PREFIX_CHARS],
         models=list(row.models),
-        limits=Limits(**row.limits),
-        model_limits={g: Limits(**v) for g, v in row.model_limits.items()},
+        limits=limits,
+        model_limits=model_limits,
         expires_at=to_time(row.expires_at),
         revoked_at=to_time(row.revoked_at),
         created_at=to_time(row.created_at),
@@ -78,6 +103,16 @@ def _out(row: KeyRow, now: float) -> KeyOut:
 
 def _config_key(ctx: AdminContext, name: str) -> KeyConfig | None:
     return next((k for k in ctx.gw.runtime.config.auth.keys if k.name == name), None)
+
+
+async def _runtime_row(ctx: AdminContext, store: KeyStore, name: str) -> KeyRow:
+    """The runtime key a change acts on: 404 when there is none, 409 when the name is a config key's."""
+    row = await store.get(name)
+    if row is not None:
+        return row
+    if _config_key(ctx, name) is not None:
+        raise _read_only(name)
+    raise _missing(name)
 
 
 def _read_only(name: str) -> Conflict:
@@ -110,6 +145,7 @@ async def create_key(body: KeyCreate, admin: AdminUser, ctx: Ctx) -> KeyCreated:
     key, digest = new_key()
     now = int(ctx.clock())
     row = KeyRow(
+        id=new_key_id(),
         name=body.name,
         sha256=digest,
         models=tuple(body.models),
@@ -131,14 +167,14 @@ async def create_key(body: KeyCreate, admin: AdminUser, ctx: Ctx) -> KeyCreated:
     except NameTaken:
         raise Conflict(f"A key named '{body.name}' exists already.", code="name_taken", param="name") from None
     await _refresh(ctx)
-    return KeyCreated(**dict(_out(row, now)), key=key)
+    return KeyCreated(**dict(_out(ctx, row, now)), key=key)
 
 
 @router.get("", summary="List the keys (config-file keys included, read-only)")
 async def list_keys(admin: AdminUser, ctx: Ctx) -> KeyList:
     now = ctx.clock()
     config = [_config_out(k) for k in ctx.gw.runtime.config.auth.keys]
-    runtime = [_out(r, now) for r in await (await _store(ctx)).all()]
+    runtime = [_out(ctx, r, now) for r in await (await _store(ctx)).all()]
     return KeyList(data=config + runtime)
 
 
@@ -150,20 +186,16 @@ async def get_key(name: str, admin: AdminUser, ctx: Ctx) -> KeyOut:
     row = await (await _store(ctx)).get(name)
     if row is None:
         raise _missing(name)
-    return _out(row, ctx.clock())
+    return _out(ctx, row, ctx.clock())
 
 
 @router.patch("/{name}", summary="Change a key's models, limits, model limits or expiry")
 async def update_key(name: KeyName, body: KeyUpdate, admin: AdminUser, ctx: Ctx) -> KeyOut:
-    if _config_key(ctx, name) is not None:
-        raise _read_only(name)
     fields = body.model_fields_set
     if not fields:
         raise InvalidRequest("Nothing to change: send models, limits, model_limits or expires_at.", code="empty_update")
     store = await _store(ctx)
-    row = await store.get(name)
-    if row is None:
-        raise _missing(name)
+    row = await _runtime_row(ctx, store, name)
     new: dict[str, Any] = {}
     if "models" in fields:
         new["models"] = list(body.models or ())
@@ -181,42 +213,34 @@ async def update_key(name: KeyName, body: KeyUpdate, admin: AdminUser, ctx: Ctx)
     }
     values = {f: v for f, v in new.items() if v != old[f]}
     if not values:
-        return _out(row, ctx.clock())  # nothing changes: nothing to audit
+        return _out(ctx, row, ctx.clock())  # nothing changes: nothing to audit
     now = int(ctx.clock())
     changes = {f: {"from": old[f], "to": v} for f, v in values.items()}
     updated = await store.update(name, values, now, admin.name, "key.update", changes)
     if updated is None:
         raise _missing(name)
     await _refresh(ctx)
-    return _out(updated, now)
+    return _out(ctx, updated, now)
 
 
 @router.post("/{name}/revoke", summary="Revoke a key (it stays listed, refused everywhere)")
 async def revoke_key(name: KeyName, admin: AdminUser, ctx: Ctx) -> KeyOut:
-    if _config_key(ctx, name) is not None:
-        raise _read_only(name)
     store = await _store(ctx)
-    row = await store.get(name)
-    if row is None:
-        raise _missing(name)
+    row = await _runtime_row(ctx, store, name)
     if row.revoked_at is not None:
-        return _out(row, ctx.clock())  # revoked already
+        return _out(ctx, row, ctx.clock())  # revoked already
     now = int(ctx.clock())
     updated = await store.update(name, {"revoked_at": now}, now, admin.name, "key.revoke", {"revoked_at": now})
     if updated is None:
         raise _missing(name)
     await _refresh(ctx)
-    return _out(updated, now)
+    return _out(ctx, updated, now)
 
 
 @router.post("/{name}/rotate", summary="Give a key a new secret (answered once); the old one stops working")
 async def rotate_key(name: KeyName, admin: AdminUser, ctx: Ctx) -> KeyCreated:
-    if _config_key(ctx, name) is not None:
-        raise _read_only(name)
     store = await _store(ctx)
-    row = await store.get(name)
-    if row is None:
-        raise _missing(name)
+    row = await _runtime_row(ctx, store, name)
     if row.revoked_at is not None:
         raise Conflict(f"The key '{name}' is revoked; create a new one.", code="key_revoked")
     key, digest = new_key()
@@ -225,14 +249,18 @@ async def rotate_key(name: KeyName, admin: AdminUser, ctx: Ctx) -> KeyCreated:
     if updated is None:
         raise _missing(name)
     await _refresh(ctx)
-    return KeyCreated(**dict(_out(updated, now)), key=key)
+    return KeyCreated(**dict(_out(ctx, updated, now)), key=key)
 
 
-@router.delete("/{name}", status_code=204, summary="Delete a key (refused everywhere; its name is free again)")
+@router.delete(
+    "/{name}",
+    status_code=204,
+    summary="Delete a key and its stored responses (refused everywhere; its name is free again)",
+)
 async def delete_key(name: KeyName, admin: AdminUser, ctx: Ctx) -> Response:
-    if _config_key(ctx, name) is not None:
-        raise _read_only(name)
-    if not await (await _store(ctx)).delete(name, int(ctx.clock()), admin.name):
+    store = await _store(ctx)
+    await _runtime_row(ctx, store, name)
+    if not await store.delete(name, int(ctx.clock()), admin.name):
         raise _missing(name)
     await _refresh(ctx)
     return Response(status_code=204)

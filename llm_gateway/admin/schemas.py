@@ -3,6 +3,12 @@
 Times are ISO 8601 with a time zone on the wire (stored as unix seconds). A key's digest is never
 answered whole: `sha256_prefix` (its first 8 hex digits) is enough to tell keys apart; the key itself
 is answered once, by the call that creates or rotates it (`KeyCreated.key`).
+
+Every field is bounded: names and globs by pattern and length, lists and maps by count, numbers by the
+limits' own bounds (llm_gateway/settings/access.py: finite, exact in both limit stores), times to what a
+datetime can hold; anything else is a 422, never a value stored to fail later. A key's `id` is its
+identity (stored responses, limits, budgets, usage rows and audit entries name it); `name` is a label,
+unique across the config file's keys and the runtime keys.
 """
 
 from __future__ import annotations
@@ -25,7 +31,11 @@ class _In(BaseModel):
 
 
 def _future(v: datetime) -> datetime:
-    if v <= datetime.now(UTC):
+    try:
+        in_utc = v.astimezone(UTC)
+    except OverflowError:  # past 9999-12-31 in UTC: no datetime (and no answer) can hold it
+        raise ValueError("must be before the year 10000 (UTC)") from None
+    if in_utc <= datetime.now(UTC):
         raise ValueError("must be in the future")
     return v
 
@@ -35,7 +45,12 @@ Expiry = Annotated[AwareDatetime, AfterValidator(_future)]
 
 class KeyCreate(_In):
     name: KeyName
-    models: list[ModelGlob] = Field(["*"], max_length=100, description="globs of the public models it may use")
+    models: list[ModelGlob] = Field(
+        max_length=100,
+        description="globs of the public models it may use, matched against each model's own name (an alias "
+        'written out whole stands for its model); required: send ["*"] for every model, [] for none',
+        examples=[["llama-*"]],
+    )
     limits: Limits = Limits()
     model_limits: dict[ModelGlob, Limits] = Field(default_factory=dict, max_length=100)
     expires_at: Expiry | None = Field(None, description="when it stops working (ISO 8601 with a zone)")
@@ -57,11 +72,18 @@ class KeyUpdate(_In):
         return self
 
 
+Status = Literal["active", "revoked", "expired", "conflict", "malformed"]
+
+
 class KeyOut(BaseModel):
+    id: str = Field(description="the key's identity, fixed for its life (a config key's follows its digest)")
     name: str
     source: Literal["config", "runtime"] = Field(description="config: from the config file, read-only")
     read_only: bool
-    status: Literal["active", "revoked", "expired"]
+    status: Status = Field(
+        description="conflict: a config-file key has its name, so it is refused (delete it); malformed: "
+        "stored by an older version in a form this one cannot use, so it is refused (PATCH it)"
+    )
     sha256_prefix: str = Field(description=f"the first {DIGEST_PREFIX_CHARS} hex digits of the key's SHA-256")
     models: list[str]
     limits: Limits
@@ -86,7 +108,8 @@ class AuditEntry(BaseModel):
     at: datetime
     actor: str = Field(description="the admin key's name")
     action: str = Field(examples=["key.create", "key.update", "key.revoke", "key.rotate", "key.delete"])
-    target: str | None = Field(None, description="the key acted on")
+    target: str | None = Field(None, description="the name of the key acted on")
+    target_id: str | None = Field(None, description="the id of the key acted on")
     changes: dict[str, Any] | None = Field(None, description="the fields set (for an update: from and to)")
 
 

@@ -5,7 +5,9 @@ Every change of a key is one transaction that first bumps the single revision ro
 lock orders the admins' writes, so a read-then-write here cannot interleave with another replica's),
 then changes the key, then writes its audit row: the change, its audit entry and the revision the
 replicas poll move together or not at all. Only digests are stored; the audit row says who, what and
-when, never a key or a digest.
+when, never a key or a digest. A key is changed by its name (unique) but is its `id`, minted when it is
+created and never changed: the audit rows name both, and deleting a key deletes the stored responses it
+owns (no later key can be given them, and nobody else could read them).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from llm_gateway.state.database import Database
-from llm_gateway.state.tables import api_keys, api_keys_revision, audit_log
+from llm_gateway.state.tables import api_keys, api_keys_revision, audit_log, responses
 
 
 @dataclass(frozen=True, slots=True)
 class KeyRow:
+    id: str
     name: str
     sha256: str
     models: tuple[str, ...]
@@ -42,6 +45,7 @@ class AuditRow:
     actor: str
     action: str
     target: str | None
+    target_id: str | None
     changes: dict[str, Any] | None
 
 
@@ -55,6 +59,7 @@ class _NoSuchKey(Exception):
 
 def _key(row: Any) -> KeyRow:
     return KeyRow(
+        id=row.id,
         name=row.name,
         sha256=row.sha256,
         models=tuple(row.models),
@@ -78,10 +83,17 @@ async def _bump(conn: AsyncConnection) -> int:
 
 
 async def _audit(
-    conn: AsyncConnection, at: int, actor: str, action: str, target: str | None, changes: Mapping[str, Any] | None
+    conn: AsyncConnection, at: int, actor: str, action: str, target: KeyRow | None, changes: Mapping[str, Any] | None
 ) -> None:
     await conn.execute(
-        audit_log.insert().values(at=at, actor=actor, action=action, target=target, changes=dict(changes or {}))
+        audit_log.insert().values(
+            at=at,
+            actor=actor,
+            action=action,
+            target=None if target is None else target.name,
+            target_id=None if target is None else target.id,
+            changes=dict(changes or {}),
+        )
     )
 
 
@@ -115,6 +127,7 @@ class KeyStore:
                 await _bump(conn)
                 await conn.execute(
                     api_keys.insert().values(
+                        id=key.id,
                         name=key.name,
                         sha256=key.sha256,
                         models=list(key.models),
@@ -126,7 +139,7 @@ class KeyStore:
                         updated_at=key.updated_at,
                     )
                 )
-                await _audit(conn, key.created_at, actor, "key.create", key.name, changes)
+                await _audit(conn, key.created_at, actor, "key.create", key, changes)
         except IntegrityError:
             raise NameTaken(key.name) from None
 
@@ -141,19 +154,24 @@ class KeyStore:
                 row = (await conn.execute(query)).one_or_none()
                 if row is None:
                     raise _NoSuchKey
-                await _audit(conn, at, actor, action, name, changes)
+                key = _key(row)
+                await _audit(conn, at, actor, action, key, changes)
         except _NoSuchKey:
             return None
-        return _key(row)
+        return key
 
     async def delete(self, name: str, at: int, actor: str) -> bool:
+        """Delete the key and the stored responses it owns; False when there is no such key."""
+        query = api_keys.delete().where(api_keys.c.name == name).returning(*api_keys.c)
         try:
             async with self.db.begin() as conn:
                 await _bump(conn)
-                result = await conn.execute(api_keys.delete().where(api_keys.c.name == name))
-                if result.rowcount == 0:
+                row = (await conn.execute(query)).one_or_none()
+                if row is None:
                     raise _NoSuchKey
-                await _audit(conn, at, actor, "key.delete", name, None)
+                key = _key(row)
+                gone = await conn.execute(responses.delete().where(responses.c.owner == key.id))
+                await _audit(conn, at, actor, "key.delete", key, {"stored_responses_deleted": gone.rowcount})
         except _NoSuchKey:
             return False
         return True
@@ -165,6 +183,7 @@ class KeyStore:
         before: int | None = None,
         actor: str | None = None,
         target: str | None = None,
+        target_id: str | None = None,
         action: str | None = None,
     ) -> Sequence[AuditRow]:
         """Audit rows, newest first; `before` is an id (the page after the one that ended there)."""
@@ -175,8 +194,10 @@ class KeyStore:
             query = query.where(audit_log.c.actor == actor)
         if target is not None:
             query = query.where(audit_log.c.target == target)
+        if target_id is not None:
+            query = query.where(audit_log.c.target_id == target_id)
         if action is not None:
             query = query.where(audit_log.c.action == action)
         async with self.db.begin() as conn:
             rows = (await conn.execute(query)).all()
-        return [AuditRow(r.id, r.at, r.actor, r.action, r.target, r.changes or None) for r in rows]
+        return [AuditRow(r.id, r.at, r.actor, r.action, r.target, r.target_id, r.changes or None) for r in rows]

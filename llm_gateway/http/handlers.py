@@ -105,7 +105,7 @@ class HandlerContext:
 def authenticate(call: Call, rec: RequestRecord, rt: Runtime) -> Principal:
     """The caller's key (`Authorization: Bearer` or `x-api-key`), recorded on the request."""
     who = rt.auth.authenticate(call.header(b"authorization"), call.header(b"x-api-key"))
-    rec.key = who.name
+    rec.key, rec.key_id = who.name, who.id
     call.who = who  # a refusal before the limiter admits the request is still one against its rpm (asgi.py)
     call.authenticated()  # its connection leaves the unauthenticated ones' cap (http/hardened_protocol.py)
     return who
@@ -182,7 +182,7 @@ async def list_models(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: R
     data = [
         _card(name, ctx.started_at, route, now)
         for name, route in rt.table.public_names()
-        if who.may_use(route.name) or who.may_use(name)
+        if who.may_use(route.name, route.cfg.aliases)
     ]
     await call.respond(200, orjson.dumps({"object": "list", "data": data}), [(b"x-request-id", call.rid.encode())])
 
@@ -191,7 +191,7 @@ async def get_model(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Run
     who = authenticate(call, rec, rt)
     name = call.scope["path"].split("/models/", 1)[1]
     route = rt.table.resolve(name)
-    if route is None or not (who.may_use(route.name) or who.may_use(name)):
+    if route is None or not who.may_use(route.name, route.cfg.aliases):
         raise ModelNotFound(
             "The requested model does not exist; GET /v1/models lists the models this key may use.", param="model"
         )

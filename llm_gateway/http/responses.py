@@ -155,7 +155,7 @@ class ResponsesExchange(CallExchange):
 async def create(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     rec.endpoint = "responses"
     who = authenticate(call, rec, rt)
-    owner = who.name
+    owner = who.id
     body = await read_json_object(ctx, call)
     record_model(rec, rt, body)
     req = parse(body, await _referenced(ctx, body, owner))
@@ -179,8 +179,8 @@ async def input_tokens(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: 
     Not charged to the key's limits: nothing is generated."""
     who = authenticate(call, rec, rt)
     raw = await read_json_object(ctx, call)
-    req = parse(raw, await _referenced(ctx, raw, who.name))
-    earlier = await _earlier(ctx, req, who.name)
+    req = parse(raw, await _referenced(ctx, raw, who.id))
+    earlier = await _earlier(ctx, req, who.id)
     body = req.chat_body(earlier)
     for k in ("stream", "stream_options", "max_tokens", "temperature", "top_p", "logprobs", "top_logprobs", "user"):
         body.pop(k, None)
@@ -234,7 +234,7 @@ async def retrieve(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runt
     rid, sub = _target(call)
     if sub not in ("", "input_items"):
         raise _not_found(f"Unknown request URL: GET {call.scope['path'][:200]}")
-    stored = await (await ctx.responses.get()).load(rid, who.name)
+    stored = await (await ctx.responses.get()).load(rid, who.id)
     if stored is None:
         raise _not_found(f"No response found with id '{rid}'.", param="response_id")
     body = orjson.dumps(stored.response if sub == "" else _items_page(stored.input_items, call))
@@ -246,7 +246,7 @@ async def delete(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
     rid, sub = _target(call)
     if sub:
         raise _not_found(f"Unknown request URL: DELETE {call.scope['path'][:200]}")
-    if not await (await ctx.responses.get()).delete(rid, who.name):
+    if not await (await ctx.responses.get()).delete(rid, who.id):
         raise _not_found(f"No response found with id '{rid}'.", param="response_id")
     body = orjson.dumps({"id": rid, "object": "response.deleted", "deleted": True})
     await call.respond(200, body, [(b"x-request-id", call.rid.encode())])

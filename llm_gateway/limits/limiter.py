@@ -1,6 +1,9 @@
 """Applying a key's limits to one request: which scopes, the store-outage policy, the headers.
 
 A key's own limits form one scope; a matching `model_limits` entry adds a second (key and model).
+Scopes are named by the key's id (`Principal.id`), never its name: a new key that takes a deleted key's
+name starts with fresh windows and budgets. A `model_limits` entry matches the canonical public model, or
+names one of its aliases (`aliases`, public model -> its aliases, from the config).
 `admit` reserves in the store (or raises `RateLimited` / `ServiceUnavailable`), `finish` settles. A
 generation may be admitted smaller than it asked when a budget has less room (`flexible`: see
 store.py's `Shrink`); its `Reservation.tokens` is then what the service holds the engine to.
@@ -55,6 +58,7 @@ class Limiter:
         on_store_error: Callable[[], None] | None = None,
         lease_s: float = 3600.0,
         prices: Mapping[str, Price] | None = None,
+        aliases: Mapping[str, tuple[str, ...]] | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -66,6 +70,7 @@ class Limiter:
         # public model -> (input, output) per million tokens, for cost budgets
         self._prices = {m: (p.input_per_million, p.output_per_million) for m, p in (prices or {}).items()}
         self._wall = wall
+        self._aliases = dict(aliases or {})
         self._fail_open = fail_open
         self._on_reject = on_reject
         self._on_store_error = on_store_error
@@ -84,10 +89,10 @@ class Limiter:
             out = []
             lim = who.limits
             if _limited(lim):
-                out.append(self._scope(key_scope(who.name), lim))
-            ml = who.limits_for(model)
+                out.append(self._scope(key_scope(who.id), lim))
+            ml = who.limits_for(model, self._aliases.get(model, ()))
             if ml is not None and _limited(ml):
-                out.append(self._scope(model_scope(who.name, model), ml))
+                out.append(self._scope(model_scope(who.id, model), ml))
             found = tuple(out)
             if len(self._scopes) < 100_000:
                 self._scopes[key] = found

@@ -23,7 +23,8 @@ class RequestRecord:
     method: str
     path: str
     endpoint: str = "other"
-    key: str = NONE
+    key: str = NONE  # the key's name (a label)
+    key_id: str = NONE  # the key's id (its identity)
     model: str = UNKNOWN
     backend: str = NONE
     engine: str = NONE

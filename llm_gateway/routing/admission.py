@@ -50,10 +50,11 @@ LIFT_MARGIN = 0.5  # tokens below the floor a key that starts waiting is lifted 
 class Ticket:
     """What a request brings to a queue: whose it is, its class rank, its estimated tokens."""
 
-    key: str = ""
+    key: str = ""  # the key's id: its fair-share counter
     priority: int = 0  # higher goes first
     cost: float = 1.0  # tokens estimated at admission (prompt + max output)
     weight: float = 1.0  # the key's share weight: twice the weight, twice the tokens for the same counter
+    label: str = ""  # the key's name, for the metrics
 
 
 ANONYMOUS = Ticket()

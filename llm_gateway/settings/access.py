@@ -1,5 +1,10 @@
 """Who may call and how much: client keys with their limits, budgets and priority, the prices cost
 budgets are counted in, admin keys, and where the limiter keeps its counts (memory or Redis).
+
+Every number here is bounded and finite (`allow_inf_nan=False`): the same models check the config file
+and the admin API's bodies, and both limit stores must count each value exactly. Redis runs its scripts
+in Lua, whose numbers are doubles: exact up to 2**53, so counts stay below 10**15 and a cost budget,
+counted in 1e-9 units of the currency (`limits.store.COST_UNITS`), below `MAX_COST`.
 """
 
 from __future__ import annotations
@@ -19,12 +24,22 @@ def _sha256_hex(v: str, of: str) -> str:
     return v.lower()
 
 
+#: the most a count (tokens, a rate) may be: below 2**53, where doubles stop counting exactly
+MAX_COUNT = 10**15
+#: the most requests a minute or at once a limit may allow
+MAX_RATE = 10**9
+#: the largest cost budget in the price's currency: 9e6 * 1e9 units stays below 2**53
+MAX_COST = 9_000_000.0
+#: the largest price per million tokens
+MAX_PRICE = 1_000_000.0
+
+
 class Budget(Strict):
     """Tokens and/or cost a key may spend per UTC day or calendar month (reserved up front, settled with
     the real usage, like `tpm`); cost is in the currency of `models[].price`."""
 
-    tokens: int | None = Field(None, ge=0)
-    cost: float | None = Field(None, ge=0)
+    tokens: int | None = Field(None, ge=0, le=MAX_COUNT)
+    cost: float | None = Field(None, ge=0, le=MAX_COST, allow_inf_nan=False)
     period: Literal["day", "month"] = "day"
 
     @model_validator(mode="after")
@@ -37,14 +52,14 @@ class Budget(Strict):
 class Price(Strict):
     """What a model's tokens cost, per million (any one currency across the config)."""
 
-    input_per_million: float = Field(ge=0)
-    output_per_million: float = Field(ge=0)
+    input_per_million: float = Field(ge=0, le=MAX_PRICE, allow_inf_nan=False)
+    output_per_million: float = Field(ge=0, le=MAX_PRICE, allow_inf_nan=False)
 
 
 class Limits(Strict):
-    rpm: int | None = Field(None, ge=0)
-    tpm: int | None = Field(None, ge=0)
-    concurrency: int | None = Field(None, ge=0)
+    rpm: int | None = Field(None, ge=0, le=MAX_RATE)
+    tpm: int | None = Field(None, ge=0, le=MAX_COUNT)
+    concurrency: int | None = Field(None, ge=0, le=MAX_RATE)
     budget: Budget | None = None
 
 
@@ -58,7 +73,9 @@ class KeyConfig(Strict):
     priority: PriorityClass = Field(
         "default", description="queue class: interactive before default before batch (a request may lower it)"
     )
-    weight: float = Field(1.0, gt=0, le=1000, description="share of the slots against other keys of its class")
+    weight: float = Field(
+        1.0, gt=0, le=1000, allow_inf_nan=False, description="share of the slots against other keys of its class"
+    )
 
     @model_validator(mode="after")
     def _budget_is_a_limit(self) -> KeyConfig:

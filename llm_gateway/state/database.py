@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -44,6 +44,7 @@ from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 
+from llm_gateway.auth import config_key_id
 from llm_gateway.errors import DatabaseUnavailable
 from llm_gateway.settings import DATABASE_SCHEMES, GatewayConfig
 from llm_gateway.state.migrations import MIGRATIONS_DIR
@@ -94,8 +95,11 @@ class Database:
         connect_timeout_s: float = 5.0,
         statement_timeout_s: float = 10.0,
         migrate_timeout_s: float = 60.0,
+        config_key_ids: Mapping[str, str] | None = None,
     ) -> Self:
         """Connect, migrate to head (idempotent; one replica at a time) and return the database.
+        `config_key_ids` (the config file's keys, name -> id) lets a migration give rows that named a key
+        by its name to that key's id (see migrations/versions/0005_key_ids.py).
         Raises `DatabaseUnavailable` when it cannot be reached in time, `ValueError` for a bad URL."""
         parsed = _parse(url)
         safe_url = _redacted(parsed)
@@ -109,7 +113,7 @@ class Database:
             else:
                 engine = migrator = _sqlite_engine(parsed, pool_size, statement_timeout_s)
             try:
-                await _migrate(migrator, postgres=postgres)
+                await _migrate(migrator, postgres=postgres, config_key_ids=config_key_ids)
             except BaseException:
                 await engine.dispose()
                 raise
@@ -128,6 +132,7 @@ class Database:
             pool_size=db.pool_size,
             connect_timeout_s=db.connect_timeout_s,
             statement_timeout_s=db.statement_timeout_s,
+            config_key_ids={k.name: config_key_id(k.sha256) for k in config.auth.keys},
         )
 
     @asynccontextmanager
@@ -236,14 +241,14 @@ def _private_file(path: Path) -> None:
             side.chmod(0o600)
 
 
-async def _migrate(engine: AsyncEngine, *, postgres: bool) -> None:
+async def _migrate(engine: AsyncEngine, *, postgres: bool, config_key_ids: Mapping[str, str] | None = None) -> None:
     async with engine.connect() as conn:
         if not postgres:
             await conn.execution_options(**{_IMMEDIATE: True})
         async with conn.begin():
             if postgres:  # held until this transaction ends: the next replica reads the version after it
                 await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
-            await conn.run_sync(_upgrade_to_head)
+            await conn.run_sync(_upgrade_to_head, dict(config_key_ids or {}))
 
 
 def _alembic_config() -> Config:
@@ -262,9 +267,10 @@ def schema_head() -> str:
     return head
 
 
-def _upgrade_to_head(connection: Connection) -> None:
+def _upgrade_to_head(connection: Connection, config_key_ids: dict[str, str]) -> None:
     config = _alembic_config()
     config.attributes["connection"] = connection  # env.py runs on it, inside our transaction
+    config.attributes["config_key_ids"] = config_key_ids
     command.upgrade(config, "head")
 
 

@@ -1,8 +1,10 @@
 """The Responses API's stored responses: what `store: true` keeps, so that a client can fetch or delete a
 response later and continue a conversation from it with `previous_response_id`.
 
-A response belongs to the API key that created it (`owner`, the key's name): every read and delete
-names the owner, and another key's response is indistinguishable from one that does not exist. Each
+A response belongs to the API key that created it (`owner`, the key's id, never its name: a name can
+be freed and taken by another key): every read and delete names the owner, and another key's response is
+indistinguishable from one that does not exist. Deleting a runtime key deletes its responses
+(in the admin store's transaction that deletes the key, llm_gateway/admin/store.py). Each
 record carries the whole conversation so far as OpenAI chat messages, so continuing from it is one read,
 however long the chain. Its items (new input items and output items) are also kept by id
 (`response_items`), so that a later request's `item_reference`s are found in one query per
@@ -29,7 +31,7 @@ ITEMS_PER_QUERY = 500
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
     id: str  # "resp_..."
-    owner: str  # the API key's name: another key must not see it
+    owner: str  # the API key's id: another key must not see it
     model: str
     created_at: int  # unix seconds
     previous_response_id: str | None

@@ -37,7 +37,8 @@ responses = sa.Table(
     "responses",
     metadata,
     sa.Column("id", sa.String(), primary_key=True),
-    sa.Column("owner", sa.String(), nullable=False),  # the API key's name: nobody else may read it
+    # the API key's id (never its name: a name can be freed and taken again); nobody else may read it
+    sa.Column("owner", sa.String(), nullable=False),
     sa.Column("model", sa.String(), nullable=False),
     sa.Column("created_at", sa.BigInteger(), nullable=False),  # unix seconds
     # no foreign key: a client may delete a response that a later one continued from
@@ -64,7 +65,11 @@ response_items = sa.Table(
 api_keys = sa.Table(
     "api_keys",
     metadata,
+    # a label, unique (and unique across the config file's keys too, which the admin API checks)
     sa.Column("name", sa.String(), primary_key=True),
+    # the key's identity, minted at creation and kept across rotation ("kr_" + 24 hex digits): what stored
+    # responses, limits, budgets, usage rows and audit entries name
+    sa.Column("id", sa.String(), nullable=False),
     # only the SHA-256 digest of the key: the key itself is shown once, when it is created or rotated
     sa.Column("sha256", sa.String(64), nullable=False, unique=True),
     sa.Column("models", JsonText(), nullable=False),  # list of model globs
@@ -74,6 +79,7 @@ api_keys = sa.Table(
     sa.Column("revoked_at", sa.BigInteger(), nullable=True),  # unix seconds; a revoked key stays listed
     sa.Column("created_at", sa.BigInteger(), nullable=False),
     sa.Column("updated_at", sa.BigInteger(), nullable=False),
+    sa.Index("ux_api_keys_id", "id", unique=True),
 )
 
 # one row (id 1) whose revision every change of api_keys bumps in the same transaction: the replicas poll
@@ -94,7 +100,8 @@ audit_log = sa.Table(
     sa.Column("at", sa.BigInteger(), nullable=False),  # unix seconds
     sa.Column("actor", sa.String(), nullable=False),
     sa.Column("action", sa.String(), nullable=False),
-    sa.Column("target", sa.String(), nullable=True),
+    sa.Column("target", sa.String(), nullable=True),  # the key's name
+    sa.Column("target_id", sa.String(), nullable=True),  # the key's id (null: from before ids, unknown)
     sa.Column("changes", JsonText(), nullable=True),
     sa.Index("ix_audit_log_at", "at"),
 )
@@ -108,7 +115,8 @@ usage_ledger = sa.Table(
     sa.Column("at_ms", sa.BigInteger(), nullable=False),  # unix milliseconds when the request arrived
     sa.Column("day", sa.String(10), nullable=False),  # its UTC date, YYYY-MM-DD (groups the same on both databases)
     sa.Column("request_id", sa.String(), nullable=False),
-    sa.Column("key", sa.String(), nullable=False),  # the key's name, never the key
+    sa.Column("key", sa.String(), nullable=False),  # the key's name (a label), never the key
+    sa.Column("key_id", sa.String(), nullable=True),  # the key's id (null: a row from before ids, unknown)
     sa.Column("model", sa.String(), nullable=False),  # the public model
     sa.Column("backend", sa.String(), nullable=False),
     sa.Column("endpoint", sa.String(), nullable=False),

@@ -5,6 +5,9 @@ path) as dicts named like the columns of `tables.usage_ledger`; a batch is one m
 report groups them by any of `DIMENSIONS` over a time range, with the cost of each group priced by the
 models' current `price` (a group is summed per model first, so a report by key alone is priced right).
 A database that is down or too slow raises `DatabaseUnavailable` (503), as everywhere in `state`.
+A key is its id, its name a label: a report by `key` groups by both (`key_id` next to `key`), so a key
+created under a deleted key's name is a line of its own; a row from before ids whose key could not be
+told (see migrations/versions/0005_key_ids.py) has a null `key_id`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from llm_gateway.settings import Price
 from llm_gateway.state.database import Database
 from llm_gateway.state.tables import usage_ledger
 
-DIMENSIONS = ("key", "model", "backend", "endpoint", "outcome", "day")
+DIMENSIONS = ("key", "key_id", "model", "backend", "endpoint", "outcome", "day")
 #: the sums of a report row, in the order the table and the CSV show them
 MEASURES = ("requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens", "cost")
 _SINCE = re.compile(r"^(\d{1,6})([mhdw])$")
@@ -95,7 +98,7 @@ class UsageStore:
         until_ms: int | None = None,
     ) -> list[UsageRow]:
         """The requests in [since_ms, until_ms) grouped by `by` (each one of DIMENSIONS), largest total first."""
-        dims = check_dimensions(by)
+        dims = shown_dimensions(check_dimensions(by))
         grouped = list(dict.fromkeys([*dims, "model"]))  # priced per model, then summed to `by`
         cols = [usage_ledger.c[d] for d in grouped]
         t = usage_ledger.c
@@ -111,10 +114,10 @@ class UsageStore:
         query = query.group_by(*cols)
         async with self.db.begin() as conn:
             found = (await conn.execute(query)).all()
-        out: dict[tuple[str, ...], UsageRow] = {}
+        out: dict[tuple[str | None, ...], UsageRow] = {}
         for r in found:
             m = r._mapping
-            group = tuple(str(m[d]) for d in dims)
+            group = tuple(None if m[d] is None else str(m[d]) for d in dims)
             row = out.get(group)
             if row is None:
                 row = out[group] = UsageRow(dict(zip(dims, group, strict=True)))
@@ -127,14 +130,21 @@ class UsageStore:
             if price is not None:
                 cost = (prompt * price.input_per_million + completion * price.output_per_million) / 1_000_000
                 row.cost = (row.cost or 0.0) + cost
-        return sorted(out.values(), key=lambda r: (-r.total_tokens, -r.requests, tuple(r.group.values())))
+        return sorted(
+            out.values(), key=lambda r: (-r.total_tokens, -r.requests, tuple(v or "" for v in r.group.values()))
+        )
+
+
+def _order(r: UsageRow) -> tuple[int, int, tuple[str, ...]]:
+    """Largest total first, then most requests, then by the group's values (an unknown id as "")."""
+    return (-r.total_tokens, -r.requests, tuple(v or "" for v in r.group.values()))
 
 
 @dataclass(slots=True)
 class UsageRow:
     """One group of a report: its dimensions' values and the sums."""
 
-    group: dict[str, str]
+    group: dict[str, str | None]
     requests: int = 0
     errors: int = 0
     prompt_tokens: int = 0
@@ -166,6 +176,14 @@ def check_dimensions(by: Sequence[str]) -> list[str]:
     return dims
 
 
+def shown_dimensions(dims: Sequence[str]) -> list[str]:
+    """The dimensions a report shows: `key_id` follows `key` (a name may have been two keys)."""
+    if "key" not in dims or "key_id" in dims:
+        return list(dims)
+    i = list(dims).index("key") + 1
+    return [*dims[:i], "key_id", *dims[i:]]
+
+
 def parse_since(text: str, now_s: float) -> int:
     """`7d`, `24h`, `30m`, `2w` (before now) or a UTC date `2026-11-01` / time `2026-11-01T12:00:00` -> unix ms."""
     text = text.strip()
@@ -184,7 +202,7 @@ def parse_since(text: str, now_s: float) -> int:
 
 
 def _columns(rows: Sequence[UsageRow], by: Sequence[str]) -> list[str]:
-    cols = [*by, *MEASURES]
+    cols = [*shown_dimensions(by), *MEASURES]
     if all(r.cost is None for r in rows):
         cols.remove("cost")
     return cols
@@ -211,7 +229,7 @@ def _safe_cell(v: Any) -> Any:
 def to_table(rows: Sequence[UsageRow], by: Sequence[str]) -> str:
     """An aligned text table with a total line, for a terminal."""
     cols = _columns(rows, by)
-    total = UsageRow({d: "" for d in by})
+    total = UsageRow(dict.fromkeys(shown_dimensions(by), ""))
     for r in rows:
         total.requests += r.requests
         total.errors += r.errors

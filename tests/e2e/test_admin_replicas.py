@@ -119,6 +119,7 @@ def _status(url: str, key: str) -> int:
 
 
 def _create(replica: Replica, name: str, **fields: object) -> dict:
+    fields.setdefault("models", ["*"])  # required: a new key names the models it may use
     r = httpx.post(replica.admin_url + "/admin/keys", json={"name": name, **fields}, headers=ADMIN, timeout=10)
     assert r.status_code == 201, r.text
     return r.json()  # type: ignore[no-any-return]
@@ -137,7 +138,8 @@ def _everywhere(replicas: list[Replica], key: str, want: int, since: float, what
 
 def test_a_created_key_works_on_every_replica_within_2s(replicas: list[Replica]) -> None:
     t0 = time.monotonic()
-    key = _create(replicas[0], "ci-everywhere")["key"]
+    created = _create(replicas[0], "ci-everywhere")
+    key = created["key"]
     delays = _everywhere(replicas, key, 200, t0, "the new key to work")
     print(f"\ncreated on replica 1, accepted by replicas 1-3 after {[f'{d:.3f}' for d in delays]} s")
     for r in replicas:  # and a real request goes through on each
@@ -145,7 +147,13 @@ def test_a_created_key_works_on_every_replica_within_2s(replicas: list[Replica])
         assert answer.status_code == 200, answer.text
     # the shared audit log says who did it, on any replica that serves the admin API
     entries = httpx.get(replicas[2].admin_url + "/admin/audit", params={"target": "ci-everywhere"}, headers=ADMIN)
-    assert [(e["action"], e["actor"]) for e in entries.json()["data"]] == [("key.create", "root")]
+    assert [(e["action"], e["actor"], e["target_id"]) for e in entries.json()["data"]] == [
+        ("key.create", "root", created["id"])
+    ]
+    # the key is one identity everywhere: the id minted at creation, read back from the shared table
+    for r in replicas[1:]:
+        listed = httpx.get(r.admin_url + "/admin/keys/ci-everywhere", headers=ADMIN, timeout=10).json()
+        assert listed["id"] == created["id"]
     assert key not in entries.text and digest_of(key) not in entries.text
 
 

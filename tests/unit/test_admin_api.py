@@ -126,6 +126,7 @@ async def gw(data_dir: Path) -> AsyncIterator[tuple[httpx.AsyncClient, GatewayAp
 
 
 async def create(client: httpx.AsyncClient, name: str = "ci", **fields: Any) -> dict[str, Any]:
+    fields.setdefault("models", ["*"])  # required: a new key names the models it may use
     r = await client.post("/admin/keys", json={"name": name, **fields}, headers=as_admin())
     assert r.status_code == 201, r.text
     return r.json()  # type: ignore[no-any-return]
@@ -195,7 +196,7 @@ async def test_config_keys_cannot_be_changed_here(gw):
         r = await client.request(method, path, json=body, headers=as_admin())
         assert r.status_code == 409, (method, path, r.text)
         assert r.json()["error"]["code"] == "read_only_key"
-    r = await client.post("/admin/keys", json={"name": "alice"}, headers=as_admin())
+    r = await client.post("/admin/keys", json={"name": "alice", "models": ["*"]}, headers=as_admin())
     assert r.status_code == 409 and r.json()["error"]["code"] == "name_taken"
     assert (await chat(client, CLIENT_KEY)).status_code == 200  # and it still works
     assert await audit(client) == []  # nothing happened
@@ -204,7 +205,7 @@ async def test_config_keys_cannot_be_changed_here(gw):
 async def test_a_name_is_taken_once_and_an_unknown_key_is_404(gw):
     client, _ = gw
     await create(client, "ci")
-    r = await client.post("/admin/keys", json={"name": "ci"}, headers=as_admin())
+    r = await client.post("/admin/keys", json={"name": "ci", "models": ["*"]}, headers=as_admin())
     assert r.status_code == 409 and r.json()["error"]["code"] == "name_taken"
     for method, path in (
         ("GET", "/admin/keys/nobody"),
@@ -377,10 +378,11 @@ async def test_bad_requests_are_json_errors_that_name_the_field_and_echo_no_valu
     secretish = "sk-pasted-by-mistake-1234567890"
     cases = [
         ({"name": "has space", "models": ["*"]}, "name"),
-        ({"name": "ok", "limits": {"rpm": -1}}, "limits.rpm"),
-        ({"name": "ok", "unknown": secretish}, "unknown"),
-        ({"name": "ok", "expires_at": "2001-01-01T00:00:00Z"}, "expires_at"),
-        ({"name": "ok", "expires_at": "2999-01-01T00:00:00"}, "expires_at"),  # no time zone
+        ({"name": "ok", "models": ["*"], "limits": {"rpm": -1}}, "limits.rpm"),
+        ({"name": "ok", "models": ["*"], "unknown": secretish}, "unknown"),
+        ({"name": "ok", "models": ["*"], "expires_at": "2001-01-01T00:00:00Z"}, "expires_at"),
+        ({"name": "ok", "models": ["*"], "expires_at": "2999-01-01T00:00:00"}, "expires_at"),  # no time zone
+        ({"name": "ok"}, "models"),  # a new key names its models: no permissive default
         ({"models": ["*"]}, "name"),
     ]
     for body, param in cases:
@@ -528,7 +530,7 @@ async def test_with_an_admin_port_the_admin_api_is_served_there_alone(data_dir: 
         server = AdminServer(build_admin_app(ctx), cfg.server, "127.0.0.1", 0)
         await server.start()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as c:
-            r = await c.post("/admin/keys", json={"name": "ci"}, headers=as_admin())
+            r = await c.post("/admin/keys", json={"name": "ci", "models": ["*"]}, headers=as_admin())
             assert r.status_code == 201, r.text
             assert (await c.get("/admin/keys", headers=bearer(CLIENT_KEY))).status_code == 401
             assert (await c.get("/admin/openapi.json", headers=as_admin())).status_code == 200

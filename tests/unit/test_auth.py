@@ -7,7 +7,16 @@ import re
 
 import pytest
 
-from llm_gateway.auth import ANONYMOUS, KEY_PREFIX, Authenticator, Principal, digest_of, new_key
+from llm_gateway.auth import (
+    ANONYMOUS,
+    KEY_PREFIX,
+    Authenticator,
+    Principal,
+    config_key_id,
+    digest_of,
+    new_key,
+    principal_of,
+)
 from llm_gateway.errors import AuthenticationFailed, PermissionDenied
 from llm_gateway.settings import AuthConfig, KeyConfig, Limits
 
@@ -180,3 +189,35 @@ def test_principal_carries_the_keys_limits_and_first_matching_model_limits(auth:
     assert alice.limits == Limits(rpm=60)
     assert alice.limits_for("llama-70b-instruct") == Limits(concurrency=1)
     assert alice.limits_for("llama-8b") is None
+
+
+# -- aliases and identity ----------------------------------------------------------------------------------
+
+
+def test_globs_judge_the_canonical_model_and_an_alias_written_out_stands_for_its_model():
+    k = principal_of(
+        KeyConfig(
+            name="team-a",
+            sha256=digest_of("k"),
+            models=("alpha*", "gamma-alias"),
+            model_limits={"alpha-small": Limits(rpm=1), "beta*": Limits(rpm=2)},
+        )
+    )
+    assert k.may_use("alpha-8b", ("alpha-small",)) is True
+    assert k.may_use("beta-70b", ("alpha-big",)) is False  # the alias matches alpha*, its model does not
+    assert k.may_use("gamma", ("gamma-alias",)) is True  # named whole: the model it points to
+    assert k.may_use("gamma") is False  # ... and only through the aliases the config gives it
+    with pytest.raises(PermissionDenied):
+        Authenticator.check_model(k, "beta-70b", ("alpha-big",))
+    assert k.limits_for("alpha-8b", ("alpha-small",)) == Limits(rpm=1)
+    assert k.limits_for("alpha-8b") is None
+    assert k.limits_for("beta-70b", ("alpha-big",)) == Limits(rpm=2)
+
+
+def test_a_keys_id_is_not_its_name_and_reveals_nothing_of_its_digest(auth: Authenticator):
+    alice = auth.authenticate(f"Bearer {ALICE}".encode(), None)
+    assert alice.id == config_key_id(digest_of(ALICE)) != alice.name
+    assert re.fullmatch(r"kc_[0-9a-f]{24}", alice.id) and digest_of(ALICE)[:24] not in alice.id
+    same_name = principal_of(KeyConfig(name="alice", sha256=digest_of("another secret")))
+    assert same_name.id != alice.id
+    assert auth.config_names == {"alice", "bob"}

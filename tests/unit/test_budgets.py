@@ -50,6 +50,7 @@ def budget(tokens: int | None = None, cost: int | None = None, period: str = "da
 def principal(limits: Limits, model_limits: dict[str, Limits] | None = None) -> Principal:
     return Principal(
         name="alice",
+        id="alice",  # the limiter names scopes by the key's id
         model_patterns=(re.compile(".*"),),
         limits=limits,
         model_limits=tuple((re.compile(fnmatch.translate(g)), lim) for g, lim in (model_limits or {}).items()),

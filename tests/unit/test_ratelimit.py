@@ -71,6 +71,7 @@ class SpyStore(MemoryStore):
 def principal(name: str = "alice", limits: Limits | None = None, model_limits: dict[str, Limits] | None = None):
     return Principal(
         name=name,
+        id=name,  # the limiter names scopes by the key's id
         model_patterns=(re.compile(".*"),),
         limits=limits or Limits(),
         model_limits=tuple((re.compile(fnmatch.translate(g)), lim) for g, lim in (model_limits or {}).items()),

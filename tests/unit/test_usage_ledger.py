@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from llm_gateway.app import create_app
-from llm_gateway.auth import digest_of
+from llm_gateway.auth import config_key_id, digest_of
 from llm_gateway.cli import main
 from llm_gateway.config_loader import parse_config
 from llm_gateway.errors import DatabaseUnavailable
@@ -51,6 +51,7 @@ async def eventually(cond: Callable[[], Any], what: str, timeout: float = DEADLI
 
 def rec(i: int = 0, key: str = "alice", model: str = "m", **fields: Any) -> RequestRecord:
     r = RequestRecord(f"req-{i}", time.perf_counter(), "POST", "/v1/chat/completions", endpoint="chat", key=key)
+    r.key_id = f"kc_{key}"  # a key's id (its identity; the name is a label)
     r.model, r.backend, r.engine, r.status = model, "engine-a", "vllm", 200
     r.prompt_tokens, r.completion_tokens, r.ttft_s = 10, 5, 0.25
     for k, v in fields.items():
@@ -106,7 +107,21 @@ def test_record_appends_one_row_with_the_requests_fields_and_never_blocks():
     led.record(r, 1.5)
     assert led.buffered == 1 and metric(m, "gateway_usage_rows_buffered") == 1.0
     (row,) = led._rows
-    assert row[1:] == ("req-7", "alice", "m", "engine-a", "chat", 200, "success", 10, 5, True, 250.0, 1500.0)
+    assert row[1:] == (
+        "req-7",
+        "alice",
+        "kc_alice",
+        "m",
+        "engine-a",
+        "chat",
+        200,
+        "success",
+        10,
+        5,
+        True,
+        250.0,
+        1500.0,
+    )
     assert abs(row[0] - (time.time() - 1.5) * 1000) < 5000  # when the request arrived, in unix ms
 
 
@@ -353,22 +368,30 @@ async def test_rows_round_trip_through_the_database_and_aggregate_per_key_model_
     since = int(DAY1 * 1000)
     by_key_model = [r.as_dict() for r in await store.report(since, ["key", "model"])]
     assert by_key_model == [
-        {"key": "alice", "model": "big", "requests": 1, "errors": 1, "prompt_tokens": 1000, "completion_tokens": 100,
-         "total_tokens": 1100, "cost": None},
-        {"key": "alice", "model": "small", "requests": 2, "errors": 0, "prompt_tokens": 150, "completion_tokens": 15,
-         "total_tokens": 165, "cost": None},
-        {"key": "bob", "model": "small", "requests": 1, "errors": 0, "prompt_tokens": 7, "completion_tokens": 3,
-         "total_tokens": 10, "cost": None},
+        {"key": "alice", "key_id": "kc_alice", "model": "big", "requests": 1, "errors": 1, "prompt_tokens": 1000,
+         "completion_tokens": 100, "total_tokens": 1100, "cost": None},
+        {"key": "alice", "key_id": "kc_alice", "model": "small", "requests": 2, "errors": 0, "prompt_tokens": 150,
+         "completion_tokens": 15, "total_tokens": 165, "cost": None},
+        {"key": "bob", "key_id": "kc_bob", "model": "small", "requests": 1, "errors": 0, "prompt_tokens": 7,
+         "completion_tokens": 3, "total_tokens": 10, "cost": None},
     ]  # fmt: skip
     by_day = {r.group["day"]: r.requests for r in await store.report(since, ["day"])}
     assert by_day == {"2025-12-01": 3, "2025-12-02": 1}
-    assert [r.group for r in await store.report(int(DAY2 * 1000), ["key"])] == [{"key": "bob"}]
+    assert [r.group for r in await store.report(int(DAY2 * 1000), ["key"])] == [{"key": "bob", "key_id": "kc_bob"}]
     assert [r.requests for r in await store.report(since, ["key"], until_ms=int(DAY2 * 1000))] == [3]
     # by key alone, priced per model: alice = 1000 x 1 + 100 x 2 (big) + 150 x 0.1 + 15 x 0.2 (small), per 1M
     prices = {"big": Price(input_per_million=1, output_per_million=2), "small": Price(input_per_million=0.1,
               output_per_million=0.2)}  # fmt: skip
     alice = (await store.report(since, ["key"], prices))[0]
-    assert alice.group == {"key": "alice"} and alice.cost == pytest.approx((1200 + 18) / 1e6)
+    assert alice.group == {"key": "alice", "key_id": "kc_alice"} and alice.cost == pytest.approx((1200 + 18) / 1e6)
+    # a name that was two keys (one deleted, one created under its name) is two lines; an unknown id is null
+    await fill(db, [(DAY2 + 20, rec(5, "bob", "small", key_id="kr_new")), (DAY2 + 30, rec(6, "bob", key_id=None))])
+    bobs = [r.group for r in await store.report(int(DAY2 * 1000), ["key"])]
+    assert sorted(bobs, key=lambda g: g["key_id"] or "") == [
+        {"key": "bob", "key_id": None},
+        {"key": "bob", "key_id": "kc_bob"},
+        {"key": "bob", "key_id": "kr_new"},
+    ]
 
 
 async def test_a_locked_database_keeps_the_rows_until_it_is_free_again(db: Database, tmp_path: Path):
@@ -413,11 +436,15 @@ async def test_rows_wait_in_the_buffer_while_postgres_is_down_and_are_written_af
 def test_the_csv_has_a_header_a_line_per_group_and_defuses_formulas():
     from llm_gateway.state.usage import UsageRow
 
-    rows = [UsageRow({"key": "=cmd|x", "model": "m"}, 2, 1, 10, 5, 0.5), UsageRow({"key": "b", "model": "m"}, 1)]
+    rows = [
+        UsageRow({"key": "=cmd|x", "key_id": "kr_1", "model": "m"}, 2, 1, 10, 5, 0.5),
+        UsageRow({"key": "b", "key_id": None, "model": "m"}, 1),
+    ]
     text = to_csv(rows, ["key", "model"])
     got = list(csv.reader(io.StringIO(text)))
     assert got[0] == [
         "key",
+        "key_id",
         "model",
         "requests",
         "errors",
@@ -426,17 +453,25 @@ def test_the_csv_has_a_header_a_line_per_group_and_defuses_formulas():
         "total_tokens",
         "cost",
     ]
-    assert got[1] == ["'=cmd|x", "m", "2", "1", "10", "5", "15", "0.5"]
-    assert got[2] == ["b", "m", "1", "0", "0", "0", "0", ""]
-    assert "cost" not in to_csv([UsageRow({"key": "b"}, 1)], ["key"])  # no prices: no cost column
+    assert got[1] == ["'=cmd|x", "kr_1", "m", "2", "1", "10", "5", "15", "0.5"]
+    assert got[2] == ["b", "", "m", "1", "0", "0", "0", "0", ""]
+    assert "cost" not in to_csv([UsageRow({"key": "b", "key_id": "kr_1"}, 1)], ["key"])  # no prices: no cost column
 
 
 def test_the_table_is_aligned_with_a_total_line():
     from llm_gateway.state.usage import UsageRow
 
-    text = to_table([UsageRow({"key": "alice"}, 2, 0, 100, 10), UsageRow({"key": "bob"}, 1, 1, 5, 5)], ["key"])
+    text = to_table(
+        [
+            UsageRow({"key": "alice", "key_id": "kc_a"}, 2, 0, 100, 10),
+            UsageRow({"key": "bob", "key_id": None}, 1, 1, 5, 5),
+        ],
+        ["key"],
+    )
     lines = text.splitlines()
-    assert lines[0].split() == ["key", "requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens"]
+    assert lines[0].split() == [
+        "key", "key_id", "requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens"
+    ]  # fmt: skip
     assert lines[-1].split() == ["total", "3", "1", "105", "15", "120"]
     assert len({len(line) for line in lines}) == 1
 
@@ -536,8 +571,9 @@ async def test_admin_usage_answers_json_and_csv_to_the_admin_only(tmp_path: Path
         body = r.json()
         assert body["by"] == ["key", "model"] and body["ledger"] is True
         assert body["data"] == [
-            {"key": "alice", "model": "public-model", "requests": 3, "errors": 0, "prompt_tokens": 15,
-             "completion_tokens": 6, "total_tokens": 21, "cost": pytest.approx(3 * (5 * 0.001 + 2 * 0.002))},
+            {"key": "alice", "key_id": config_key_id(digest_of(CLIENT_KEY)), "model": "public-model", "requests": 3,
+             "errors": 0, "prompt_tokens": 15, "completion_tokens": 6, "total_tokens": 21,
+             "cost": pytest.approx(3 * (5 * 0.001 + 2 * 0.002))},
         ]  # fmt: skip
         assert body["total"]["requests"] == 3
         c = await client.get("/admin/usage?since=1h&by=key,day&format=csv", headers=admin_auth)
@@ -580,9 +616,11 @@ def test_the_cli_prints_the_usage_table_from_the_database_the_config_names(
     asyncio.run(seed())
     assert main(["usage", "--config", str(cfg_path), "--since", "7d", "--by", "key,model"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["key", "model", "requests", "errors", "prompt_tokens", "completion_tokens",
+    assert out[0].split() == ["key", "key_id", "model", "requests", "errors", "prompt_tokens", "completion_tokens",
                               "total_tokens", "cost"]  # fmt: skip
-    assert [line.split()[:3] for line in out[2:4]] == [["alice", "public-model", "1"], ["bob", "public-model", "1"]]
+    assert [line.split()[:4] for line in out[2:4]] == [
+        ["alice", "kc_alice", "public-model", "1"], ["bob", "kc_bob", "public-model", "1"]
+    ]  # fmt: skip
     assert out[-1].split()[:2] == ["total", "2"]
     assert main(["usage", "--config", str(cfg_path), "--since", "60d", "--by", "key", "--format", "json"]) == 0
     assert {r["key"] for r in json.loads(capsys.readouterr().out)} == {"alice", "bob", "carol"}
