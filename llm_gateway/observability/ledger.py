@@ -6,10 +6,11 @@ I/O, no await, nothing a request could wait on. A background task (`start`) writ
 database in batches, one transaction each, every `usage.flush_interval_s` or as soon as `usage.batch_rows`
 rows are waiting. The tuples go to the sink as they are: the loop does one hand-off per batch and no work
 per row (state/database.py's `insert_rows`: SQLite in a writer thread of its own, asyncpg's executemany),
-so the ledger costs the request path what a counter costs. While the database is down or slow the rows stay in the buffer and the
-write is retried (backing off to `MAX_RETRY_S`); a row that finds the buffer full (`usage.buffer_rows`) is
-counted in `gateway_usage_rows_dropped_total{reason="buffer_full"}`, never lost silently. `aclose` (the
-lifespan's shutdown, after the requests in flight have ended) writes what is left, bounded in time.
+so the ledger costs the request path what a counter costs. While the database is down or slow the rows stay
+in the buffer and the write is retried (backing off to `MAX_RETRY_S`); a row that finds the buffer full
+(`usage.buffer_rows`) is counted in `gateway_usage_rows_dropped_total{reason="buffer_full"}`, never lost
+silently. `aclose` (the lifespan's shutdown, after the requests in flight have ended) writes what is left,
+bounded in time.
 
 A crash (`kill -9`, the OOM killer) cannot run `aclose`. So each flush first checkpoints, in a worker
 thread, to this process's spool on local disk (observability/spool.py): the finished rows the spool lacks,

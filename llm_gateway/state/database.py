@@ -33,11 +33,13 @@ existing directory keeps the mode its operator gave it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
 import re
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
@@ -188,14 +190,15 @@ class Database:
 
     def _insert_sql(self, table: sa.Table, columns: Sequence[str]) -> str:
         for c in columns:
-            table.c[c]  # noqa: B018 (a KeyError for a column the table lacks, before any SQL runs)
+            table.c[c]  # a KeyError for a column the table lacks, before any SQL runs
         quote = self.engine.dialect.identifier_preparer.quote
         postgres = self.engine.url.get_backend_name() == "postgresql"
         marks = ", ".join(f"${i}" if postgres else "?" for i in range(1, len(columns) + 1))
-        return f"INSERT INTO {quote(table.name)} ({', '.join(quote(c) for c in columns)}) VALUES ({marks})"
+        # only the table's own names, quoted by the dialect, and placeholders: the values are bound
+        return f"INSERT INTO {quote(table.name)} ({', '.join(quote(c) for c in columns)}) VALUES ({marks})"  # noqa: S608
 
     async def _insert_asyncpg(self, sql: str, rows: Rows) -> None:
-        import asyncpg
+        import asyncpg  # type: ignore[import-untyped]
 
         async with self.engine.connect() as conn:  # a pooled connection, pre-pinged
             raw = await conn.get_raw_connection()
@@ -219,17 +222,32 @@ class Database:
         await self.engine.dispose()
 
 
+#: how much nicer than the process the writer thread runs: on a busy core the event loop's thread, waking for a
+#: request, preempts it at once instead of waiting out its time slice (c1 added p99 with the ledger on: 1.6 ->
+#: 1.1 ms, bench/ledger_ab.py), while under saturation it still gets ~10x less than the loop, far more than
+#: the ~4 us a row it needs
+WRITER_NICE = 10
+
+
+def _yield_to_the_loop() -> None:
+    """The writer thread's start: lower its own scheduling priority (Linux: a thread's nice is its own)."""
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError, AttributeError):  # not Linux, or not allowed: it runs as the others do
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICE))
+
+
 class _SqliteWriter:
     """One thread and one stdlib `sqlite3` connection of their own, for append-only batches: the event loop
     only hands a batch over and awaits its future. `sqlite3` releases the GIL while SQLite steps each row, so
     the loop keeps running during the write; the connection has the engine's pragmas (WAL, busy timeout,
     synchronous NORMAL) and takes the write lock at BEGIN (IMMEDIATE), so a busy database fails the batch
-    within the busy timeout instead of deadlocking a reader's upgrade."""
+    within the busy timeout instead of deadlocking a reader's upgrade. The thread runs `WRITER_NICE` nicer
+    than the process: where it shares a core with the loop, a request is not kept waiting behind a batch."""
 
     def __init__(self, path: str, busy_timeout_s: float) -> None:
         self._path = path
         self._busy_timeout_s = busy_timeout_s
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="db-writer")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="db-writer", initializer=_yield_to_the_loop)
         self._conn: sqlite3.Connection | None = None
 
     async def insert(self, sql: str, rows: Rows, prepare: Callable[[Rows], Rows] | None) -> None:

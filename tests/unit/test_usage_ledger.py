@@ -11,7 +11,7 @@ import io
 import json
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -421,7 +421,7 @@ async def test_a_flush_costs_the_event_loop_what_a_counter_costs(any_db: Databas
     """The ledger on must cost the request path about what it costs off: writing N rows (with the crash
     spool's checkpoint) takes the loop's thread microseconds a row, not SQL compiled or rows converted there
     (CPU time of the loop's thread, which the machine's other load does not inflate)."""
-    led, m = ledger(batch_rows=500, buffer_rows=FLUSHED * 2, flush_interval_s=3600)
+    led, _ = ledger(batch_rows=500, buffer_rows=FLUSHED * 2, flush_interval_s=3600)
     led.start(opener(UsageStore(any_db)), tmp_path / "spool")  # type: ignore[arg-type]
     try:
         await eventually(lambda: led._spool is not None, "the spool to open")
