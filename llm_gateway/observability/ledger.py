@@ -3,11 +3,14 @@
 `UsageLedger.record` is called by `finish_record` once per request, on the request path, so it only appends
 a tuple to a bounded deque (and `begin`, at arrival, puts the record in a dict of the requests in flight): no
 I/O, no await, nothing a request could wait on. A background task (`start`) writes the buffer to the
-database in batches, one multi-row INSERT each, every `usage.flush_interval_s` or as soon as
-`usage.batch_rows` rows are waiting. While the database is down or slow the rows stay in the buffer and the
-write is retried (backing off to `MAX_RETRY_S`); a row that finds the buffer full (`usage.buffer_rows`) is
-counted in `gateway_usage_rows_dropped_total{reason="buffer_full"}`, never lost silently. `aclose` (the
-lifespan's shutdown, after the requests in flight have ended) writes what is left, bounded in time.
+database in batches, one transaction each, every `usage.flush_interval_s` or as soon as `usage.batch_rows`
+rows are waiting. The tuples go to the sink as they are: the loop does one hand-off per batch and no work
+per row (state/database.py's `insert_rows`: SQLite in a writer thread of its own, asyncpg's executemany),
+so the ledger costs the request path what a counter costs. While the database is down or slow the rows stay
+in the buffer and the write is retried (backing off to `MAX_RETRY_S`); a row that finds the buffer full
+(`usage.buffer_rows`) is counted in `gateway_usage_rows_dropped_total{reason="buffer_full"}`, never lost
+silently. `aclose` (the lifespan's shutdown, after the requests in flight have ended) writes what is left,
+bounded in time.
 
 A crash (`kill -9`, the OOM killer) cannot run `aclose`. So each flush first checkpoints, in a worker
 thread, to this process's spool on local disk (observability/spool.py): the finished rows the spool lacks,
@@ -67,9 +70,11 @@ Row = tuple[Any, ...]  # the values of COLUMNS
 
 
 class RowSink(Protocol):
-    """Where batches go: `llm_gateway.state.usage.UsageStore` (one INSERT per call)."""
+    """Where batches go: `llm_gateway.state.usage.UsageStore` (one transaction per call)."""
 
-    async def insert(self, rows: Sequence[Mapping[str, Any]]) -> None: ...
+    async def insert_rows(self, rows: Sequence[Row]) -> None:
+        """Rows as the ledger keeps them: the values of COLUMNS, in order (the sink adds the day)."""
+        ...
 
     async def insert_missing(self, rows: Sequence[Mapping[str, Any]]) -> int:
         """Rows replayed from a crashed process's spool: those the database does not hold yet (their count)."""
@@ -228,7 +233,7 @@ class UsageLedger:
             rows = self._rows
             while rows:
                 n = min(self.batch, len(rows))
-                chunk = [self._as_dict(r) for r in islice(rows, n)]
+                chunk = list(islice(rows, n))  # the tuples themselves: no work per row on the loop
                 if not await self._insert(chunk, len(rows)):
                     return False
                 for _ in range(n):
@@ -247,18 +252,12 @@ class UsageLedger:
             self._delay = self.interval_s
             return True
 
-    @staticmethod
-    def _as_dict(r: Row) -> dict[str, Any]:
-        d = dict(zip(COLUMNS, r, strict=True))
-        d["day"] = _day(d["at_ms"])
-        return d
-
-    async def _insert(self, chunk: list[dict[str, Any]], waiting: int) -> bool:
+    async def _insert(self, chunk: list[Row], waiting: int) -> bool:
         try:
             if self._sink is None:
                 assert self._opener is not None, "start() was not called"
                 self._sink = await self._opener()
-            await self._sink.insert(chunk)
+            await self._sink.insert_rows(chunk)
         except Exception as e:  # the database is down, slow or refuses: keep the rows, try again later
             self._errors.inc()
             self._delay = min(MAX_RETRY_S, max(self._delay * 2, self.interval_s))

@@ -1,7 +1,9 @@
 """The usage ledger in the database: batches of rows in, aggregates out.
 
 Rows come from `llm_gateway.observability.ledger` (one per generation request, buffered behind the request
-path) as dicts named like the columns of `tables.usage_ledger`; a batch is one multi-row INSERT. The
+path) as tuples, the values of `ROW_COLUMNS` in order; a batch is one transaction through
+`Database.insert_rows` (a prepared INSERT run with the driver's executemany: on SQLite in the database's writer
+thread, which also adds each row's UTC day; nothing per row on the event loop). The
 report groups them by any of `DIMENSIONS` over a time range, with the cost of each group priced by the
 models' current `price` (a group is summed per model first, so a report by key alone is priced right).
 A database that is down or too slow raises `DatabaseUnavailable` (503), as everywhere in `state`.
@@ -33,18 +35,37 @@ _SINCE = re.compile(r"^(\d{1,6})([mhdw])$")
 _UNIT_S = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 #: a replayed row and a stored one of the same key and request id starting this close are the same request
 REPLAY_MATCH_MS = 1000
+#: the values of a ledger row, in order (observability/ledger.py's COLUMNS); the table's `day` is derived
+ROW_COLUMNS = (
+    "at_ms",
+    "request_id",
+    "key",
+    "model",
+    "backend",
+    "endpoint",
+    "status",
+    "outcome",
+    "prompt_tokens",
+    "completion_tokens",
+    "usage_estimated",
+    "ttft_ms",
+    "duration_ms",
+)
+_INSERTED = (*ROW_COLUMNS, "day")
+_DAY_MS = 86_400_000
 
 
 class UsageStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
+    async def insert_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Every row (the values of ROW_COLUMNS) in one transaction: written together or not at all."""
+        await self.db.insert_rows(usage_ledger, _INSERTED, rows, _with_days)
+
     async def insert(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """One INSERT of every row (they are written together or not at all)."""
-        if not rows:
-            return
-        async with self.db.begin() as conn:
-            await conn.execute(usage_ledger.insert().values(list(rows)))
+        """`insert_rows` for rows as dicts named like ROW_COLUMNS (a `day` among them is recomputed)."""
+        await self.insert_rows([tuple(r[c] for c in ROW_COLUMNS) for r in rows])
 
     async def insert_missing(self, rows: Sequence[Mapping[str, Any]]) -> int:
         """Rows replayed from a crashed process's spool: insert those the table does not hold yet, in one
@@ -138,6 +159,19 @@ class UsageStore:
 def _order(r: UsageRow) -> tuple[int, int, tuple[str, ...]]:
     """Largest total first, then most requests, then by the group's values (an unknown id as "")."""
     return (-r.total_tokens, -r.requests, tuple(v or "" for v in r.group.values()))
+
+
+def _with_days(rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """Each row with its UTC day (YYYY-MM-DD of at_ms) appended; one date formatted per day, not per row."""
+    days: dict[int, str] = {}
+    out = []
+    for r in rows:
+        n = r[0] // _DAY_MS
+        day = days.get(n)
+        if day is None:
+            day = days[n] = dt.datetime.fromtimestamp(n * 86_400, dt.UTC).strftime("%Y-%m-%d")
+        out.append((*r, day))
+    return out
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ import pytest
 
 from llm_gateway.auth import digest_of
 from llm_gateway.errors import DatabaseUnavailable
-from llm_gateway.observability.ledger import UsageLedger
+from llm_gateway.observability.ledger import COLUMNS, UsageLedger
 from llm_gateway.observability.metrics import Metrics
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.settings import UsageConfig
@@ -216,13 +216,15 @@ class Sink:
         self.rows: list[dict[str, Any]] = []
         self.down = False
 
-    async def insert(self, rows: Sequence[Mapping[str, Any]]) -> None:
+    async def insert_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+        if self.down:
+            raise DatabaseUnavailable("the gateway's database is unavailable (timed out); try again later")
+        self.rows += [dict(zip(COLUMNS, r, strict=True)) for r in rows]
+
+    async def insert_missing(self, rows: Sequence[Mapping[str, Any]]) -> int:
         if self.down:
             raise DatabaseUnavailable("the gateway's database is unavailable (timed out); try again later")
         self.rows += [dict(r) for r in rows]
-
-    async def insert_missing(self, rows: Sequence[Mapping[str, Any]]) -> int:
-        await self.insert(rows)
         return len(rows)
 
 
