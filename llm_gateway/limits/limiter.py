@@ -171,7 +171,7 @@ class Limiter:
         scopes = self._rpm_scopes.get(who)
         if scopes is None:
             rpm = who.limits.rpm
-            scopes = () if rpm is None else (ScopeLimits(key_scope(who.name), rpm, None, None, self._lease_s),)
+            scopes = () if rpm is None else (ScopeLimits(key_scope(who.id), rpm, None, None, self._lease_s),)
             if len(self._rpm_scopes) < 100_000:
                 self._rpm_scopes[who] = scopes
         if scopes:

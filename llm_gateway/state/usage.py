@@ -40,6 +40,7 @@ ROW_COLUMNS = (
     "at_ms",
     "request_id",
     "key",
+    "key_id",
     "model",
     "backend",
     "endpoint",
@@ -65,7 +66,7 @@ class UsageStore:
 
     async def insert(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """`insert_rows` for rows as dicts named like ROW_COLUMNS (a `day` among them is recomputed)."""
-        await self.insert_rows([tuple(r[c] for c in ROW_COLUMNS) for r in rows])
+        await self.insert_rows([tuple(r.get(c) for c in ROW_COLUMNS) for r in rows])
 
     async def insert_missing(self, rows: Sequence[Mapping[str, Any]]) -> int:
         """Rows replayed from a crashed process's spool: insert those the table does not hold yet, in one
@@ -95,13 +96,14 @@ class UsageStore:
         return len(fresh)
 
     async def spend_since(self, since_ms: int) -> list[tuple[str, str, str, int, int]]:
-        """(key, model, UTC day, prompt tokens, completion tokens) of the requests since `since_ms`, summed per
-        key, model and day: what budgets on the memory store are restored from at start."""
+        """(key id, model, UTC day, prompt tokens, completion tokens) of the requests since `since_ms`, summed per
+        key id, model and day: what budgets on the memory store are restored from at start (limits are scoped
+        by the key's id; a row whose key could not be told, null `key_id`, belongs to no key's budget)."""
         t = usage_ledger.c
         query = (
-            sa.select(t.key, t.model, t.day, sa.func.sum(t.prompt_tokens), sa.func.sum(t.completion_tokens))
-            .where(t.at_ms >= since_ms)
-            .group_by(t.key, t.model, t.day)
+            sa.select(t.key_id, t.model, t.day, sa.func.sum(t.prompt_tokens), sa.func.sum(t.completion_tokens))
+            .where(t.at_ms >= since_ms, t.key_id.is_not(None))
+            .group_by(t.key_id, t.model, t.day)
         )
         async with self.db.begin() as conn:
             found = (await conn.execute(query)).all()

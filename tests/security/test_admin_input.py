@@ -187,6 +187,7 @@ def test_a_new_runtime_key_must_name_its_models(gateway: GatewayProcess):
 
 
 FILE = """
+usage: {{ledger: true}}
 auth:
   keys:
     - {{name: k, sha256: "{digest}", models: ["*"], limits: {limits}}}

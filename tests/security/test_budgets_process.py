@@ -30,7 +30,7 @@ import orjson
 import pytest
 import redis as redis_py
 
-from llm_gateway.auth import digest_of
+from llm_gateway.auth import config_key_id, digest_of
 from llm_gateway.limits.store import period_of
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
@@ -244,7 +244,7 @@ def test_a_budget_holds_under_8_hostile_clients_on_redis_with_three_replicas(
                 g.stop()
         day = period_of("day", time.time())[0]
         with redis_py.Redis.from_url(server.url, socket_timeout=5) as r:
-            charged = int(r.hget("{llmgw}:k:dana:budget", "t" + day) or 0)
+            charged = int(r.hget("{llmgw}:k:" + config_key_id(digest_of(KEY)) + ":budget", "t" + day) or 0)
     refused = sum(v for k, v in seen.items() if k.endswith(":429"))
     assert refused >= 1, seen
     assert charged <= BUDGET + ONE_RESERVATION, (charged, seen)
