@@ -297,10 +297,16 @@ def request_headers(dialect: str, key: str) -> dict[str, str]:
     return {"Content-Type": "application/json", "Authorization": "Bearer " + key}
 
 
+HELD_MAX_TOKENS = 4096
+
+
 def request_body(a: argparse.Namespace) -> bytes:
     chat = json.loads(Path(a.body).read_bytes()) if a.body else {"messages": [{"role": "user", "content": "Hi"}]}
     chat["model"] = a.model or chat.get("model", "fake-model")
-    body = dialect_body(chat, a.dialect, a.tokens)
+    # a held stream runs until the harness releases it, past any max_tokens the fake engine would otherwise
+    # honour; a gateway that holds streams to their reservation (budgets, tpm) cuts a stream at its max_tokens,
+    # so a held stream asks for more than the hold can produce
+    body = dialect_body(chat, a.dialect, max(a.tokens, HELD_MAX_TOKENS) if a.engine_hold else a.tokens)
     if a.tpot_ms is not None:
         body["fake_tpot_ms"] = a.tpot_ms  # read by bench/fake_engine.py, passed through by the proxies
     if a.engine_hold:

@@ -309,7 +309,7 @@ def protocol_class(
         (GatewayProtocol,),
         {
             "max_connections": max_connections,
-            "max_unauthenticated": max_unauthenticated or max(1, min(1024, max_connections // 2)),
+            "max_unauthenticated": max_unauthenticated or max(1, max_connections // 2),
             "header_timeout_s": header_timeout_s,
             "max_header_bytes": max_header_bytes,
             "unauthenticated": {},

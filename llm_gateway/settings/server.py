@@ -86,7 +86,7 @@ class ServerConfig(Strict):
         None,
         ge=1,
         description="connections that have not yet shown a key (client or admin) may hold at most this many of "
-        "max_connections; past it the oldest of them is dropped. Unset: max_connections / 2, at most 1024",
+        "max_connections; past it the oldest of them is dropped. Unset: max_connections / 2",
     )
     graceful_shutdown_s: float = Field(30.0, ge=0)
     access_log: bool = True
@@ -115,7 +115,7 @@ class ServerConfig(Strict):
         """The cap on connections that have not shown a key (`max_unauthenticated_connections`, or its default)."""
         if self.max_unauthenticated_connections is not None:
             return self.max_unauthenticated_connections
-        return max(1, min(1024, self.max_connections // 2))
+        return max(1, self.max_connections // 2)
 
 
 class UsageConfig(Strict):
