@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from llm_gateway.access.memory import spend_of
+from llm_gateway.dialects.common import HandlerContext, StoredResponses
+from llm_gateway.dialects.routes import ROUTES
 from llm_gateway.errors import ServiceUnavailable
 from llm_gateway.http.asgi import GatewayApp
-from llm_gateway.http.handlers import StoredResponses
-from llm_gateway.limits.memory import spend_of
-from llm_gateway.prober import Prober
-from llm_gateway.reload import ConfigWatcher
-from llm_gateway.runtime import Gateway
-from llm_gateway.service import GenerationService
+from llm_gateway.routing.prober import Prober
+from llm_gateway.service.pipeline import GenerationService
+from llm_gateway.service.reload import ConfigWatcher
+from llm_gateway.service.runtime import Gateway
 from llm_gateway.settings import GatewayConfig
 from llm_gateway.upstream.base import UpstreamClient
 
@@ -153,15 +154,17 @@ def create_app(
         if refresher is not None:
             await refresher.aclose()
         await gw.usage.aclose()  # the last rows of the ledger, before the database closes
-        await app.responses.aclose()
+        await stored.aclose()
         if database is not None:
             await database.aclose()
         await gw.aclose()
 
+    stored = StoredResponses(open_responses)
+    context = HandlerContext(GenerationService(gw), gw.server, gw.metrics, int(time.time()), stored)
     app = GatewayApp(
         gw,
-        GenerationService(gw),
-        StoredResponses(open_responses),
+        ROUTES,
+        context,
         on_startup=startup,
         on_shutdown=shutdown,
         admin=admin_app if gw.server.admin_port is None else None,

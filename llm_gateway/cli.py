@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from llm_gateway.auth import digest_of, new_key
-from llm_gateway.config_loader import DEFAULT_CONFIG, ConfigError, load_config
+from llm_gateway.access.keys import digest_of, new_key
 from llm_gateway.settings import GatewayConfig
+from llm_gateway.settings.loader import DEFAULT_CONFIG, ConfigError, load_config
 
 if TYPE_CHECKING:
     from llm_gateway.state.usage import UsageRow

@@ -11,11 +11,11 @@ from contextlib import asynccontextmanager, contextmanager
 import httpx
 import pytest
 
+from llm_gateway.access.keys import digest_of
 from llm_gateway.app import create_app
-from llm_gateway.auth import digest_of
-from llm_gateway.config_loader import parse_config
 from llm_gateway.http.asgi import GatewayApp
 from llm_gateway.settings import GatewayConfig
+from llm_gateway.settings.loader import parse_config
 from llm_gateway.upstream.base import UpstreamClient
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.real_engines import EngineNotInstalled, LlamaServer, OllamaServer, RealEngine, VllmServer

@@ -4,8 +4,8 @@
 finished generation: text, finish, token counts, timestamps), ``StreamFormat`` (the bytes
 of one streamed response, overridden per engine) and ``InferenceJob`` (one inference request
 as the engine read it: limits, stop strings, formatter or body builder, queue bound and
-hooks). Named apart from the product's ``llm_gateway.runtime.Runtime`` and
-``llm_gateway.service.Job``.
+hooks). Named apart from the product's ``llm_gateway.service.runtime.Runtime`` and
+``llm_gateway.service.pipeline.Job``.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ TypeError each time (70 ns on 3.11, 400 on 3.13, per test; `find` 50-100 ns in a
 avoids `find`, `startswith` and `endswith` as well: they parse their arguments through a format string
 (450-670 instructions a call on 3.11), where a slice compared or a `partition` (one argument) does not.
 What the relay reads in an event's bytes without parsing it (output markers, text, usage, data lines) is
-sse_bytes.py.
+wire/sse_bytes.py.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ from typing import Any, ClassVar
 import orjson
 
 from llm_gateway.adapters.relay_base import RelayBase
-from llm_gateway.adapters.sse_bytes import (
+from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, StreamInterrupted, UpstreamProtocolError
+from llm_gateway.types import CallContext
+from llm_gateway.wire.sse_bytes import (
     TEXT,
     both_spacings,
     both_spacings_of_pairs,
@@ -53,8 +55,6 @@ from llm_gateway.adapters.sse_bytes import (
     text_bytes,
     usage_from,
 )
-from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, StreamInterrupted, UpstreamProtocolError
-from llm_gateway.types import CallContext
 
 __all__ = ["DONE", "ErrorFrameHandler", "SSERelay", "has_output", "text_bytes", "usage_from"]
 

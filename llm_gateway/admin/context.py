@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 
 from llm_gateway.admin.security import AdminKeys
-from llm_gateway.runtime import Gateway
+from llm_gateway.service.runtime import Gateway
 
 if TYPE_CHECKING:
     from llm_gateway.admin.refresh import KeyRefresher

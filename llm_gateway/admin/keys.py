@@ -10,7 +10,7 @@ responses it owns and frees its name.
 Every key has an `id`, its identity (minted for a runtime key at creation, derived from the digest for a
 config key); a name is a label, unique across the config file's keys and the runtime keys: creating a
 runtime key under a config key's name is 409 `name_taken`, and a config reload that would give a config
-key a runtime key's name is refused (reload.py). A runtime key whose name a config key took while the
+key a runtime key's name is refused (service/reload.py). A runtime key whose name a config key took while the
 gateway was down is listed with status `conflict` and refused (refresh.py); the routes that change a key
 act on the runtime key of a name whenever there is one, so it can still be revoked or deleted. A row an
 older version stored in a form this one cannot read is listed as `malformed`, never a 500.
@@ -24,6 +24,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Response
 from pydantic import ValidationError
 
+from llm_gateway.access.keys import config_key_id, new_key, new_key_id
 from llm_gateway.admin.context import AdminContext, admin_context
 from llm_gateway.admin.errors import Conflict, NotFound
 from llm_gateway.admin.schemas import (
@@ -40,7 +41,6 @@ from llm_gateway.admin.schemas import (
 )
 from llm_gateway.admin.security import AdminUser
 from llm_gateway.admin.store import KeyRow, KeyStore, NameTaken
-from llm_gateway.auth import config_key_id, new_key, new_key_id
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.settings import KeyConfig, Limits
 

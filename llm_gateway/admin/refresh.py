@@ -23,9 +23,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from llm_gateway.access.keys import RuntimeKey, runtime_key
 from llm_gateway.admin.store import KeyRow, KeyStore
-from llm_gateway.auth import RuntimeKey, runtime_key
-from llm_gateway.runtime import Gateway
+from llm_gateway.service.runtime import Gateway
 from llm_gateway.settings import GatewayConfig, KeyConfig, Limits
 from llm_gateway.state.database import Database
 

@@ -1,9 +1,10 @@
 """The ASGI entry point: request ids, dispatch by (method, path), error rendering, the lifespan.
 
 Routes are a dict lookup, not a framework router (measured in bench/: the whole HTTP surface is a
-handful of fixed paths), plus two prefixes with an id in the path (/v1/models/{id},
-/v1/responses/{id}). Every error becomes the OpenAI envelope with its status, or on the
-routes of another API (`DIALECTS`: Anthropic's /v1/messages) that API's envelope; an exception the
+handful of fixed paths), plus prefix routes with an id in the path (/v1/models/{id},
+/v1/responses/{id}); the dialects build the table (`Routes`) and the server knows no route by name.
+Every error becomes the OpenAI envelope with its status, or on the routes of another API (`Routes.renderers`:
+Anthropic's /v1/messages) that API's envelope; an exception the
 gateway did not expect is logged and answered 500 with no internals in the body. A key's request refused
 before the limiter saw it (a bad body, an unknown or forbidden model) still counts against the key's
 requests per minute, and is a 429 once they are spent: a flood of bad requests is limited like any
@@ -27,88 +28,93 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from llm_gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound
-from llm_gateway.http import anthropic, handlers, responses
 from llm_gateway.http.call import Call, Receive, Scope, Send
 from llm_gateway.http.cors import Cors
-from llm_gateway.ingress.anthropic_response import error_answer
 from llm_gateway.observability.record import RequestRecord, finish_record, outcome_of
-from llm_gateway.runtime import Gateway, Runtime
-from llm_gateway.service import GenerationService
+from llm_gateway.service.runtime import Gateway, Runtime
 
 log = logging.getLogger("gateway")
 _RID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
 
-Handler = Callable[[handlers.HandlerContext, Call, RequestRecord, Runtime], Awaitable[None]]
+#: a handler gets the dialects' handler context (opaque here), the call, its record and the live runtime
+Handler = Callable[[Any, Call, RequestRecord, Runtime], Awaitable[None]]
 Lifecycle = Callable[[], Awaitable[None]]
 ErrorRenderer = Callable[[GatewayError, str], tuple[int, bytes]]  # (error, request id) -> (status, body)
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def _routes() -> dict[tuple[str, str], Handler]:
-    r: dict[tuple[str, str], Handler] = {}
-    for prefix in ("/v1", ""):
-        r[("POST", prefix + "/chat/completions")] = handlers.chat
-        r[("POST", prefix + "/completions")] = handlers.completions
-        r[("POST", prefix + "/embeddings")] = handlers.embeddings
-        r[("GET", prefix + "/models")] = handlers.list_models
-        r[("POST", prefix + "/responses")] = responses.create
-    r[("GET", "/healthz")] = handlers.healthz
-    r[("GET", "/readyz")] = handlers.readyz
-    r[("GET", "/metrics")] = handlers.metrics
-    r[("GET", "/openapi.json")] = handlers.openapi
-    r[("POST", "/v1/responses/input_tokens")] = responses.input_tokens
-    r[("POST", "/v1/messages")] = anthropic.messages
-    r[("POST", "/v1/messages/count_tokens")] = anthropic.count_tokens
-    return r
-
-
-ROUTES = _routes()
-PATHS = {p for _, p in ROUTES}
-MODEL_PREFIXES = ("/v1/models/", "/models/")
-#: /v1/responses/{id} and /v1/responses/{id}/input_items
-RESPONSE_ROUTES: dict[str, Handler] = {"GET": responses.retrieve, "DELETE": responses.delete}
-RESPONSE_ITEMS_ROUTES: dict[str, Handler] = {"GET": responses.retrieve}
-# the `Allow` header of a 405 (RFC 9110 section 15.5.6): the methods the path does serve
-ALLOW = {path: ", ".join(sorted(m for m, p in ROUTES if p == path)) for path in PATHS}
-# the error envelope of the paths that speak another API than OpenAI's (all their errors, 404/405 included)
-DIALECTS: dict[str, ErrorRenderer] = {"/v1/messages": error_answer, "/v1/messages/count_tokens": error_answer}
 ADMIN_PREFIX = "/admin"
 STATUS_PAGE = "/status"  # the status page (llm_gateway/admin/status.py), served by the admin app too
 
 
-def _methods(path: str) -> str | None:
-    """The methods a path serves (None: no route), for a CORS preflight's answer."""
-    if path in PATHS:
-        return ALLOW[path]
-    if path.startswith(MODEL_PREFIXES):
-        return "GET"
-    if path.startswith(responses.PREFIXES):
-        return "DELETE, GET"
-    return None
+@dataclass(frozen=True, slots=True)
+class PrefixRoute:
+    """The paths that start with one of `prefixes` (and end with `suffix`, when given): an id in the path."""
+
+    prefixes: tuple[str, ...]
+    methods: dict[str, Handler]
+    suffix: str | None = None
+
+    def matches(self, path: str) -> bool:
+        return path.startswith(self.prefixes) and (self.suffix is None or path.endswith(self.suffix))
+
+    @property
+    def allow(self) -> str:
+        return ", ".join(sorted(self.methods))
+
+
+@dataclass(frozen=True)
+class Routes:
+    """What the server dispatches by: fixed (method, path) routes, then the prefix routes in order, and the
+    error renderers of the paths that speak another API than OpenAI's (all their errors, 404/405 included).
+    The dialects build it (`llm_gateway.dialects.routes`); the server knows no route by name."""
+
+    exact: dict[tuple[str, str], Handler]
+    prefixed: tuple[PrefixRoute, ...] = ()
+    renderers: dict[str, ErrorRenderer] = field(default_factory=dict)
+    paths: frozenset[str] = field(init=False)
+    allow: dict[str, str] = field(init=False)  # the `Allow` header of a 405 (RFC 9110 section 15.5.6)
+
+    def __post_init__(self) -> None:
+        paths = frozenset(p for _, p in self.exact)
+        object.__setattr__(self, "paths", paths)
+        allow = {path: ", ".join(sorted(m for m, p in self.exact if p == path)) for path in paths}
+        object.__setattr__(self, "allow", allow)
+
+    def prefix_route(self, path: str) -> PrefixRoute | None:
+        for route in self.prefixed:
+            if route.matches(path):
+                return route
+        return None
+
+    def methods(self, path: str) -> str | None:
+        """The methods a path serves (None: no route), for a CORS preflight's answer."""
+        if path in self.paths:
+            return self.allow[path]
+        route = self.prefix_route(path)
+        return route.allow if route is not None else None
 
 
 class GatewayApp:
     def __init__(
         self,
         gw: Gateway,
-        service: GenerationService,
-        responses: handlers.StoredResponses | None = None,
+        routes: Routes,
+        context: Any,
         *,
         on_startup: Lifecycle | None = None,
         on_shutdown: Lifecycle | None = None,
         admin: ASGIApp | None = None,
     ) -> None:
         self.gw = gw
+        self.routes = routes
         self.admin = admin
-        self.cors = Cors(gw.server.cors, _methods) if gw.server.cors.allow_origins else None
-        self.service = service
+        self.cors = Cors(gw.server.cors, routes.methods) if gw.server.cors.allow_origins else None
+        self.context = context  # the dialects' handler context, handed to every handler
         self._on_startup = on_startup
         self._on_shutdown = on_shutdown
-        self.started_at = int(time.time())
-        self.responses = responses or handlers.StoredResponses(None)
-        self.context = handlers.HandlerContext(service, gw.server, gw.metrics, self.started_at, self.responses)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -120,7 +126,8 @@ class GatewayApp:
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
         method, path = scope["method"], scope["path"]
-        handler = ROUTES.get((method, path))
+        routes = self.routes
+        handler = routes.exact.get((method, path))
         if handler is None and (path.startswith(ADMIN_PREFIX) or path == STATUS_PAGE) and self.admin is not None:
             await self.admin(scope, receive, send)
             return
@@ -135,25 +142,21 @@ class GatewayApp:
                 if method == "OPTIONS" and handler is None and by_name.get(b"access-control-request-method"):
                     handler = self.cors.preflight_handler(path)
         call = Call(scope, receive, send, rid, by_name, server_send)
-        rec = RequestRecord(rid, t0, method, path if path in PATHS else "other")
+        rec = RequestRecord(rid, t0, method, path if path in routes.paths else "other")
         self.gw.usage.begin(rec)  # in flight: a crash spool's checkpoint sees it (one dict insert)
         rt = self.gw.runtime
         try:
             if handler is None:
-                if path.startswith(MODEL_PREFIXES):
-                    if method != "GET":
-                        raise MethodNotAllowed(f"{method} is not allowed on {path[:200]}", headers={"allow": "GET"})
-                    handler = handlers.get_model
-                elif path in PATHS:  # a fixed path (/v1/responses/input_tokens too) before the prefixes
-                    raise MethodNotAllowed(f"{method} is not allowed on {path}", headers={"allow": ALLOW[path]})
-                elif path.startswith(responses.PREFIXES):
-                    items = path.endswith("/input_items")  # /v1/responses/{id}/input_items serves GET only
-                    handler = (RESPONSE_ITEMS_ROUTES if items else RESPONSE_ROUTES).get(method)
-                    if handler is None:
-                        allow = "GET" if items else "DELETE, GET"
-                        raise MethodNotAllowed(f"{method} is not allowed on {path[:200]}", headers={"allow": allow})
-                else:
+                if path in routes.paths:  # a fixed path (/v1/responses/input_tokens too) before the prefixes
+                    raise MethodNotAllowed(f"{method} is not allowed on {path}", headers={"allow": routes.allow[path]})
+                prefixed = routes.prefix_route(path)
+                if prefixed is None:
                     raise RouteNotFound(f"Unknown request URL: {method} {path[:200]}")
+                handler = prefixed.methods.get(method)
+                if handler is None:
+                    raise MethodNotAllowed(
+                        f"{method} is not allowed on {path[:200]}", headers={"allow": prefixed.allow}
+                    )
             await handler(self.context, call, rec, rt)
         except GatewayError as e:
             if call.who is not None and not rec.metered and 400 <= e.status < 500 and e.status not in (401, 429):
@@ -199,7 +202,7 @@ class GatewayApp:
             headers.append((k.encode(), v.encode()))
         if e.backend:
             headers.append((b"x-gateway-backend", e.backend.encode()))
-        render = DIALECTS.get(call.scope["path"])
+        render = self.routes.renderers.get(call.scope["path"])
         status, body = render(e, call.rid) if render is not None else (e.status, e.body())
         with contextlib.suppress(OSError):
             await call.respond(status, body, headers)

@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from llm_gateway.auth import Principal
+from llm_gateway.access.keys import Principal
 from llm_gateway.errors import PayloadTooLarge, RequestTimeout
 from llm_gateway.exchange import JSON, Headers
 from llm_gateway.http.direct_cycle import COALESCE, CoalescingCycle

@@ -16,9 +16,8 @@ from typing import Any
 
 from llm_gateway.errors import PermissionDenied
 from llm_gateway.http.call import Call, Send
-from llm_gateway.http.handlers import HandlerContext
 from llm_gateway.observability.record import RequestRecord
-from llm_gateway.runtime import Runtime
+from llm_gateway.service.runtime import Runtime
 from llm_gateway.settings import CorsConfig
 
 #: answer headers a browser script may read: every header of the gateway's own that an answer can carry (the
@@ -82,13 +81,11 @@ class Cors:
 
         return cors_send
 
-    def preflight_handler(
-        self, path: str
-    ) -> Callable[[HandlerContext, Call, RequestRecord, Runtime], Awaitable[None]] | None:
+    def preflight_handler(self, path: str) -> Callable[[Any, Call, RequestRecord, Runtime], Awaitable[None]] | None:
         """The preflight handler when `path` is a route; None leaves the request to the router (404)."""
         return self.preflight if self.methods(path) is not None else None
 
-    async def preflight(self, ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
+    async def preflight(self, ctx: Any, call: Call, rec: RequestRecord, rt: Runtime) -> None:
         """Answered through the `wrap`ped send, which adds the allow-origin headers."""
         if self.allowed(call.header(b"origin") or b"") is None:
             raise PermissionDenied(

@@ -18,24 +18,19 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from llm_gateway.routing.breaker import STATE_VALUE
 from llm_gateway.settings import PRIORITY_RANKS
-
-if TYPE_CHECKING:
-    from llm_gateway.routing.table import RoutingTable
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
-BACKEND_STATES = ("unknown", "ready", "busy", "loading", "down")
 
 
 class Metrics:
@@ -204,8 +199,6 @@ class Metrics:
         )
         for reason in ("missing_api_key", "invalid_api_key"):  # from the start, so an alert's rate() works
             self.admin_auth_failures.labels(reason)
-        self._state = _StateCollector()
-        r.register(self._state)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)` of a Counter or Histogram, cached (a dict lookup instead of prometheus-client's
@@ -219,8 +212,9 @@ class Metrics:
                 self._children[key] = c
         return c
 
-    def watch(self, table_getter: Callable[[], RoutingTable]) -> None:
-        self._state.table = table_getter
+    def watch(self, collector: Collector) -> None:
+        """Add a collector read at scrape time (the routing table's gauges: `routing/gauges.py`)."""
+        self.registry.register(collector)
 
     def render(self, *, per_key: bool = True) -> bytes:
         """The exposition; without `per_key`, every series labelled by key is left out (the tenants' names and
@@ -241,100 +235,6 @@ class _WithoutKeys(Collector):
                 if not family.samples:
                     continue
             yield family
-
-
-class _StateCollector(Collector):
-    """Gauges read from the routing table at scrape time."""
-
-    def __init__(self) -> None:
-        self.table: Callable[[], RoutingTable] | None = None
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        if self.table is None:
-            return
-        table = self.table()
-        now = time.monotonic()
-        up = GaugeMetricFamily(
-            "gateway_backend_up", "1 when the backend is live (ready or busy).", labels=["backend", "engine"]
-        )
-        state = GaugeMetricFamily(
-            "gateway_backend_state", "Backend state (one series per state, 1 = current).", labels=["backend", "state"]
-        )
-        inflight = GaugeMetricFamily(
-            "gateway_in_flight_requests", "Requests the gateway has in flight to the backend.", labels=["backend"]
-        )
-        waiting = GaugeMetricFamily(
-            "gateway_backend_requests_waiting",
-            "Requests queued in the engine, as it reports them (NaN: unknown).",
-            labels=["backend"],
-        )
-        running = GaugeMetricFamily(
-            "gateway_backend_requests_running",
-            "Requests running in the engine, as it reports them (NaN: unknown).",
-            labels=["backend"],
-        )
-        kv = GaugeMetricFamily(
-            "gateway_backend_kv_cache_usage_ratio",
-            "KV-cache or token-pool fill (0-1), as the engine reports it (NaN: unknown).",
-            labels=["backend"],
-        )
-        age = GaugeMetricFamily(
-            "gateway_backend_load_age_seconds", "Age of the engine's last load report.", labels=["backend"]
-        )
-        for b in table.backends.values():
-            h = b.health(now)
-            up.add_metric([b.name, b.kind], 1.0 if h in ("ready", "busy") else 0.0)
-            for s in BACKEND_STATES:
-                state.add_metric([b.name, s], 1.0 if s == h else 0.0)
-            inflight.add_metric([b.name], float(b.in_flight))
-            load = b.load
-            waiting.add_metric([b.name], _num(load.waiting if load else None))
-            running.add_metric([b.name], _num(load.running if load else None))
-            kv.add_metric([b.name], _num(load.kv if load else None))
-            age.add_metric([b.name], now - load.at if load else math.nan)
-        labels = ["model", "backend", "upstream_model"]
-        breaker = GaugeMetricFamily(
-            "gateway_breaker_state", "Circuit breaker per deployment: 0 closed, 1 half-open, 2 open.", labels=labels
-        )
-        queue = GaugeMetricFamily(
-            "gateway_deployment_queue_length", "Requests waiting for a free slot of the deployment.", labels=labels
-        )
-        window = GaugeMetricFamily(
-            "gateway_deployment_context_length",
-            "The deployment's context window in tokens (configured, else as its engine reports it); no series"
-            " while it is not known.",
-            labels=labels,
-        )
-        resident = GaugeMetricFamily(
-            "gateway_deployment_resident",
-            "1 while the deployment's model is loaded on its engine, 0 while a request would load it cold; no"
-            " series while the engine cannot tell.",
-            labels=labels,
-        )
-        by_class = GaugeMetricFamily(
-            "gateway_queue_length",
-            "Requests waiting for a free slot, by priority class (all deployments).",
-            labels=["priority"],
-        )
-        waiting_by_class = dict.fromkeys(CLASS_NAMES.values(), 0)
-        for m in table.models:
-            for d in m.deployments:
-                key = [m.name, d.backend.name, d.upstream_model]
-                breaker.add_metric(key, float(STATE_VALUE[d.breaker.state]))
-                queue.add_metric(key, float(d.admission.queued))
-                if (n := d.context_length) is not None:
-                    window.add_metric(key, float(n))
-                if (r := d.resident) is not None:
-                    resident.add_metric(key, 1.0 if r else 0.0)
-                for rank, n in d.admission.queued_by_class().items():
-                    name = CLASS_NAMES.get(rank, "default")
-                    waiting_by_class[name] = waiting_by_class.get(name, 0) + n
-        for name, n in waiting_by_class.items():
-            by_class.add_metric([name], float(n))
-        yield from (up, state, inflight, waiting, running, kv, age, breaker, queue, window, resident, by_class)
 
 
 CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}
@@ -419,7 +319,3 @@ def observe_many(child: Any, values: list[float]) -> None:
                 if below == n:
                     break
     child._sum.inc(math.fsum(ordered))
-
-
-def _num(v: float | None) -> float:
-    return math.nan if v is None else float(v)

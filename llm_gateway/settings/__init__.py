@@ -1,6 +1,6 @@
 """The configuration schema: what a config file may say, with defaults and cross-field checks.
 
-Loaded from YAML by `llm_gateway.config_loader` (which adds file/line context to errors and expands
+Loaded from YAML by `llm_gateway.settings.loader` (which adds file/line context to errors and expands
 `${VAR}` references); every field can be overridden from the environment as
 `GATEWAY_<SECTION>__<FIELD>` (for example `GATEWAY_SERVER__PORT=9000`). Secrets are `SecretStr`:
 they print as `**********` and only `.get_secret_value()` reveals them.

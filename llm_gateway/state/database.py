@@ -55,7 +55,7 @@ from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 
-from llm_gateway.auth import config_key_id
+from llm_gateway.access.keys import config_key_id
 from llm_gateway.errors import DatabaseUnavailable
 from llm_gateway.settings import DATABASE_SCHEMES, GatewayConfig
 from llm_gateway.state.migrations import MIGRATIONS_DIR

@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from llm_gateway.errors import BackendFailure, UpstreamProtocolError, UpstreamTimeout
 from llm_gateway.upstream.base import UpstreamTimeouts
 from llm_gateway.upstream.watchdog import Watchdog
 
-if TYPE_CHECKING:
-    from llm_gateway.upstream.h1_client import Connection
+
+class Connection(Protocol):
+    """What an exchange needs of the connection carrying it (h1_client.py's `Connection`): pausing and resuming
+    its reads, letting go of it, and dropping it mid-body. Declared here, so the exchange does not import
+    the client that imports it."""
+
+    transport: asyncio.Transport | None
+    exchange: H1Response | None
+
+    def drop(self) -> None: ...
+
 
 HIGH_WATER = 1 << 20  # bytes of unread body before the connection stops reading from the engine
 

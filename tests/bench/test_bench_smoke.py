@@ -25,10 +25,10 @@ import stream_client  # noqa: E402
 import streams  # noqa: E402
 import targets  # noqa: E402
 
-from llm_gateway.config_loader import load_config  # noqa: E402
-from llm_gateway.ingress.anthropic_stream import StreamTranslator  # noqa: E402
-from llm_gateway.ingress.responses_request import parse as parse_responses  # noqa: E402
-from llm_gateway.ingress.responses_stream import ResponsesStream  # noqa: E402
+from llm_gateway.dialects.anthropic.stream import StreamTranslator  # noqa: E402
+from llm_gateway.dialects.responses.request import parse as parse_responses  # noqa: E402
+from llm_gateway.dialects.responses.stream import ResponsesStream  # noqa: E402
+from llm_gateway.settings.loader import load_config  # noqa: E402
 
 
 def _free_port() -> int:
@@ -153,7 +153,7 @@ def test_report_marks_targets_met_and_not_met() -> None:
 def test_profile_report_splits_own_code_from_libraries() -> None:
     text = profile_report.from_collapsed(
         "run (uvloop/__init__.py:1);Runner.run (asyncio/runners.py:118) 5\n"
-        "run (uvloop/__init__.py:1);handle (llm_gateway/service.py:10) 3\n"
+        "run (uvloop/__init__.py:1);handle (llm_gateway/service/pipeline.py:10) 3\n"
         "run (uvloop/__init__.py:1);send (aiohttp/client.py:5) 2\n"
     )
     assert " 30.0%  gateway + adapters (own code)" in text

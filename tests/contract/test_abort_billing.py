@@ -31,7 +31,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_gateway.auth import digest_of
+from llm_gateway.access.keys import digest_of
 from llm_gateway_emulators import VOCAB
 from tests.contract.targets import Target, emulated, open_target, poll
 from tests.support.gateway_process import GatewayProcess

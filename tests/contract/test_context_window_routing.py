@@ -5,7 +5,7 @@ and `-c 4096`, one slot each, the tiny GGUF) behind the gateway as a process, ro
 - a long prompt (fits only the larger window) lands on the larger one every time, never reaching the
   small one. The tiny GGUF's tokenizer spends a token a byte (its word pieces go unused: 23 tokens of
   template beside them), so every such prompt is in the ambiguous zone (its lower bound, a token per
-  8 bytes, fits 1,024, its real count does not): it is the engine's count (prompt_count.py) that routes
+  8 bytes, fits 1,024, its real count does not): it is the engine's count (routing/prompt_count.py) that routes
   it. The floor alone routing a prompt is covered by tests/unit/test_context_windows.py;
 - an over-long prompt is a 400 `context_length_exceeded` naming the window and the engine's count (or,
   when even the lower bound is over, the estimate), and neither engine processes a prompt token.

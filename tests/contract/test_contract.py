@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_gateway.adapters.registry import adapter_for
-from llm_gateway.prober import BackendProbeClient
+from llm_gateway.routing.prober import BackendProbeClient
 from llm_gateway.types import BackendInfo
 from llm_gateway.upstream.aiohttp_client import AiohttpUpstream
 from tests.contract.targets import FORMATS, HAS_AUTH, REPORTS_LOAD, Target, open_target, poll

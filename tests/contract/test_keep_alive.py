@@ -29,8 +29,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from llm_gateway.access.keys import digest_of
 from llm_gateway.adapters.registry import ADAPTERS
-from llm_gateway.auth import digest_of
 from llm_gateway.types import BackendInfo, CallContext
 from llm_gateway.upstream.base import POOL_IDLE_S
 from tests.contract.targets import Target, open_target

@@ -11,9 +11,9 @@ import orjson
 import pytest
 from multidict import CIMultiDict
 
-from llm_gateway.auth import digest_of
-from llm_gateway.prober import probe_once
-from llm_gateway.reload import ConfigWatcher
+from llm_gateway.access.keys import digest_of
+from llm_gateway.routing.prober import probe_once
+from llm_gateway.service.reload import ConfigWatcher
 from tests.conftest import OTHER_KEY, TEST_KEY, gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream, refused
 

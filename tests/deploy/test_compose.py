@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from llm_gateway.config_loader import load_config
+from llm_gateway.settings.loader import load_config
 from tests.deploy._tools import (
     COMPOSE_CONFIG,
     COMPOSE_FILE,

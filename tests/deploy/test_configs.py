@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_gateway.config_loader import load_config
+from llm_gateway.settings.loader import load_config
 from llm_gateway.state.database import DB_FILE, database_url
 from tests.deploy._tools import COMPOSE_CONFIG, K8S_CONFIG, K8S_DIR, REPO, image_data_dir, load_yaml_docs
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from llm_gateway.config_loader import load_config
+from llm_gateway.settings.loader import load_config
 from tests.deploy._tools import COMPOSE_CONFIG, DEPLOY, REPO, hadolint, need_module, run
 
 DOCKERFILE = DEPLOY / "Dockerfile"

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from llm_gateway.config_loader import load_config
+from llm_gateway.settings.loader import load_config
 from tests.deploy._tools import (
     DEPLOY,
     K8S_CONFIG,

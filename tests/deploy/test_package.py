@@ -60,7 +60,7 @@ models:
 
 PROBE = """
 import sys
-from llm_gateway.config_loader import parse_config
+from llm_gateway.settings.loader import parse_config
 from llm_gateway.app import create_app
 import llm_gateway.cli, llm_gateway.http.server
 create_app(parse_config(sys.argv[1], "t.yaml", {}), probes=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llm_gateway.auth import digest_of
+from llm_gateway.access.keys import digest_of
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
 from tests.support.postgres_server import PostgresServer, running_postgres

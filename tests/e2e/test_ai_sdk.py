@@ -27,7 +27,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from llm_gateway.auth import digest_of
+from llm_gateway.access.keys import digest_of
 from tests.conftest import require
 from tests.support.agent_cli import AgentCliMissing, ai_sdk_node_modules
 from tests.support.gateway_process import GatewayProcess

@@ -17,8 +17,8 @@ import httpx2
 import orjson
 import pytest
 
+from llm_gateway.access.keys import digest_of
 from llm_gateway.app import create_app
-from llm_gateway.auth import digest_of
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread, expected_text
 from tests.conftest import ONE_BACKEND, TEST_KEY, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream

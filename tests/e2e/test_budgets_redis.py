@@ -22,9 +22,9 @@ import openai
 import pytest
 import redis as redis_py
 
-from llm_gateway.auth import digest_of
-from llm_gateway.limits.redis_store import PERIODS
-from llm_gateway.limits.store import period_of
+from llm_gateway.access.keys import digest_of
+from llm_gateway.access.redis_store import PERIODS
+from llm_gateway.access.store import period_of
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisNotInstalled, RedisServer

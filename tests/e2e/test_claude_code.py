@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llm_gateway.auth import digest_of
+from llm_gateway.access.keys import digest_of
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread, expected_text
 from tests.conftest import require
 from tests.support.agent_cli import (

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from llm_gateway.auth import digest_of
+from llm_gateway.access.keys import digest_of
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisNotInstalled, RedisServer

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-from llm_gateway.auth import digest_of
+from llm_gateway.access.keys import digest_of
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
 from tests.support.real_engines import free_port

@@ -1,7 +1,7 @@
 """A stream's metrics when the gateway relays in push mode: a gateway process (uvicorn, the hardened
 protocol's direct chunk writer) in front of a vLLM emulator over the gateway's own HTTP/1.1 client,
 where each engine chunk is fed, timed and written inside the upstream connection's callback
-(stream_relay.sink). The in-process tests drive the pull loop instead (httpx's ASGI transport has no
+(service/stream.py: sink). The in-process tests drive the pull loop instead (httpx's ASGI transport has no
 direct writer), so this is where the inter-token latencies of the push path are counted: every gap
 once, across batches of 64, the last partial batch included."""
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llm_gateway.auth import digest_of
+from llm_gateway.access.keys import digest_of
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
 from tests.support.raw_http import exchange, request_bytes

@@ -37,7 +37,7 @@ from schemathesis.checks import CHECKS, load_all_checks
 from schemathesis.engine import Status, StopReason, events, from_schema
 from schemathesis.schemas import BaseSchema
 
-from llm_gateway.auth import digest_of
+from llm_gateway.access.keys import digest_of
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
 

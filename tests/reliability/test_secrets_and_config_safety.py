@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llm_gateway.auth import digest_of
-from llm_gateway.config_loader import ConfigError, parse_config
+from llm_gateway.access.keys import digest_of
+from llm_gateway.settings.loader import ConfigError, parse_config
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
 from tests.support.real_engines import REPO_ROOT

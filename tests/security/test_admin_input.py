@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from llm_gateway.access.keys import digest_of
 from llm_gateway.admin.store import KeyStore
 from llm_gateway.app import create_app
-from llm_gateway.auth import digest_of
-from llm_gateway.config_loader import ConfigError, parse_config
+from llm_gateway.settings.loader import ConfigError, parse_config
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway_process import GatewayProcess

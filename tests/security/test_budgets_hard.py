@@ -22,9 +22,9 @@ from typing import Any
 import orjson
 import pytest
 
-from llm_gateway.auth import digest_of
-from llm_gateway.limits.memory import MemoryStore, spend_of
-from llm_gateway.limits.store import COST_UNITS, ScopeLimits, Shrink, period_of
+from llm_gateway.access.keys import digest_of
+from llm_gateway.access.memory import MemoryStore, spend_of
+from llm_gateway.access.store import COST_UNITS, ScopeLimits, Shrink, period_of
 from tests.conftest import TEST_KEY, gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream
 

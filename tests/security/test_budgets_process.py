@@ -30,8 +30,8 @@ import orjson
 import pytest
 import redis as redis_py
 
-from llm_gateway.auth import config_key_id, digest_of
-from llm_gateway.limits.store import period_of
+from llm_gateway.access.keys import config_key_id, digest_of
+from llm_gateway.access.store import period_of
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisNotInstalled, RedisServer

@@ -30,8 +30,8 @@ import sqlalchemy as sa
 from alembic import command
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from llm_gateway.auth import config_key_id, digest_of, principal_of
-from llm_gateway.dispatch import ticket_for
+from llm_gateway.access.keys import config_key_id, digest_of, principal_of
+from llm_gateway.routing.dispatch import ticket_for
 from llm_gateway.settings import KeyConfig
 from llm_gateway.state import database
 from llm_gateway.state.database import Database

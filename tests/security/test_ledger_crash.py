@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llm_gateway.auth import digest_of
+from llm_gateway.access.keys import digest_of
 from llm_gateway.errors import DatabaseUnavailable
 from llm_gateway.observability.ledger import COLUMNS, UsageLedger
 from llm_gateway.observability.metrics import Metrics

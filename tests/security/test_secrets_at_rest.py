@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from llm_gateway.cli import main
-from llm_gateway.config_loader import ConfigError, parse_config
+from llm_gateway.settings.loader import ConfigError, parse_config
 from llm_gateway.state.database import DB_FILE, Database, database_url, redacted_url
 from llm_gateway.state.usage import UsageStore
 from tests.support.postgres_server import PostgresServer, running_postgres

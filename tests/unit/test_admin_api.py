@@ -20,15 +20,15 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from llm_gateway.access.keys import Authenticator, RuntimeKey, digest_of, principal_of
 from llm_gateway.admin.context import AdminContext
 from llm_gateway.admin.server import AdminServer
 from llm_gateway.app import create_app
-from llm_gateway.auth import Authenticator, RuntimeKey, digest_of, principal_of
-from llm_gateway.config_loader import ConfigError, parse_config
 from llm_gateway.errors import AuthenticationFailed
 from llm_gateway.http.asgi import GatewayApp
-from llm_gateway.reload import ConfigWatcher
+from llm_gateway.service.reload import ConfigWatcher
 from llm_gateway.settings import AuthConfig, KeyConfig
+from llm_gateway.settings.loader import ConfigError, parse_config
 from llm_gateway.state.tables import api_keys
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream
 
@@ -544,7 +544,7 @@ async def test_with_an_admin_port_the_admin_api_is_served_there_alone(data_dir: 
 
 PROBE = """
 import sys
-from llm_gateway.config_loader import parse_config
+from llm_gateway.settings.loader import parse_config
 from llm_gateway.app import create_app
 create_app(parse_config(sys.argv[1], "t.yaml", {}), probes=False)
 print("fastapi" in sys.modules, "sqlalchemy" in sys.modules)

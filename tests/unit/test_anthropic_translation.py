@@ -1,4 +1,4 @@
-"""The Anthropic Messages dialect, translation only (llm_gateway/ingress): requests into OpenAI chat bodies,
+"""The Anthropic Messages dialect, translation only (llm_gateway/dialects/anthropic): requests into OpenAI chat bodies,
 whole OpenAI answers into Anthropic messages, OpenAI SSE into Anthropic's event sequence, and errors into
 Anthropic's envelope and statuses. Exact JSON and exact events throughout."""
 
@@ -11,6 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llm_gateway.dialects.anthropic.request import to_chat
+from llm_gateway.dialects.anthropic.response import error_answer, error_type_of, message_bytes, to_message
+from llm_gateway.dialects.anthropic.stream import StreamTranslator
 from llm_gateway.errors import (
     AuthenticationFailed,
     EngineErrorAnswer,
@@ -26,9 +29,6 @@ from llm_gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from llm_gateway.ingress.anthropic_request import to_chat
-from llm_gateway.ingress.anthropic_response import error_answer, error_type_of, message_bytes, to_message
-from llm_gateway.ingress.anthropic_stream import StreamTranslator
 
 # -- requests ----------------------------------------------------------------------------------------------
 

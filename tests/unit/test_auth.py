@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from llm_gateway.auth import (
+from llm_gateway.access.keys import (
     ANONYMOUS,
     KEY_PREFIX,
     Authenticator,

@@ -16,13 +16,13 @@ from typing import Any
 import openai
 import pytest
 
-from llm_gateway.auth import Principal
-from llm_gateway.config_loader import ConfigError
+from llm_gateway.access.keys import Principal
+from llm_gateway.access.limiter import Limiter, quota_headers
+from llm_gateway.access.memory import MemoryStore
+from llm_gateway.access.store import COST_UNITS, ScopeLimits, cost_units, format_reset, period_of, token_cost
 from llm_gateway.errors import RateLimited
-from llm_gateway.limits.limiter import Limiter, quota_headers
-from llm_gateway.limits.memory import MemoryStore
-from llm_gateway.limits.store import COST_UNITS, ScopeLimits, cost_units, format_reset, period_of, token_cost
 from llm_gateway.settings import Budget, Limits, Price
+from llm_gateway.settings.loader import ConfigError
 from tests.conftest import ONE_BACKEND, TEST_KEY, gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream
 

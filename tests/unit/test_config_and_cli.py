@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from llm_gateway.cli import main
-from llm_gateway.config_loader import ConfigError, load_config, parse_config
+from llm_gateway.settings.loader import ConfigError, load_config, parse_config
 from tests.conftest import ONE_BACKEND, gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream
 

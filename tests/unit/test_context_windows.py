@@ -20,8 +20,8 @@ from llm_gateway.adapters.ollama import OllamaAdapter
 from llm_gateway.adapters.sglang import SGLangAdapter
 from llm_gateway.adapters.tabbyapi import TabbyAPIAdapter
 from llm_gateway.adapters.vllm import VLLMAdapter
-from llm_gateway.prober import probe_once
-from llm_gateway.request_info import read_request
+from llm_gateway.routing.prober import probe_once
+from llm_gateway.routing.request_info import read_request
 from llm_gateway.types import BackendInfo
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.conftest import gateway_client, make_config
@@ -269,7 +269,7 @@ async def test_no_deployment_fits_is_400_context_length_exceeded_before_any_engi
 
 async def test_a_request_between_the_floor_and_the_window_is_the_engines_to_judge() -> None:
     # 12,000 bytes: some 3,000 tokens by the typical estimate, over 2,048, but the floor is 1,500; the
-    # engine is asked to count (prompt_count.py) and, without a /tokenize here (404), the floor decides
+    # engine is asked to count (routing/prompt_count.py) and, without a /tokenize here (404), the floor decides
     up = engines()
     async with gateway_client(make_config(CONFIG), upstream=up) as (client, app):
         await probed(app, up)

@@ -130,7 +130,7 @@ async def test_with_cors_off_options_is_405_and_no_answer_has_cors_headers():
 
 
 def test_an_origin_with_a_path_is_refused_by_the_config():
-    from llm_gateway.config_loader import ConfigError
+    from llm_gateway.settings.loader import ConfigError
 
     bad = ONE_BACKEND.replace(
         "server: {access_log: false}", 'server: {access_log: false, cors: {allow_origins: ["https://a.example/app"]}}'

@@ -1,4 +1,4 @@
-"""Errors of the chat path in the names of the route the client called (ingress/error_names.py): the
+"""Errors of the chat path in the names of the route the client called (dialects/error_names.py): the
 function on the errors the chat path really raises, and the Messages and Responses routes in-process,
 where an engine's field table refuses a field the client named otherwise."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 
 from llm_gateway.adapters.field_table import unsupported
+from llm_gateway.dialects.error_names import MESSAGES, RESPONSES, renamed
 from llm_gateway.errors import InvalidRequest
-from llm_gateway.ingress.error_names import MESSAGES, RESPONSES, renamed
 from tests.conftest import ONE_BACKEND, gateway_client, make_config
 
 TABBY = (

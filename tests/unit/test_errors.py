@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 
 from llm_gateway import errors
-from llm_gateway.dispatch import judge
 from llm_gateway.errors import (
     DONE,
     AuthenticationFailed,
@@ -34,6 +33,7 @@ from llm_gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from llm_gateway.routing.dispatch import judge
 
 FAILURES = (UpstreamUnreachable, ConnectFailed, UpstreamTimeout, UpstreamProtocolError, StreamInterrupted)
 

@@ -17,13 +17,13 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "llm_gateway"
 PER_EVENT = [
     "adapters/sse_relay.py",
-    "adapters/sse_bytes.py",
+    "wire/sse_bytes.py",
     "adapters/anthropic_native.py",
     "adapters/ollama_stream.py",
-    "ingress/chat_events.py",
-    "ingress/anthropic_stream.py",
-    "ingress/responses_stream.py",
-    "stream_relay.py",
+    "wire/chat_events.py",
+    "dialects/anthropic/stream.py",
+    "dialects/responses/stream.py",
+    "service/stream.py",
     "upstream/h1_client.py",
     "upstream/h1_response.py",
     "http/hardened_protocol.py",

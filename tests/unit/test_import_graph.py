@@ -19,26 +19,16 @@ ROOT = Path(__file__).resolve().parents[2] / "llm_gateway"
 
 # bottom first; a name is a top-level module or a subpackage of llm_gateway
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "types", "exchange"),  # shared vocabulary: imports nothing of the project
-    ("adapters", "upstream", "request_info"),  # engine knowledge, the upstream seam, request reading
-    ("ingress",),  # other APIs (Anthropic Messages) to and from OpenAI chat: pure translation
-    ("settings",),  # the config schema (validated against the adapters' registry)
-    ("config_loader", "auth", "routing"),  # loading config, keys, routing state and pure decisions
-    ("limits", "state"),  # rate-limit stores and the limiter (reads the key's principal); the database
-    ("observability",),  # metrics (reads the routing table at scrape time), access log, records
-    ("candidates",),  # which deployments can serve a request at all, and whether it fits their windows
-    (
-        "dispatch",
-        "prober",
-        "backend_calls",
-        "queue_progress",
-    ),  # retries/failover over the table; health and load probes
-    ("prompt_count",),  # exact prompt counts on the engines, for the fit dispatch judges
-    ("runtime",),  # the process's shared objects and the swappable per-config part
-    ("job",),  # one generation request's state on its way through the steps
-    ("stream_relay",),  # the relay loop of a streamed answer
-    ("service", "reload"),  # the steps of one request; config hot reload
-    ("http",),  # the data plane's HTTP surface over the service
+    ("errors", "types", "exchange"),  # the shared vocabulary: imports nothing of the project
+    ("wire",),  # client-API wire formats shared by adapters and dialects (SSE bytes, chat events), pure
+    ("adapters", "upstream"),  # engine knowledge; the upstream client seam
+    ("settings",),  # the config schema (validated against the adapters' registry) and its loader
+    ("access",),  # keys, limits and budgets: who may call and how much
+    ("state", "observability"),  # the database; metrics, access log, records, the usage ledger
+    ("routing",),  # the table and every routing decision, up to dispatch and the probes
+    ("service",),  # the request pipeline: runtime, one request's state and steps, the stream relay, reload
+    ("http",),  # the HTTP server alone: raw ASGI over the hardened uvicorn protocol, dispatching by a route table
+    ("dialects",),  # the client APIs (OpenAI, Anthropic Messages, Responses, ops) and the route table
     ("admin",),  # the control plane: FastAPI admin API (runtime keys, audit log), mounted by the app
     ("app",),  # the composition root
     ("cli",),  # the command line
@@ -48,7 +38,7 @@ RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
 def _node(module: str) -> str:
-    """llm_gateway.routing.table -> routing; llm_gateway.service -> service."""
+    """llm_gateway.routing.table -> routing; llm_gateway.service.pipeline -> service."""
     parts = module.split(".")
     assert parts[0] == "llm_gateway"
     return parts[1] if len(parts) > 1 else "__init__"
@@ -122,10 +112,30 @@ def test_the_check_catches_an_upward_import_and_a_circle(tmp_path, monkeypatch):
     (pkg / "adapters").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "adapters" / "__init__.py").write_text("")
-    (pkg / "adapters" / "base.py").write_text("from llm_gateway.service import X\n")
+    (pkg / "adapters" / "base.py").write_text("from llm_gateway.service.pipeline import X\n")
     (pkg / "service.py").write_text("from llm_gateway.adapters.base import Y\n")
     monkeypatch.setattr(f"{__name__}.ROOT", pkg)
     with pytest.raises(AssertionError, match=r"adapters/base\.py imports llm_gateway\.service"):
         test_every_import_points_down()
     with pytest.raises(pytest.fail.Exception, match="circle"):
         test_no_circle_between_folders()
+
+
+def _module_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for src, dst, _ in _edges():
+        # `from llm_gateway.pkg import module` names a module; `from llm_gateway.pkg.module import name` too
+        target = dst if dst in modules else dst.rpartition(".")[0]
+        if target in modules and target != src and not target.endswith("__init__"):
+            graph[src].add(target)
+    return graph
+
+
+def test_no_circle_between_modules():
+    """No two files import each other, directly or round a longer circle (lazy and TYPE_CHECKING imports
+    count): a file's imports say what it stands on."""
+    try:
+        tuple(graphlib.TopologicalSorter(_module_graph()).static_order())
+    except graphlib.CycleError as e:
+        pytest.fail(f"a circle between modules: {' -> '.join(e.args[1])}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llm_gateway.limits.memory import MemoryStore
-from llm_gateway.limits.store import WINDOW_S, Quota, ScopeLimits, format_reset
+from llm_gateway.access.memory import MemoryStore
+from llm_gateway.access.store import WINDOW_S, Quota, ScopeLimits, format_reset
 
 
 class Clock:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from llm_gateway.config_loader import ConfigError
+from llm_gateway.settings.loader import ConfigError
 from tests.conftest import OTHER_KEY, TEST_KEY, gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream
 from tests.unit.test_queue_cancel import Engine, chat, deployment, settled, until

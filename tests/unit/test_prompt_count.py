@@ -1,4 +1,4 @@
-"""Exact prompt counts where a window is ambiguous (llm_gateway/prompt_count.py): the upper bound of a
+"""Exact prompt counts where a window is ambiguous (llm_gateway/routing/prompt_count.py): the upper bound of a
 chat prompt, the engine's count deciding a request between the bounds (routing it, or refusing it with
 the count), no count far from every window, the cache (hits, its bound), and the fall back to the lower
 bound when the engine cannot count. Engines are played at the upstream seam (tests/unit/test_context_windows
@@ -12,8 +12,14 @@ import orjson
 import pytest
 
 from llm_gateway.observability.metrics import Metrics
-from llm_gateway.prompt_count import PromptCounter, ambiguous_routes
-from llm_gateway.request_info import CEILING_BASE, CEILING_PER_IMAGE, CEILING_PER_MESSAGE, CEILING_TOOLS, read_request
+from llm_gateway.routing.prompt_count import PromptCounter, ambiguous_routes
+from llm_gateway.routing.request_info import (
+    CEILING_BASE,
+    CEILING_PER_IMAGE,
+    CEILING_PER_MESSAGE,
+    CEILING_TOOLS,
+    read_request,
+)
 from tests.conftest import gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream, refused
 from tests.unit.test_context_windows import CONFIG, chat, chat_answer, engines, posted, probed
@@ -194,6 +200,6 @@ async def test_a_count_that_takes_too_long_is_given_up() -> None:
     up = counting(FakeAnswer(200, {"content-type": "application/json"}, [b'{"count": 5000}'], delay_s=4.0))
     async with gateway_client(make_config(CONFIG), upstream=up) as (client, app):
         await probed(app, up)
-        app.service.counter.budget_s = 0.1
+        app.context.service.counter.budget_s = 0.1
         r = await client.post("/v1/chat/completions", json=chat("small-only", 12_000))
     assert r.status_code == 200 and counts(app)["failed"] == 1

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from llm_gateway.auth import Principal
+from llm_gateway.access.keys import Principal
+from llm_gateway.access.limiter import Limiter, quota_headers
+from llm_gateway.access.memory import MemoryStore
+from llm_gateway.access.store import Decision, Quota, Reservation, ScopeLimits, StoreUnavailable
 from llm_gateway.errors import RateLimited, ServiceUnavailable
-from llm_gateway.limits.limiter import Limiter, quota_headers
-from llm_gateway.limits.memory import MemoryStore
-from llm_gateway.limits.store import Decision, Quota, Reservation, ScopeLimits, StoreUnavailable
 from llm_gateway.settings import Limits
 
 

@@ -11,11 +11,11 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from llm_gateway.dialects.responses.items import item_references
+from llm_gateway.dialects.responses.request import parse
+from llm_gateway.dialects.responses.response import to_response
+from llm_gateway.dialects.responses.stream import ResponsesStream
 from llm_gateway.errors import GatewayError, InvalidRequest
-from llm_gateway.ingress.responses_items import item_references
-from llm_gateway.ingress.responses_request import parse
-from llm_gateway.ingress.responses_response import to_response
-from llm_gateway.ingress.responses_stream import ResponsesStream
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 TOOL = {
@@ -519,12 +519,12 @@ def test_codex_client_metadata_is_a_hint() -> None:
         parse({"model": "m", "input": "x", "client_metadata": "not an object"})
 
 
-# -- the OpenAPI document (llm_gateway/http/openapi_responses.py) says the same -------------------------------
+# -- the OpenAPI document (llm_gateway/dialects/responses/openapi.py) says the same -------------------------------
 
 
 def test_the_document_lists_exactly_the_fields_parse_reads() -> None:
-    from llm_gateway.http.openapi_responses import REQUEST_PROPERTIES
-    from llm_gateway.ingress import responses_request as rr
+    from llm_gateway.dialects.responses import request as rr
+    from llm_gateway.dialects.responses.openapi import REQUEST_PROPERTIES
 
     assert set(REQUEST_PROPERTIES) == rr._FIELDS | set(rr.HINTS) | set(rr._UNSUPPORTED)
 
@@ -536,7 +536,7 @@ def test_the_answers_are_what_the_document_says() -> None:
     import httpx
     import schemathesis
 
-    from llm_gateway.http.openapi import openapi_document
+    from llm_gateway.dialects.openapi import openapi_document
 
     create = schemathesis.openapi.from_dict(orjson.loads(openapi_document()))["/v1/responses"]["POST"]
     request = httpx.Request("POST", "http://gateway.test/v1/responses")

@@ -5,8 +5,8 @@ pause that would reach its end ends the retries at once); never for the client's
 the engine), never after the first byte of a stream.
 
 Engines are played by a FakeUpstream; the dispatcher's backoff is observed by standing in for
-`asyncio` in llm_gateway.dispatch (only its `sleep` is looked at) and through its `rng` seam. The budget
-is checked on a virtual clock standing in for `time` in llm_gateway.dispatch (engines "take" tens of
+`asyncio` in llm_gateway.routing.dispatch (only its `sleep` is looked at) and through its `rng` seam. The budget
+is checked on a virtual clock standing in for `time` in llm_gateway.routing.dispatch (engines "take" tens of
 seconds by advancing it), so that a loaded machine cannot make these tests flaky; one test on the real
 clock checks the same thing where it cannot flake (an attempt that alone outlasts the budget).
 """
@@ -24,7 +24,7 @@ import orjson
 import pytest
 from multidict import CIMultiDict
 
-from llm_gateway import dispatch
+from llm_gateway.routing import dispatch
 from tests.conftest import gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream, cut, refused
 
@@ -111,7 +111,7 @@ def by_call_number(answers: Callable[[int], FakeAnswer | BaseException]) -> Hand
 
 
 class Clock:
-    """Stands in for `time` inside llm_gateway.dispatch: real monotonic time plus what tests advance."""
+    """Stands in for `time` inside llm_gateway.routing.dispatch: real monotonic time plus what tests advance."""
 
     def __init__(self) -> None:
         self.offset = 0.0
@@ -124,7 +124,7 @@ class Clock:
 
 
 class Sleeps:
-    """Stands in for `asyncio` inside llm_gateway.dispatch: records each backoff pause; sleeps it for
+    """Stands in for `asyncio` inside llm_gateway.routing.dispatch: records each backoff pause; sleeps it for
     real, or, given a virtual clock, advances that clock instead."""
 
     def __init__(self, clock: Clock | None = None) -> None:

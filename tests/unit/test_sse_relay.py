@@ -15,12 +15,12 @@ import llm_gateway.adapters.relay_base as relay_base
 import llm_gateway.adapters.sse_relay as sse_relay
 from llm_gateway.adapters.lmdeploy import LMDeployAdapter
 from llm_gateway.adapters.sglang import SGLangAdapter
-from llm_gateway.adapters.sse_bytes import text_bytes
 from llm_gateway.adapters.sse_relay import DONE, SSERelay, has_output, usage_from
 from llm_gateway.adapters.tabbyapi import TabbyAPIAdapter
 from llm_gateway.adapters.vllm import VLLMAdapter
 from llm_gateway.errors import EngineErrorAnswer, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import BackendInfo, CallContext, Usage
+from llm_gateway.wire.sse_bytes import text_bytes
 
 
 def ctx(public: str = "tiny-llama", upstream: str = "tiny-llama", wants_usage: bool = False) -> CallContext:

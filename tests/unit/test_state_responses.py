@@ -17,9 +17,9 @@ from alembic.migration import MigrationContext
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
-from llm_gateway.config_loader import ConfigError, parse_config
 from llm_gateway.errors import DatabaseUnavailable
 from llm_gateway.settings import GatewayConfig
+from llm_gateway.settings.loader import ConfigError, parse_config
 from llm_gateway.state.database import DB_FILE, Database, database_url, schema_head
 from llm_gateway.state.migrations import VERSION_TABLE
 from llm_gateway.state.responses import ResponseStore, StoredResponse

@@ -1,6 +1,6 @@
 """A stream's answer ends at the engine's `[DONE]`, before the engine's body has ended; the rest of that
 body (its chunked terminator) is read after, so the engine's connection goes back to the pool and the next
-request reuses it (stream_relay.py)."""
+request reuses it (service/stream.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The streamed translations' fast paths. The token path (ingress/chat_events.text_in): once a text block or
+"""The streamed translations' fast paths. The token path (wire/chat_events.text_in): once a text block or
 item is open, a chat token event shaped like the last one parsed becomes its Anthropic `text_delta` or
 Responses `output_text.delta` without being parsed. It must say exactly what parsing would have said: for
 any sequence of chat events (texts with quotes, escapes, control characters, non-ASCII; reasoning, tool
@@ -20,14 +20,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from llm_gateway.http.anthropic import AnthropicExchange
-from llm_gateway.http.responses import ResponsesExchange
-from llm_gateway.ingress import anthropic_stream, responses_response, responses_stream
-from llm_gateway.ingress.anthropic_request import to_chat
-from llm_gateway.ingress.anthropic_stream import StreamTranslator
-from llm_gateway.ingress.chat_events import plain_text, text_in
-from llm_gateway.ingress.responses_request import parse
-from llm_gateway.ingress.responses_stream import ResponsesStream
+from llm_gateway.dialects.anthropic import stream as anthropic_stream
+from llm_gateway.dialects.anthropic.exchange import AnthropicExchange
+from llm_gateway.dialects.anthropic.request import to_chat
+from llm_gateway.dialects.anthropic.stream import StreamTranslator
+from llm_gateway.dialects.responses import response as responses_response
+from llm_gateway.dialects.responses import stream as responses_stream
+from llm_gateway.dialects.responses.exchange import ResponsesExchange
+from llm_gateway.dialects.responses.request import parse
+from llm_gateway.dialects.responses.stream import ResponsesStream
+from llm_gateway.wire.chat_events import plain_text, text_in
 
 TOKEN = b'data: {"id":"c1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"content":"TEXT"},"logprobs":null,"finish_reason":null}]}\n\n'  # noqa: E501
 

@@ -19,16 +19,16 @@ from typing import Any
 import httpx
 import pytest
 
+from llm_gateway.access.keys import config_key_id, digest_of
 from llm_gateway.app import create_app
-from llm_gateway.auth import config_key_id, digest_of
 from llm_gateway.cli import main
-from llm_gateway.config_loader import parse_config
 from llm_gateway.errors import DatabaseUnavailable
 from llm_gateway.http.asgi import GatewayApp
 from llm_gateway.observability.ledger import COLUMNS, Activity, UsageLedger
 from llm_gateway.observability.metrics import Metrics
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.settings import Price, UsageConfig
+from llm_gateway.settings.loader import parse_config
 from llm_gateway.state.database import Database, database_url
 from llm_gateway.state.usage import UsageStore, parse_since, to_csv, to_table
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream

@@ -1,0 +1,389 @@
+"""An Anthropic Messages request (`POST /v1/messages`, `/v1/messages/count_tokens`) as an OpenAI chat body.
+
+What maps, field by field:
+- `system` (a string or text blocks) -> a first `system` message (blocks joined by a blank line), and
+  a `system` message between the turns -> a `system` message there;
+- `messages`: text -> text, `image` (base64 or url source) -> `image_url` parts (base64 as a data
+  URL), `document` with a text source (plain text, or text blocks) -> text (its title first); an
+  assistant's `tool_use` blocks -> its `tool_calls` (`input` as JSON arguments); a user's
+  `tool_result` blocks -> `tool` messages placed before the rest of that user turn (text content;
+  `is_error` prefixes "Error: "; images in a result follow in a user message); `thinking` /
+  `redacted_thinking` blocks of earlier turns are dropped, as Anthropic itself drops them from the
+  context; `cache_control` and `citations` are ignored;
+- `tools` (name, description, input_schema, strict) -> function tools; `tool_choice` auto / any /
+  tool / none -> "auto" / "required" / the named function / "none"; `disable_parallel_tool_use`
+  -> `parallel_tool_calls: false`;
+- `max_tokens` (required: a missing one is a 400, as Anthropic answers), `stop_sequences` -> `stop`,
+  `temperature` (0..1), `top_p` (0..1), `top_k`, `metadata.user_id` -> `user`, `stream` (the gateway
+  then asks for the usage chunk, which the stream translation turns into Anthropic's usage);
+- `thinking` {type: enabled, budget_tokens} (or `adaptive`) -> `chat_template_kwargs.enable_thinking`
+  true ({type: disabled} -> false): engines whose chat template reasons do, and their reasoning
+  output comes back as thinking blocks; `budget_tokens` must be >= 1024, as Anthropic has it, but is
+  not enforced (engines have no such budget);
+- `output_config.format` (json_schema) -> `response_format` json_schema; `output_config.effort` is a
+  hint and is ignored, as are `service_tier`, `speed`, `inference_geo`, `diagnostics`, the account
+  fields `user_profile_id` / `workspace_id`, a top-level `cache_control`, `thinking.display`, and the
+  tool hints (`cache_control`, `eager_input_streaming`, `defer_loading`, `allowed_callers`,
+  `input_examples`); `context_management` whose edits only clear thinking (see anthropic_options), and a
+  system block that is Claude Code's billing attribution (`x-anthropic-billing-header: ...`) is dropped.
+
+An explicit null is taken as an absent optional field. Anthropic rejects top-level fields it does not
+know ("x: Extra inputs are not permitted"); so does this (and in tools, tool_choice, thinking,
+metadata, output_config; content blocks may carry extra keys, such as `citations`). Fields
+Anthropic knows that the gateway cannot honour (`container`, `mcp_servers`, other context edits,
+server tools such as web search, PDF documents, file sources) are a clear 400, never dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from llm_gateway.dialects.anthropic.options import context_management, output_config, thinking, tool, tool_choice
+from llm_gateway.dialects.field_checks import (
+    Hint,
+    PromptChars,
+    as_bool,
+    as_int,
+    as_list,
+    as_number,
+    as_obj,
+    as_str,
+    bad,
+    check_hint,
+    only_fields,
+)
+from llm_gateway.errors import InvalidRequest
+
+#: Messages fields the translation reads
+_MESSAGES_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "system",
+        "stop_sequences",
+        "stream",
+        "temperature",
+        "top_p",
+        "top_k",
+        "metadata",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "output_config",
+    }
+)
+#: what count_tokens checks as a message does but does not use (the sampling fields cannot change a count)
+_SAMPLING_KEYS = ("max_tokens", "stream", "stream_options", "stop", "temperature", "top_p", "top_k", "user")
+#: hints and account attribution with no effect on what the answer means: checked for their type
+#: (as Anthropic does), then ignored. A JSON type name, or the values allowed; null is always allowed.
+HINTS: dict[str, Hint] = {
+    "service_tier": ("auto", "standard_only"),
+    "speed": ("standard", "fast"),
+    "inference_geo": "string",
+    "cache_control": "object",
+    "diagnostics": "object",
+    "user_profile_id": "string",
+    "workspace_id": "string",
+}
+#: the system block Claude Code starts with (`cc_version=...; cc_entrypoint=...`): Anthropic's billing
+#: attribution, dropped so that it never reaches an engine's prompt (nor defeats its prefix cache)
+BILLING_HEADER = "x-anthropic-billing-header:"
+#: Anthropic features the gateway cannot provide: refused with a reason
+_UNSUPPORTED = {
+    "container": "code-execution containers are Anthropic's own servers",
+    "mcp_servers": "the MCP connector needs Anthropic's servers; run MCP tools on the client instead",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesRequest:
+    """The OpenAI chat body for one Anthropic request, and what translating its answer needs."""
+
+    body: dict[str, Any]
+    stream: bool
+    stop_sequences: tuple[str, ...]
+    #: input tokens by the characters/4 rule, for `message_start` before the engine's own count
+    prompt_estimate: int
+
+
+def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest:
+    """The OpenAI chat body for an Anthropic Messages request (`count_only`: a count_tokens request).
+    Raises InvalidRequest as Anthropic would (a missing `max_tokens`, an unknown field, a bad block)."""
+    for k, v in req.items():
+        if k in _MESSAGES_FIELDS:
+            continue
+        if k in HINTS:
+            check_hint(v, k, HINTS[k])
+            continue
+        if k == "context_management":
+            if v is not None:
+                context_management(v)
+            continue
+        if k in _UNSUPPORTED:
+            raise InvalidRequest(
+                f"{k}: not supported by this gateway ({_UNSUPPORTED[k]})", param=k, code="unsupported_parameter"
+            )
+        raise bad("Extra inputs are not permitted", k)
+    model = req.get("model")
+    if model is None:
+        raise bad("Field required", "model")
+    if not isinstance(model, str) or not model:
+        raise bad("String should have at least 1 character", "model")
+    if "messages" not in req:
+        raise bad("Field required", "messages")
+    seen = PromptChars()
+    messages: list[dict[str, Any]] = []
+    if req.get("system") is not None:
+        messages.append({"role": "system", "content": _system(req["system"], seen)})
+    raw = as_list(req["messages"], "messages")
+    if not raw:
+        raise bad("at least one message is required", "messages")
+    for i, m in enumerate(raw):
+        _message(m, f"messages.{i}", messages, seen)
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    if req.get("max_tokens") is None and not count_only:
+        raise bad("Field required", "max_tokens")
+    stream, stops = _sampling(req, body)
+    if req.get("tools") is not None:
+        tools = [tool(t, f"tools.{j}", seen) for j, t in enumerate(as_list(req["tools"], "tools"))]
+        if tools:
+            body["tools"] = tools
+    if req.get("tool_choice") is not None:
+        tool_choice(req["tool_choice"], body)
+    if req.get("thinking") is not None:
+        thinking(req["thinking"], body)
+    if req.get("output_config") is not None:
+        output_config(req["output_config"], body)
+    if count_only:
+        for k in _SAMPLING_KEYS:
+            body.pop(k, None)
+        stream, stops = False, ()
+    return MessagesRequest(body, stream, stops, seen.chars // 4 + 1)
+
+
+def _sampling(req: dict[str, Any], body: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:
+    """max_tokens, stream, stop_sequences, temperature, top_p, top_k, metadata into `body`."""
+    if req.get("max_tokens") is not None:
+        body["max_tokens"] = as_int(req["max_tokens"], "max_tokens", 1)
+    stream = False
+    if req.get("stream") is not None:
+        stream = as_bool(req["stream"], "stream")
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}  # the usage chunk becomes Anthropic's usage
+    stops: tuple[str, ...] = ()
+    if req.get("stop_sequences") is not None:
+        seqs = as_list(req["stop_sequences"], "stop_sequences")
+        stops = tuple(as_str(v, f"stop_sequences.{j}") for j, v in enumerate(seqs))
+        if stops:
+            body["stop"] = list(stops)
+    if req.get("temperature") is not None:
+        body["temperature"] = as_number(req["temperature"], "temperature", 0.0, 1.0)
+    if req.get("top_p") is not None:
+        body["top_p"] = as_number(req["top_p"], "top_p", 0.0, 1.0)
+    if req.get("top_k") is not None:
+        body["top_k"] = as_int(req["top_k"], "top_k", 0)
+    if req.get("metadata") is not None:
+        meta = as_obj(req["metadata"], "metadata")
+        only_fields(meta, frozenset({"user_id"}), "metadata")
+        user = meta.get("user_id")
+        if user is not None:
+            body["user"] = as_str(user, "metadata.user_id")
+    return stream, stops
+
+
+# -- system and messages -------------------------------------------------------------------------------
+
+
+def _system(system: Any, seen: PromptChars, param: str = "system") -> str:
+    if isinstance(system, str):
+        seen.chars += len(system)
+        return system
+    parts = []
+    for j, b in enumerate(as_list(system, param)):
+        b = as_obj(b, f"{param}.{j}")
+        if b.get("type") != "text":
+            raise bad("Input tag should be 'text'", f"{param}.{j}.type")
+        text = as_str(b.get("text"), f"{param}.{j}.text")
+        if text.startswith(BILLING_HEADER):
+            continue  # Claude Code's attribution line for Anthropic's billing: not for the model
+        seen.chars += len(text)
+        parts.append(text)
+    return "\n\n".join(parts)
+
+
+def _message(m: Any, param: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
+    m = as_obj(m, param)
+    role = m.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise bad("Input should be 'user', 'assistant' or 'system'", f"{param}.role")
+    if "content" not in m:
+        raise bad("Field required", f"{param}.content")
+    content = m["content"]
+    seen.chars += 16
+    if role == "system":  # a system message between the turns: a string or text blocks
+        if isinstance(content, list) and not content:
+            raise bad("List should have at least 1 item after validation, not 0", f"{param}.content")
+        out.append({"role": "system", "content": _system(content, seen, f"{param}.content")})
+        return
+    if isinstance(content, str):
+        seen.chars += len(content)
+        out.append({"role": role, "content": content})
+        return
+    blocks = as_list(content, f"{param}.content")
+    if not blocks:
+        raise bad("List should have at least 1 item after validation, not 0", f"{param}.content")
+    if role == "assistant":
+        out.append(_assistant(blocks, f"{param}.content", seen))
+    else:
+        _user(blocks, f"{param}.content", out, seen)
+
+
+def _assistant(blocks: list[Any], param: str, seen: PromptChars) -> dict[str, Any]:
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, b in enumerate(blocks):
+        p = f"{param}.{j}"
+        b = as_obj(b, p)
+        t = b.get("type")
+        if t == "text":
+            text = as_str(b.get("text"), f"{p}.text")
+            seen.chars += len(text)
+            texts.append(text)
+        elif t == "tool_use":
+            args = orjson.dumps(as_obj(b.get("input"), f"{p}.input")).decode()
+            seen.chars += len(args)
+            calls.append(
+                {
+                    "id": as_str(b.get("id"), f"{p}.id"),
+                    "type": "function",
+                    "function": {"name": as_str(b.get("name"), f"{p}.name"), "arguments": args},
+                }
+            )
+        elif t in ("thinking", "redacted_thinking"):
+            continue  # earlier turns' reasoning is not part of the context (Anthropic drops it too)
+        else:
+            raise _unsupported_block(t, p, "an assistant message")
+    msg: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts) if texts else None}
+    if calls:
+        msg["tool_calls"] = calls
+    elif msg["content"] is None:
+        msg["content"] = ""
+    return msg
+
+
+def _user(blocks: list[Any], param: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
+    parts: list[dict[str, Any]] = []
+    for j, b in enumerate(blocks):
+        p = f"{param}.{j}"
+        b = as_obj(b, p)
+        t = b.get("type")
+        if t == "text":
+            text = as_str(b.get("text"), f"{p}.text")
+            seen.chars += len(text)
+            parts.append({"type": "text", "text": text})
+        elif t == "image":
+            seen.chars += 1024
+            parts.append(_image(b, p))
+        elif t == "document":
+            parts.append({"type": "text", "text": _document(b, p, seen)})
+        elif t == "tool_result":
+            _tool_result(b, p, out, seen)  # tool messages must follow the assistant's tool calls at once
+        else:
+            raise _unsupported_block(t, p, "a user message")
+    if not parts:
+        return
+    if len(parts) == 1 and parts[0]["type"] == "text":
+        out.append({"role": "user", "content": parts[0]["text"]})
+    else:
+        out.append({"role": "user", "content": parts})
+
+
+def _image(b: dict[str, Any], p: str) -> dict[str, Any]:
+    src = as_obj(b.get("source"), f"{p}.source")
+    kind = src.get("type")
+    if kind == "base64":
+        media = as_str(src.get("media_type"), f"{p}.source.media_type")
+        data = as_str(src.get("data"), f"{p}.source.data")
+        url = f"data:{media};base64,{data}"
+    elif kind == "url":
+        url = as_str(src.get("url"), f"{p}.source.url")
+    else:
+        raise InvalidRequest(
+            f"{p}.source.type: image source '{kind}' is not supported by this gateway (use base64 or url)",
+            param=f"{p}.source.type",
+            code="unsupported_parameter",
+        )
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _document(b: dict[str, Any], p: str, seen: PromptChars) -> str:
+    src = as_obj(b.get("source"), f"{p}.source")
+    kind = src.get("type")
+    if kind in ("text", "content"):
+        if kind == "text":
+            text = as_str(src.get("data"), f"{p}.source.data")
+        else:  # a document made of text blocks
+            parts = []
+            for k, c in enumerate(as_list(src.get("content"), f"{p}.source.content")):
+                c = as_obj(c, f"{p}.source.content.{k}")
+                if c.get("type") != "text":
+                    raise _unsupported_block(c.get("type"), f"{p}.source.content.{k}", "a document")
+                parts.append(as_str(c.get("text"), f"{p}.source.content.{k}.text"))
+            text = "\n\n".join(parts)
+        title = b.get("title")
+        if isinstance(title, str) and title:
+            text = f"{title}\n\n{text}"
+        seen.chars += len(text)
+        return text
+    raise InvalidRequest(
+        f"{p}.source.type: document source '{kind}' is not supported by this gateway (only text documents "
+        "are; send PDF content as text or images)",
+        param=f"{p}.source.type",
+        code="unsupported_parameter",
+    )
+
+
+def _tool_result(b: dict[str, Any], p: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
+    tid = as_str(b.get("tool_use_id"), f"{p}.tool_use_id")
+    content = b.get("content")
+    texts: list[str] = []
+    images: list[dict[str, Any]] = []
+    if isinstance(content, str):
+        texts.append(content)
+    elif content is not None:
+        for k, c in enumerate(as_list(content, f"{p}.content")):
+            cp = f"{p}.content.{k}"
+            c = as_obj(c, cp)
+            t = c.get("type")
+            if t == "text":
+                texts.append(as_str(c.get("text"), f"{cp}.text"))
+            elif t == "image":
+                images.append(_image(c, cp))
+            elif t == "document":
+                texts.append(_document(c, cp, seen))
+            else:
+                raise _unsupported_block(t, cp, "a tool result")
+    text = "\n\n".join(texts)
+    err = b.get("is_error")
+    if err is not None and as_bool(err, f"{p}.is_error"):
+        text = "Error: " + text
+    seen.chars += len(text) + 16
+    out.append({"role": "tool", "tool_call_id": tid, "content": text})
+    if images:
+        seen.chars += 1024 * len(images)
+        out.append({"role": "user", "content": images})
+
+
+def _unsupported_block(t: Any, p: str, where: str) -> InvalidRequest:
+    if not isinstance(t, str):
+        return bad("Field required", f"{p}.type")
+    return InvalidRequest(
+        f"{p}.type: '{t}' blocks in {where} are not supported by this gateway",
+        param=f"{p}.type",
+        code="unsupported_parameter",
+    )

@@ -1,0 +1,237 @@
+"""The `input` of a Responses request, item by item, as OpenAI chat messages; and the errors the Responses
+translation answers with (OpenAI's codes: unknown_parameter, invalid_value, unsupported_parameter).
+
+A string is one user message; items: messages (`role` user / assistant / system / developer -> system;
+content a string or parts: `input_text` / `output_text` / `refusal` -> text, `input_image` with an
+`image_url` -> an `image_url` part with its `detail`), `function_call` items -> the assistant's
+`tool_calls` (merged into the assistant message just before them), `function_call_output` -> `tool`
+messages (images in an output follow in a user message), `reasoning` items -> the next assistant turn's
+`reasoning_content`. Every item is also listed back with an id (GET /v1/responses/{id}/input_items).
+An `item_reference` (`{"type": "item_reference", "id"}`, or OpenAI's short form: an id with neither
+`type` nor `role`) stands for an item the gateway stored for the same key: the handler looks up every
+reference of a request in one query (`item_references` lists them without reading the rest) and the
+item is read as if the client had sent it; one the key has no such item for is OpenAI's 404 (`param`
+input). File inputs and other item types are a 400.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from llm_gateway.dialects.field_checks import PromptChars, as_list, as_obj, as_str, check_hint
+from llm_gateway.errors import GatewayError, InvalidRequest
+
+
+def unknown(param: str) -> InvalidRequest:
+    return InvalidRequest(f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter")
+
+
+def invalid(message: str, param: str) -> InvalidRequest:
+    return InvalidRequest(f"Invalid value for '{param}': {message}", param=param, code="invalid_value")
+
+
+def unsupported(message: str, param: str) -> InvalidRequest:
+    return InvalidRequest(f"{param}: {message}", param=param, code="unsupported_parameter")
+
+
+def new_id(prefix: str) -> str:
+    return prefix + os.urandom(24).hex()
+
+
+def missing_item(item_id: str) -> GatewayError:
+    """OpenAI's answer to a reference to an item it does not hold for the key (status, envelope and text)."""
+    return GatewayError(
+        f"Item with id '{item_id}' not found.", status=404, type_="invalid_request_error", param="input"
+    )
+
+
+def _is_reference(it: dict[str, Any]) -> bool:
+    kind = it.get("type")
+    return kind == "item_reference" or (kind is None and "role" not in it and "id" in it)
+
+
+def item_references(value: Any) -> list[str]:
+    """The ids an `input` refers to (none for a string, or for items that are all given whole)."""
+    if not isinstance(value, list):
+        return []
+    return [it["id"] for it in value if isinstance(it, dict) and _is_reference(it) and isinstance(it.get("id"), str)]
+
+
+# -- input items --------------------------------------------------------------------------------------
+
+
+def input_messages(
+    value: Any, seen: PromptChars, found: Mapping[str, dict[str, Any]] | None = None, referenced: set[str] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The input as chat messages and as items; `found`: the stored items its references name (by id),
+    and the ids of those it used are added to `referenced`."""
+    if isinstance(value, str):
+        seen.chars += len(value)
+        item = {
+            "id": new_id("msg_"),
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": value}],
+        }
+        return [{"role": "user", "content": value}], [item]
+    messages: list[dict[str, Any]] = []
+    items: list[dict[str, Any]] = []
+    reasoning: list[str] = []  # reasoning items waiting for the assistant turn they belong to
+    for i, raw in enumerate(as_list(value, "input")):
+        p = f"input.{i}"
+        it = as_obj(raw, p)
+        if _is_reference(it):
+            ref = as_str(it.get("id"), f"{p}.id")
+            stored = found.get(ref) if found is not None else None
+            if stored is None:
+                raise missing_item(ref)
+            it = stored
+            if referenced is not None:
+                referenced.add(ref)
+        kind = it.get("type", "message")
+        seen.chars += 16
+        if kind == "message":
+            msg = _message(it, p, seen)
+            if msg["role"] == "assistant" and reasoning:
+                msg["reasoning_content"] = "\n\n".join(reasoning)
+                reasoning = []
+            messages.append(msg)
+        elif kind == "function_call":
+            args = as_str(it.get("arguments"), f"{p}.arguments")
+            seen.chars += len(args)
+            call = {
+                "id": as_str(it.get("call_id"), f"{p}.call_id"),
+                "type": "function",
+                "function": {"name": as_str(it.get("name"), f"{p}.name"), "arguments": args},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and not reasoning:
+                last.setdefault("tool_calls", []).append(call)
+                if last.get("content") == "":
+                    last["content"] = None
+            else:
+                msg = {"role": "assistant", "content": None, "tool_calls": [call]}
+                if reasoning:
+                    msg["reasoning_content"] = "\n\n".join(reasoning)
+                    reasoning = []
+                messages.append(msg)
+        elif kind == "function_call_output":
+            _tool_output(it, p, messages, seen)
+        elif kind == "reasoning":
+            text = _reasoning_text(it, p)
+            seen.chars += len(text)
+            if text:
+                reasoning.append(text)
+        elif isinstance(kind, str):
+            raise unsupported(f"'{kind}' input items are not supported by this gateway", f"{p}.type")
+        else:
+            raise invalid("expected an input item type.", f"{p}.type")
+        items.append(_item(it, str(kind)))
+    return messages, items
+
+
+def _item(it: dict[str, Any], kind: str) -> dict[str, Any]:
+    """An input item as OpenAI lists it back: with an id, and a message with its `type` and content parts."""
+    out = {"id": it["id"] if isinstance(it.get("id"), str) else new_id(_ID_PREFIX.get(kind, "item_")), **it}
+    if kind == "message":
+        out["type"] = "message"
+        if isinstance(out.get("content"), str):
+            part = "output_text" if out.get("role") == "assistant" else "input_text"
+            out["content"] = [{"type": part, "text": out["content"]}]
+    return out
+
+
+_ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+
+
+def _message(it: dict[str, Any], p: str, seen: PromptChars) -> dict[str, Any]:
+    role = it.get("role")
+    if not isinstance(role, str) or role not in _ROLES:
+        raise invalid("expected 'user', 'assistant', 'system' or 'developer'.", f"{p}.role")
+    content = it.get("content")
+    if isinstance(content, str):
+        seen.chars += len(content)
+        return {"role": _ROLES[role], "content": content}
+    parts: list[dict[str, Any]] = []
+    for j, raw in enumerate(as_list(content, f"{p}.content")):
+        cp = f"{p}.content.{j}"
+        part = as_obj(raw, cp)
+        t = part.get("type")
+        if t in ("input_text", "output_text"):
+            text = as_str(part.get("text"), f"{cp}.text")
+            seen.chars += len(text)
+            parts.append({"type": "text", "text": text})
+        elif t == "refusal":
+            text = as_str(part.get("refusal"), f"{cp}.refusal")
+            seen.chars += len(text)
+            parts.append({"type": "text", "text": text})
+        elif t == "input_image":
+            seen.chars += 1024
+            parts.append(_image(part, cp))
+        elif isinstance(t, str):
+            raise unsupported(f"'{t}' content is not supported by this gateway", f"{cp}.type")
+        else:
+            raise invalid("expected a content part type.", f"{cp}.type")
+    if _ROLES[role] != "user" or all(q["type"] == "text" for q in parts):
+        if any(q["type"] != "text" for q in parts):
+            raise unsupported("images are allowed in user messages only", f"{p}.content")
+        return {"role": _ROLES[role], "content": "".join(q["text"] for q in parts)}
+    return {"role": "user", "content": parts}
+
+
+def _image(part: dict[str, Any], p: str) -> dict[str, Any]:
+    url = part.get("image_url")
+    if url is None:
+        if part.get("file_id") is not None:
+            raise unsupported(
+                "file ids are not supported by this gateway; send the image as a URL or data URL", f"{p}.file_id"
+            )
+        raise InvalidRequest(f"Missing required parameter: '{p}.image_url'.", param=f"{p}.image_url")
+    img: dict[str, Any] = {"url": as_str(url, f"{p}.image_url")}
+    if part.get("detail") is not None:
+        check_hint(part["detail"], f"{p}.detail", ("auto", "low", "high", "original"))
+        img["detail"] = part["detail"]
+    return {"type": "image_url", "image_url": img}
+
+
+def _tool_output(it: dict[str, Any], p: str, messages: list[dict[str, Any]], seen: PromptChars) -> None:
+    call_id = as_str(it.get("call_id"), f"{p}.call_id")
+    out = it.get("output")
+    texts: list[str] = []
+    images: list[dict[str, Any]] = []
+    if isinstance(out, str):
+        texts.append(out)
+    else:
+        for j, raw in enumerate(as_list(out, f"{p}.output")):
+            cp = f"{p}.output.{j}"
+            part = as_obj(raw, cp)
+            t = part.get("type")
+            if t in ("input_text", "output_text"):
+                texts.append(as_str(part.get("text"), f"{cp}.text"))
+            elif t == "input_image":
+                images.append(_image(part, cp))
+            else:
+                raise unsupported(f"'{t}' tool output content is not supported by this gateway", f"{cp}.type")
+    text = "".join(texts)
+    seen.chars += len(text) + 16
+    messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+    if images:
+        seen.chars += 1024 * len(images)
+        messages.append({"role": "user", "content": images})
+
+
+def _reasoning_text(it: dict[str, Any], p: str) -> str:
+    """The text of a reasoning item: its reasoning content if it has any, else its summary (both checked)."""
+    found: list[list[str]] = []
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = it.get(key)
+        texts = []
+        for j, raw in enumerate(as_list(parts, f"{p}.{key}") if parts is not None else []):
+            part = as_obj(raw, f"{p}.{key}.{j}")
+            if part.get("type") == kind:
+                texts.append(as_str(part.get("text"), f"{p}.{key}.{j}.text"))
+        found.append(texts)
+    return "".join(next((texts for texts in found if texts), []))

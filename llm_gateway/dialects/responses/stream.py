@@ -1,0 +1,302 @@
+"""The gateway's OpenAI chat SSE stream (what the service writes) as the Responses API's typed events.
+
+OpenAI's order: `response.created`, `response.in_progress`; per output item
+`response.output_item.added`, then for reasoning `response.content_part.added` (a `reasoning_text`
+part), `response.reasoning_text.delta`s, `.done`, `response.content_part.done`; for text the same
+with an `output_text` part and `response.output_text.delta`s (with their logprobs); for a tool call
+`response.function_call_arguments.delta`s and `.done`; then `response.output_item.done` with the
+whole item. An item ends when output of another kind starts. At the end `response.completed` (or
+`response.incomplete` when the engine stopped at the token limit, whose last item is then `incomplete`
+in its `output_item.done` and in the Response) carries the whole Response, equal
+to what a whole answer would have been, usage included; an error event in the chat stream (the
+engine failed after the first byte) becomes `response.failed` with the error, and nothing follows.
+Every event has a `sequence_number`. Frames are `event: TYPE\\ndata: JSON\\n\\n`.
+Fragments of a tool call whose item has closed (an engine interleaving two calls) cannot be put
+back into a closed item: they are dropped from the stream, as Anthropic's translation does.
+Once a text item is open, a token event shaped like the last one parsed (chat_events.text_in) becomes
+its `response.output_text.delta` without being parsed: the text as the engine escaped it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from llm_gateway.dialects.responses.items import new_id
+from llm_gateway.dialects.responses.request import ResponsesRequest
+from llm_gateway.dialects.responses.response import (
+    REASONING_KEYS,
+    call_item,
+    message_item,
+    reasoning_item,
+    skeleton,
+    status_of,
+    text_part,
+    token_logprobs,
+    usage,
+)
+from llm_gateway.wire.chat_events import ChatEvents, parse_event, text_in, token_envelope
+
+#: the codes a Response's `error` may carry (openai-python types/responses/response_error.py)
+_ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded"})
+
+
+_TEXT_DELTA_HEAD = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":'
+_TEXT_DELTA_END = b'","logprobs":[]}\n\n'  # what `_frame` writes after a text delta without logprobs
+_MAX_LEARNS = 16  # token envelopes learnt per stream (again when one changes, as `created` does each second)
+
+
+class ResponsesStream:
+    """One stream's translation: `feed()` each write of the service, `finish()` at its end. Once
+    `terminal` is set, `response` is the final Response object and `turn` the assistant's chat
+    message (the stored conversation's next turn)."""
+
+    __slots__ = (
+        "_calls",
+        "_deltas",
+        "_env",
+        "_events",
+        "_finish",
+        "_item",
+        "_kind",
+        "_learns",
+        "_seq",
+        "_started",
+        "_text",
+        "_tool",
+        "_usage",
+        "estimate",
+        "response",
+        "terminal",
+        "turn",
+    )
+
+    def __init__(self, req: ResponsesRequest, response_id: str) -> None:
+        self.response = skeleton(req, response_id)
+        self.turn: dict[str, Any] = {"role": "assistant", "content": None}
+        self.estimate = req.prompt_estimate
+        self.terminal: str | None = None  # the last event's type, once sent: nothing follows it
+        self._events = ChatEvents()
+        self._seq = 0
+        self._started = False
+        self._kind: str | None = None  # the open item's kind: "reasoning", "text" or "call"
+        self._item: dict[str, Any] = {}
+        self._text: list[str] = []  # the open item's text so far
+        self._tool: int | None = None  # the chat tool-call index whose item is open
+        self._calls: set[int] = set()
+        self._deltas = 0
+        self._finish: Any = None
+        self._usage: Any = None
+        #: a token event's bytes before and after its text, the delta frame's bytes between its sequence
+        #: number and its text, and the text item they belong to
+        self._env: tuple[bytes, bytes, bytes, dict[str, Any]] | None = None
+        self._learns = 0
+
+    def feed(self, data: bytes) -> bytes:
+        if self.terminal is not None:
+            return b""
+        out: list[bytes] = []
+        env = self._env
+        for raw in self._events.feed(data):
+            if self.terminal is not None:
+                break
+            if env is not None and self._kind == "text" and self._item is env[3]:
+                got = text_in(raw, env[0], env[1])
+                if got is not None:  # a token like the last one parsed: its output_text.delta, unparsed
+                    self._text.append(got[1])
+                    self._deltas += 1
+                    self._seq += 1
+                    out.append(_TEXT_DELTA_HEAD + b"%d" % (self._seq - 1) + env[2] + got[0] + _TEXT_DELTA_END)
+                    continue
+            ev = parse_event(raw)
+            if ev is None:
+                continue
+            if not isinstance(ev, dict):  # DONE
+                out.append(self._end())
+                continue
+            out.append(self._event(ev))
+            if self._kind == "text" and self._learns < _MAX_LEARNS and self._learn(raw, ev):
+                env = self._env
+        return b"".join(out)
+
+    def _learn(self, event: bytes, obj: dict[str, Any]) -> bool:
+        """Learn the shape of `event` if it is a plain token (its text now in the open text item)."""
+        found = token_envelope(event, obj)
+        env = self._env
+        if found is None or (env is not None and env[3] is self._item and env[:2] == found):
+            return False  # not a token, or the shape already known (a token parsed for its text: a quote)
+        self._learns += 1
+        where = b',"item_id":%b,"output_index":%d' % (orjson.dumps(self._item["id"]), len(self.response["output"]))
+        self._env = (*found, where + b',"content_index":0,"delta":"', self._item)
+        return True
+
+    def finish(self) -> bytes:
+        """At the end of the service's stream: the end, or a failure if the stream never said it ended."""
+        if self.terminal is not None:
+            return b""
+        return self._failed("server_error", "the engine's stream ended before its end marker")
+
+    # -- frames --------------------------------------------------------------------------------------
+    def _frame(self, kind: str, fields: dict[str, Any]) -> bytes:
+        obj = {"type": kind, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+
+    def _start(self, obj: dict[str, Any]) -> bytes:
+        self._started = True
+        model = obj.get("model")
+        if isinstance(model, str) and model:
+            self.response["model"] = model
+        return self._frame("response.created", {"response": self.response}) + self._frame(
+            "response.in_progress", {"response": self.response}
+        )
+
+    # -- events --------------------------------------------------------------------------------------
+    def _event(self, obj: dict[str, Any]) -> bytes:
+        err = obj.get("error")
+        if err is not None and "choices" not in obj:
+            e = err if isinstance(err, dict) else {"message": str(err)}
+            code = e.get(
+                "code"
+            )  # the Response's error codes are OpenAI's fixed set: the gateway's code goes in the text
+            message = str(e.get("message") or "the stream failed")
+            if isinstance(code, str) and code and code not in _ERROR_CODES:
+                message, code = f"{message} ({code})", "server_error"
+            return self._failed(code if isinstance(code, str) and code else "server_error", message)
+        out = b"" if self._started else self._start(obj)
+        if obj.get("usage") is not None:
+            self._usage = obj["usage"]
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return out
+        ch = choices[0]
+        delta = ch.get("delta")
+        if isinstance(delta, dict):
+            for key in REASONING_KEYS:
+                r = delta.get(key)
+                if isinstance(r, str) and r:
+                    out += self._reasoning(r)
+                    break
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                out += self._output_text(text, ch.get("logprobs"))
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                for tc in calls:
+                    if isinstance(tc, dict):
+                        out += self._call(tc)
+        fr = ch.get("finish_reason")
+        if fr is not None:
+            self._finish = fr
+        return out
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": self._item["id"], "output_index": len(self.response["output"])}
+
+    def _open(self, kind: str, item: dict[str, Any], part: dict[str, Any] | None) -> bytes:
+        out = self._close()
+        self._kind, self._item, self._text = kind, item, []
+        out += self._frame("response.output_item.added", {"output_index": len(self.response["output"]), "item": item})
+        if part is not None:
+            out += self._frame("response.content_part.added", {**self._where(), "content_index": 0, "part": part})
+        return out
+
+    def _reasoning(self, r: str) -> bytes:
+        out = b""
+        if self._kind != "reasoning":
+            item = {"id": new_id("rs_"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
+            out = self._open("reasoning", item, {"type": "reasoning_text", "text": ""})
+        self._text.append(r)
+        self._deltas += 1
+        return out + self._frame("response.reasoning_text.delta", {**self._where(), "content_index": 0, "delta": r})
+
+    def _output_text(self, text: str, logprobs: Any) -> bytes:
+        out = b""
+        if self._kind != "text":
+            out = self._open("text", message_item([], status="in_progress"), text_part(""))
+        self._text.append(text)
+        self._deltas += 1
+        lp = token_logprobs(logprobs.get("content") if isinstance(logprobs, dict) else None)
+        if lp:
+            self._item.setdefault("_logprobs", []).extend(lp)
+        return out + self._frame(
+            "response.output_text.delta", {**self._where(), "content_index": 0, "delta": text, "logprobs": lp}
+        )
+
+    def _call(self, tc: dict[str, Any]) -> bytes:
+        i = tc.get("index", 0)
+        fn = tc.get("function")
+        fn = fn if isinstance(fn, dict) else {}
+        out = b""
+        if i not in self._calls:
+            self._calls.add(i)
+            cid = tc.get("id")
+            cid = cid if isinstance(cid, str) and cid else new_id("call_")
+            out = self._open("call", call_item(cid, str(fn.get("name") or ""), "", status="in_progress"), None)
+            self._tool = i
+        elif self._tool != i or self._kind != "call":
+            return b""
+        args = fn.get("arguments")
+        if isinstance(args, str) and args:
+            self._text.append(args)
+            self._deltas += 1
+            out += self._frame("response.function_call_arguments.delta", {**self._where(), "delta": args})
+        return out
+
+    def _close(self, status: str = "completed") -> bytes:
+        """End the open item: its done events, and the item (with this status) in the final output."""
+        kind = self._kind
+        if kind is None:
+            return b""
+        text = "".join(self._text)
+        where = self._where()
+        item = self._item
+        out = b""
+        if kind == "reasoning":
+            done = reasoning_item(text, item["id"], status)
+            part = done["content"][0]
+            out += self._frame("response.reasoning_text.done", {**where, "content_index": 0, "text": text})
+            out += self._frame("response.content_part.done", {**where, "content_index": 0, "part": part})
+            self.turn["reasoning_content"] = (self.turn.get("reasoning_content") or "") + text
+        elif kind == "text":
+            lp = item.get("_logprobs") or []
+            part = text_part(text, lp)
+            done = message_item([part], item["id"], status)
+            out += self._frame("response.output_text.done", {**where, "content_index": 0, "text": text, "logprobs": lp})
+            out += self._frame("response.content_part.done", {**where, "content_index": 0, "part": part})
+            self.turn["content"] = (self.turn.get("content") or "") + text
+        else:
+            done = call_item(item["call_id"], item["name"], text, item["id"], status)
+            out += self._frame(
+                "response.function_call_arguments.done", {**where, "name": item["name"], "arguments": text}
+            )
+            self.turn.setdefault("tool_calls", []).append(
+                {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": text}}
+            )
+        out += self._frame("response.output_item.done", {"output_index": where["output_index"], "item": done})
+        self.response["output"].append(done)
+        self._kind, self._item, self._text, self._tool = None, {}, [], None
+        return out
+
+    def _end(self) -> bytes:
+        out = b"" if self._started else self._start({})
+        if not self.response["output"] and self._kind is None:  # nothing generated: an empty message
+            out += self._open("text", message_item([], status="in_progress"), text_part(""))
+        resp = self.response
+        resp["status"], resp["incomplete_details"] = status_of(self._finish)
+        out += self._close(resp["status"])  # the item the limit cut is incomplete too
+        u = usage(self._usage)
+        if u is None:  # the engine sent no count: the estimates
+            u = usage({"prompt_tokens": self.estimate, "completion_tokens": self._deltas})
+        resp["usage"] = u
+        kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
+        self.terminal = kind
+        return out + self._frame(kind, {"response": resp})
+
+    def _failed(self, code: str, message: str) -> bytes:
+        out = b"" if self._started else self._start({})
+        self.response["status"] = "failed"
+        self.response["error"] = {"code": code, "message": message}
+        self.terminal = "response.failed"
+        return out + self._frame("response.failed", {"response": self.response})
