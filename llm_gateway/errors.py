@@ -8,14 +8,22 @@ Messages never carry secrets: callers pass names (key name, backend name), never
 The tree says what each error means, so that callers branch on classes, never on message text:
 
     GatewayError                      answered to the client in the OpenAI envelope
-    ├── InvalidRequest > InvalidJSON, AuthenticationFailed, PermissionDenied, ModelNotFound,
-    │   RouteNotFound, MethodNotAllowed, RequestTimeout, PayloadTooLarge, UnsupportedMediaType,
-    │   RateLimited                   the client's request is at fault (or over its limits)
-    ├── Overloaded, NoHealthyBackend, ServiceUnavailable > DatabaseUnavailable
+    ├── InvalidRequest                the client's request is at fault (400)
+    │   └── InvalidJSON
+    ├── AuthenticationFailed (401), PermissionDenied (403), ModelNotFound, RouteNotFound (404),
+    │   MethodNotAllowed (405), RequestTimeout (408), PayloadTooLarge (413),
+    │   UnsupportedMediaType (415), RateLimited (429)
+    │                                 the rest of the client's faults (or its limits)
+    ├── Overloaded (429), NoHealthyBackend (503)
     │                                 the gateway cannot take the request now
+    ├── ServiceUnavailable (503)      likewise, for a reason it names (draining, a store down)
+    │   └── DatabaseUnavailable
+    ├── Conflict, NotFound            the admin API's (llm_gateway/admin/errors.py)
     └── UpstreamError                 anything that went wrong on a backend's side of the call
         ├── EngineErrorAnswer         the engine answered with an error (status, busy; retryable
-        │                             when busy or by status, as the adapter decides)
+        │   │                         when busy or by status, as the adapter decides)
+        │   └── ChargedError          one that ended a generation which spent tokens, with its usage
+        │                             (llm_gateway/adapters/relay_base.py: it carries `types.Usage`)
         └── BackendFailure            the backend's fault: another backend may succeed (retryable)
             ├── UpstreamUnreachable   no answer: the connection closed before one, bad URL
             │   └── ConnectFailed     the TCP connection could not be made: the backend is down

@@ -200,3 +200,39 @@ def test_an_engine_5xx_answer_is_a_failure_and_a_4xx_answer_a_success():
     assert judged(EngineErrorAnswer("boom", status=500)).breaker.calls == ["failure"]
     assert judged(EngineErrorAnswer("bad request", status=400)).breaker.calls == ["success"]
     assert judged(InvalidRequest("bad")).breaker.calls == ["success"]
+
+
+def test_the_drawn_tree_names_every_error_class_under_its_parent() -> None:
+    """The tree in errors.py's docstring is the plan callers read: every GatewayError class of the product is
+    in it, and a class drawn under another (├── / └── one level deeper) is its subclass."""
+    import importlib
+    import pkgutil
+    import re
+
+    import llm_gateway
+
+    for info in pkgutil.walk_packages(llm_gateway.__path__, "llm_gateway."):
+        if not info.name.endswith("__main__") and ".migrations" not in info.name:
+            importlib.import_module(info.name)
+
+    def every(cls: type) -> set[type]:
+        return {cls}.union(*(every(c) for c in cls.__subclasses__()))
+
+    doc = errors.__doc__ or ""
+    block = [ln for ln in doc.splitlines() if re.match(r"    \s*(GatewayError|[│├└])", ln)]
+    drawn = {n for ln in block for n in re.findall(r"\b([A-Z][A-Za-z]+)\b", ln)}
+    classes = {c.__name__: c for c in every(GatewayError)}
+    missing = sorted(n for n in classes if n not in drawn and not n.startswith("_"))
+    assert not missing, f"error classes not drawn in errors.py's tree: {missing}"
+    lines = [ln for ln in block if re.search(r"[├└]── ", ln)]
+    stack: list[tuple[int, list[str]]] = []
+    for ln in lines:
+        depth = ln.index("── ") // 4
+        names = [n for n in re.findall(r"\b([A-Z][A-Za-z]+)\b", ln.split("── ", 1)[1]) if n in classes]
+        stack = [s for s in stack if s[0] < depth]
+        if stack and names:
+            parents = stack[-1][1]
+            for n in names:
+                assert any(issubclass(classes[n], classes[p]) for p in parents), f"{n} is drawn under {parents}"
+        if names:
+            stack.append((depth, names[:1]))
