@@ -73,3 +73,23 @@ class BackendInfo:
     name: str
     base_url: str
     api_key: str | None = field(default=None, repr=False)
+
+
+#: the values of one usage-ledger row, in order: the ledger (observability/ledger.py) builds them as tuples
+#: and the database (state/usage.py) inserts them as they are, adding the row's UTC day
+USAGE_COLUMNS = (
+    "at_ms",
+    "request_id",
+    "key",
+    "key_id",
+    "model",
+    "backend",
+    "endpoint",
+    "status",
+    "outcome",
+    "prompt_tokens",
+    "completion_tokens",
+    "usage_estimated",
+    "ttft_ms",
+    "duration_ms",
+)

@@ -42,30 +42,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llm_gateway.errors import DatabaseUnavailable
+from llm_gateway.observability.activity import Activity
 from llm_gateway.observability.metrics import Metrics
 from llm_gateway.observability.record import NONE, RequestRecord
 from llm_gateway.observability.spool import Recovered, Spool, recover
 from llm_gateway.settings import UsageConfig
+from llm_gateway.types import USAGE_COLUMNS
 
 log = logging.getLogger("gateway.usage")
 
 MAX_RETRY_S = 30.0
-COLUMNS = (
-    "at_ms",
-    "request_id",
-    "key",
-    "key_id",
-    "model",
-    "backend",
-    "endpoint",
-    "status",
-    "outcome",
-    "prompt_tokens",
-    "completion_tokens",
-    "usage_estimated",
-    "ttft_ms",
-    "duration_ms",
-)
+COLUMNS = USAGE_COLUMNS
 Row = tuple[Any, ...]  # the values of COLUMNS
 
 
@@ -395,73 +382,3 @@ def _running(recs: Iterable[RequestRecord]) -> list[RequestRecord]:
 
 def _day(at_ms: int) -> str:
     return dt.datetime.fromtimestamp(at_ms / 1000, dt.UTC).strftime("%Y-%m-%d")
-
-
-class Activity:
-    """What the status page shows of recent traffic: the last `errors` failed requests (codes, never
-    messages) and, per key, requests and tokens in one-minute buckets for the last `minutes` minutes."""
-
-    def __init__(self, errors: int = 50, minutes: int = 60) -> None:
-        self.errors: deque[dict[str, Any]] = deque(maxlen=errors)
-        self.minutes = minutes
-        self._buckets: dict[int, dict[str, list[int]]] = {}  # minute -> key -> [requests, prompt, completion]
-
-    def record(self, rec: RequestRecord, now_s: float) -> None:
-        if rec.status >= 400 or rec.outcome != "success":
-            self.errors.append(
-                {
-                    "at": round(now_s, 3),
-                    "request_id": rec.rid,
-                    "key": rec.key,
-                    "model": rec.model,
-                    "backend": rec.backend,
-                    "endpoint": rec.endpoint,
-                    "status": rec.status,
-                    "outcome": rec.outcome,
-                    "error": rec.error,
-                }
-            )
-        if rec.key == NONE:
-            return
-        minute = int(now_s // 60)
-        bucket = self._buckets.get(minute)
-        if bucket is None:
-            for old in [m for m in self._buckets if m <= minute - self.minutes]:
-                del self._buckets[old]
-            bucket = self._buckets[minute] = {}
-        counts = bucket.get(rec.key)
-        if counts is None:
-            counts = bucket[rec.key] = [0, 0, 0]
-        counts[0] += 1
-        counts[1] += rec.prompt_tokens or 0
-        counts[2] += rec.completion_tokens or 0
-
-    def recent_errors(self) -> list[dict[str, Any]]:
-        """Newest first."""
-        return list(reversed(self.errors))
-
-    def tokens_by_key(self, now_s: float) -> list[dict[str, Any]]:
-        """Per key over the last `minutes` minutes: totals and tokens per minute (oldest first), most used first."""
-        last = int(now_s // 60)
-        first = last - self.minutes + 1
-        out: dict[str, dict[str, Any]] = {}
-        for minute, bucket in self._buckets.items():
-            if not first <= minute <= last:
-                continue
-            for key, (n, p, c) in bucket.items():
-                k = out.get(key)
-                if k is None:
-                    k = out[key] = {
-                        "key": key,
-                        "requests": 0,
-                        "prompt_tokens": 0,
-                        "completion_tokens": 0,
-                        "per_minute": [0] * self.minutes,
-                    }
-                k["requests"] += n
-                k["prompt_tokens"] += p
-                k["completion_tokens"] += c
-                k["per_minute"][minute - first] += p + c
-        for k in out.values():
-            k["total_tokens"] = k["prompt_tokens"] + k["completion_tokens"]
-        return sorted(out.values(), key=lambda k: (-k["total_tokens"], k["key"]))

@@ -32,17 +32,12 @@ existing directory keeps the mode its operator gave it).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import logging
 import os
 import re
-import sqlite3
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote
@@ -58,7 +53,9 @@ from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 from llm_gateway.access.keys import config_key_id
 from llm_gateway.errors import DatabaseUnavailable
 from llm_gateway.settings import DATABASE_SCHEMES, GatewayConfig
+from llm_gateway.state.driver_errors import translated
 from llm_gateway.state.migrations import MIGRATIONS_DIR
+from llm_gateway.state.sqlite_writer import Rows, SqliteWriter, sqlite_pragmas
 
 log = logging.getLogger("gateway.state")
 
@@ -71,10 +68,6 @@ CLIENT_MARGIN_S = 1.0
 _IMMEDIATE = "llm_gateway_begin_immediate"
 #: Postgres error classes that mean the database cannot serve now, not that the statement is wrong:
 #: 08 connection, 28 authorization, 3D no such database, 53 resources, 57 operator (shutdown, cancel)
-_UNAVAILABLE_SQLSTATE_CLASSES = frozenset({"08", "28", "3D", "53", "57"})
-_LOCK_NOT_AVAILABLE = "55P03"
-_QUERY_CANCELED = "57014"
-#: query parameters whose value is a secret (asyncpg/libpq `password`, `sslpassword`; any `*secret*`, `*token*`)
 _SECRET_PARAM = re.compile(r"pass|secret|token", re.IGNORECASE)
 
 
@@ -87,7 +80,6 @@ def database_url(config: GatewayConfig) -> str:
 
 
 #: a batch's rows as the database takes them: the values of the columns named, in order
-Rows = Sequence[Sequence[Any]]
 
 
 class Database:
@@ -98,7 +90,7 @@ class Database:
         #: the URL with its password hidden: the only form that may be logged
         self.safe_url = safe_url
         self._busy_timeout_s = busy_timeout_s
-        self._writer: _SqliteWriter | None = None  # made at the first insert_rows on a SQLite file
+        self._writer: SqliteWriter | None = None  # made at the first insert_rows on a SQLite file
         self._inserts: dict[tuple[str, tuple[str, ...]], str] = {}  # (table, columns) -> the INSERT's SQL
 
     def __repr__(self) -> str:
@@ -122,7 +114,7 @@ class Database:
         parsed = _parse(url)
         safe_url = _redacted(parsed)
         postgres = parsed.get_backend_name() == "postgresql"
-        with _translated():
+        with translated():
             if postgres:
                 engine = _postgres_engine(parsed, pool_size, connect_timeout_s, statement_timeout_s)
                 # a connection of its own, with the longer timeout that a migration (or the wait for
@@ -157,7 +149,7 @@ class Database:
     async def begin(self) -> AsyncIterator[AsyncConnection]:
         """A connection in a transaction, committed when the block ends normally; a database that is
         down or too slow raises `DatabaseUnavailable`, from the block or from the commit."""
-        with _translated():
+        with translated():
             async with self.engine.begin() as conn:
                 yield conn
 
@@ -179,7 +171,7 @@ class Database:
         if sql is None:
             sql = self._inserts[key] = self._insert_sql(table, columns)
         url = self.engine.url
-        with _translated():
+        with translated():
             if url.get_backend_name() == "postgresql":
                 await self._insert_asyncpg(sql, rows if prepare is None else prepare(rows))
                 return
@@ -190,7 +182,7 @@ class Database:
                     await conn.execute(table.insert(), [dict(zip(columns, r, strict=True)) for r in data])
                 return
             if self._writer is None:
-                self._writer = _SqliteWriter(path, self._busy_timeout_s)
+                self._writer = SqliteWriter(path, self._busy_timeout_s)
             await self._writer.insert(sql, rows, prepare)
 
     def _insert_sql(self, table: sa.Table, columns: Sequence[str]) -> str:
@@ -225,75 +217,6 @@ class Database:
         if writer is not None:
             await writer.aclose()
         await self.engine.dispose()
-
-
-#: how much nicer than the process the writer thread runs: on a busy core the event loop's thread, waking for a
-#: request, preempts it at once instead of waiting out its time slice (c1 added p99 with the ledger on: 1.6 ->
-#: 1.1 ms, bench/ledger_ab.py), while under saturation it still gets ~10x less than the loop, far more than
-#: the ~4 us a row it needs
-WRITER_NICE = 10
-
-
-def _yield_to_the_loop() -> None:
-    """The writer thread's start: lower its own scheduling priority (Linux: a thread's nice is its own)."""
-    tid = threading.get_native_id()
-    with contextlib.suppress(OSError, AttributeError):  # not Linux, or not allowed: it runs as the others do
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICE))
-
-
-class _SqliteWriter:
-    """One thread and one stdlib `sqlite3` connection of their own, for append-only batches: the event loop
-    only hands a batch over and awaits its future. `sqlite3` releases the GIL while SQLite steps each row, so
-    the loop keeps running during the write; the connection has the engine's pragmas (WAL, busy timeout,
-    synchronous NORMAL) and takes the write lock at BEGIN (IMMEDIATE), so a busy database fails the batch
-    within the busy timeout instead of deadlocking a reader's upgrade. The thread runs `WRITER_NICE` nicer
-    than the process: where it shares a core with the loop, a request is not kept waiting behind a batch."""
-
-    def __init__(self, path: str, busy_timeout_s: float) -> None:
-        self._path = path
-        self._busy_timeout_s = busy_timeout_s
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="db-writer", initializer=_yield_to_the_loop)
-        self._conn: sqlite3.Connection | None = None
-
-    async def insert(self, sql: str, rows: Rows, prepare: Callable[[Rows], Rows] | None) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._pool, self._insert, sql, rows, prepare)
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            conn = sqlite3.connect(
-                self._path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
-            try:
-                for pragma in _sqlite_pragmas(self._busy_timeout_s):
-                    conn.execute(f"PRAGMA {pragma}")
-            except BaseException:
-                conn.close()
-                raise
-            self._conn = conn
-        return self._conn
-
-    def _insert(self, sql: str, rows: Rows, prepare: Callable[[Rows], Rows] | None) -> None:
-        conn = self._connection()
-        data = rows if prepare is None else prepare(rows)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.executemany(sql, data)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
-
-    async def aclose(self) -> None:
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._close)
-        finally:
-            self._pool.shutdown(wait=False)
 
 
 def redacted_url(url: str) -> str:
@@ -358,7 +281,7 @@ def _sqlite_engine(url: URL, pool_size: int, busy_timeout_s: float) -> AsyncEngi
     def on_connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
         dbapi_connection.isolation_level = None  # the driver emits no BEGIN of its own: on_begin does
         cursor = dbapi_connection.cursor()
-        for pragma in _sqlite_pragmas(busy_timeout_s):
+        for pragma in sqlite_pragmas(busy_timeout_s):
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 
@@ -368,12 +291,6 @@ def _sqlite_engine(url: URL, pool_size: int, busy_timeout_s: float) -> AsyncEngi
     event.listen(engine.sync_engine, "connect", on_connect)
     event.listen(engine.sync_engine, "begin", on_begin)
     return engine
-
-
-def _sqlite_pragmas(busy_timeout_s: float) -> tuple[str, ...]:
-    """Every connection to the SQLite file, the engine's and the ledger's writer's, runs these."""
-    busy_ms = max(1, round(busy_timeout_s * 1000))
-    return ("journal_mode=WAL", f"busy_timeout={busy_ms}", "synchronous=NORMAL", "foreign_keys=ON")
 
 
 def _private_file(path: Path) -> None:
@@ -426,59 +343,3 @@ def _upgrade_to_head(connection: Connection, config_key_ids: dict[str, str]) -> 
     config.attributes["connection"] = connection  # env.py runs on it, inside our transaction
     config.attributes["config_key_ids"] = config_key_ids
     command.upgrade(config, "head")
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    """Re-raise a database that cannot serve now as `DatabaseUnavailable`; anything else (a bug, a
-    duplicate id) passes unchanged."""
-    try:
-        yield
-    except DatabaseUnavailable:
-        raise
-    except Exception as e:
-        reason = _unavailable_reason(e)
-        if reason is None:
-            raise
-        raise DatabaseUnavailable(f"the gateway's database is unavailable ({reason}); try again later") from (
-            _driver_error(e)
-        )
-
-
-def _driver_error(e: BaseException) -> BaseException:
-    """The driver's own exception under SQLAlchemy's wrappers (asyncpg's is the adapter's cause)."""
-    if not isinstance(e, exc.DBAPIError) or e.orig is None:
-        return e
-    return e.orig.__cause__ if e.orig.__cause__ is not None else e.orig
-
-
-def _unavailable_reason(e: Exception) -> str | None:
-    """Why the database cannot serve, in words that name no secret; None when that is not the failure."""
-    if isinstance(e, exc.TimeoutError):  # SQLAlchemy's: the pool had no free connection in time
-        return "no free connection in time"
-    if isinstance(e, exc.DBAPIError):
-        driver = _driver_error(e)
-        sqlstate = getattr(driver, "sqlstate", None) or getattr(e.orig, "sqlstate", None)
-        if isinstance(sqlstate, str) and (
-            sqlstate[:2] in _UNAVAILABLE_SQLSTATE_CLASSES or sqlstate == _LOCK_NOT_AVAILABLE
-        ):
-            return _describe(driver)
-        if e.connection_invalidated or isinstance(e, exc.OperationalError | exc.InterfaceError):
-            return _describe(driver)
-        return None
-    if isinstance(e, OSError | TimeoutError):  # raised by the drivers unwrapped: refused, unreachable, slow
-        return _describe(e)
-    if isinstance(e, sqlite3.OperationalError):  # the writer thread's own connection: locked, cannot open
-        return _describe(e)
-    sqlstate = getattr(e, "sqlstate", None)  # asyncpg's own, from insert_rows
-    if isinstance(sqlstate, str) and (sqlstate[:2] in _UNAVAILABLE_SQLSTATE_CLASSES or sqlstate == _LOCK_NOT_AVAILABLE):
-        return _describe(e)
-    return None
-
-
-def _describe(driver: BaseException) -> str:
-    if isinstance(driver, TimeoutError) or getattr(driver, "sqlstate", None) == _QUERY_CANCELED:
-        return "timed out"
-    if isinstance(driver, sqlite3.Error):  # "database is locked", "unable to open database file"
-        return str(driver)[:200]
-    return type(driver).__name__

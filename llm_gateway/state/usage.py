@@ -27,6 +27,7 @@ import sqlalchemy as sa
 from llm_gateway.settings import Price
 from llm_gateway.state.database import Database
 from llm_gateway.state.tables import usage_ledger
+from llm_gateway.types import USAGE_COLUMNS
 
 DIMENSIONS = ("key", "key_id", "model", "backend", "endpoint", "outcome", "day")
 #: the sums of a report row, in the order the table and the CSV show them
@@ -35,23 +36,8 @@ _SINCE = re.compile(r"^(\d{1,6})([mhdw])$")
 _UNIT_S = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 #: a replayed row and a stored one of the same key and request id starting this close are the same request
 REPLAY_MATCH_MS = 1000
-#: the values of a ledger row, in order (observability/ledger.py's COLUMNS); the table's `day` is derived
-ROW_COLUMNS = (
-    "at_ms",
-    "request_id",
-    "key",
-    "key_id",
-    "model",
-    "backend",
-    "endpoint",
-    "status",
-    "outcome",
-    "prompt_tokens",
-    "completion_tokens",
-    "usage_estimated",
-    "ttft_ms",
-    "duration_ms",
-)
+#: the values of a ledger row, in order (one definition: types.USAGE_COLUMNS); the table's `day` is derived
+ROW_COLUMNS = USAGE_COLUMNS
 _INSERTED = (*ROW_COLUMNS, "day")
 _DAY_MS = 86_400_000
 

@@ -24,7 +24,8 @@ from llm_gateway.app import create_app
 from llm_gateway.cli import main
 from llm_gateway.errors import DatabaseUnavailable
 from llm_gateway.http.asgi import GatewayApp
-from llm_gateway.observability.ledger import COLUMNS, Activity, UsageLedger
+from llm_gateway.observability.activity import Activity
+from llm_gateway.observability.ledger import COLUMNS, UsageLedger
 from llm_gateway.observability.metrics import Metrics
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.settings import Price, UsageConfig
