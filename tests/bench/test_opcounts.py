@@ -22,8 +22,8 @@ STDLIB = sysconfig.get_paths()["stdlib"]
 
 def test_files_are_named_short_and_grouped_by_what_they_belong_to() -> None:
     cases = {
-        "/work/x/llm_gateway/limits/memory.py": ("llm_gateway/access/memory.py", "llm_gateway/limits"),
-        "/work/x/llm_gateway/service.py": ("llm_gateway/service/pipeline.py", "llm_gateway (top-level modules)"),
+        "/work/x/llm_gateway/access/memory.py": ("llm_gateway/access/memory.py", "llm_gateway/access"),
+        "/work/x/llm_gateway/app.py": ("llm_gateway/app.py", "llm_gateway (top-level modules)"),
         "/v/lib/python3.11/site-packages/uvicorn/protocols/http/httptools_impl.py": (
             "uvicorn/protocols/http/httptools_impl.py",
             "uvicorn",
