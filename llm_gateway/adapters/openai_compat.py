@@ -1,7 +1,7 @@
 """The shared behaviour of engines that speak OpenAI's HTTP API themselves.
 
-llama-server, vLLM, SGLang, TabbyAPI, LMDeploy and any other OpenAI-compatible server
-(`kind: openai`: Aphrodite, TGI, trtllm-serve, MLX-LM, MLC LLM, OpenVINO Model Server,
+llama-server, vLLM, SGLang, TabbyAPI, LMDeploy, Aphrodite, trtllm-serve, MLX-LM, MLC LLM, TGI,
+Dynamo, LM Studio and any other OpenAI-compatible server (`kind: openai`: OpenVINO Model Server,
 llama-swap) build on `OpenAICompatAdapter`; each overrides only what its engine does differently.
 Request fields an engine spells differently are declared (`renames`) and renamed in one place;
 `include_usage` is the one way the gateway asks an engine for usage. Each engine's `field_table` says
