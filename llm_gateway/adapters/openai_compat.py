@@ -107,6 +107,8 @@ class OpenAICompatAdapter(Adapter):
     #: what becomes of each OpenAI request field on this engine; None (an unknown OpenAI-compatible
     #: server): every field is sent as it is, the server answers for it
     field_table: ClassVar[FieldTable | None] = None
+    #: does the engine send a stream's error as a flat `{"object": "error", ...}` event (trtllm-serve)?
+    flat_stream_errors: ClassVar[bool] = False
 
     def __init__(self, backend: BackendInfo) -> None:
         super().__init__(backend)
@@ -201,6 +203,7 @@ class OpenAICompatAdapter(Adapter):
             replacements=reps,
             finish_errors=self._finish_errors,
             finish_renames=self._finish_renames,
+            flat_errors=self.flat_stream_errors,
         )
 
     # -- errors ------------------------------------------------------------------------------------

@@ -14,8 +14,10 @@ Read from NVIDIA/TensorRT-LLM `tensorrt_llm/serve/openai_protocol.py` @0076e9390
 - `stream_options` outside a stream is refused by its validators ("stream_options can only be set if
   stream is true"): dropped from a whole request. Once sent, `include_usage` defaults to true.
 - Errors are flat `ErrorResponse{object:"error", message, type, param, code:int}` (read by
-  error_bodies). `suffix` is refused by its `check_suffix` validator; chat's `parallel_tool_calls` is
-  "accepted for compatibility. `false` is not enforced": refused here.
+  error_bodies), in a stream too (`data: {ErrorResponse}`: `flat_stream_errors`; `openai_server.py`
+  @00057725d9a6591f033e44f31c219e2426827bb7); request validation failures are 400 `{"error": "<pydantic's
+  text>"}` (its `RequestValidationError` handler). `suffix` is refused by its `check_suffix` validator;
+  chat's `parallel_tool_calls` is "accepted for compatibility. `false` is not enforced": refused here.
 - Health: `GET /health` is liveness (200); `/health_generate` runs a generation and is never probed.
   Its `/metrics` is JSON iteration stats drained by each read (Prometheus only at
   `/prometheus/metrics`, with perf metrics on), so no load is read: the gateway counts in-flight.
@@ -85,6 +87,7 @@ class TRTLLMAdapter(OpenAICompatAdapter):
     formats: ClassVar[frozenset[str] | None] = frozenset({"safetensors", "fp8", "awq", "gptq"})
     reasoning_key: ClassVar[str | None] = "reasoning_content"
     field_table: ClassVar[FieldTable | None] = FIELDS
+    flat_stream_errors: ClassVar[bool] = True
 
     def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
         if not body.get("stream"):

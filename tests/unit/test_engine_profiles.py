@@ -230,3 +230,16 @@ def test_mlx_deployments_cannot_declare_embeddings(tmp_path: Path, capsys: pytes
     )
     assert main(["check-config", str(path)]) == 1
     assert "cannot serve embeddings" in capsys.readouterr().err
+
+
+def test_trtllm_flat_error_event_ends_the_stream_with_an_error() -> None:
+    """trtllm-serve sends a stream's error as a flat `data: {"object": "error", ...}` event: not a chunk."""
+    ctx = CallContext("chat", "pub", "up", True, False, "req-1")  # type: ignore[arg-type]
+    relay = adapter_for("trtllm", B).relay(ctx)
+    chunk = b'data: {"id":"c","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+    relay.feed(chunk)
+    out = relay.feed(
+        b'data: {"object":"error","message":"boom","type":"InternalServerError","param":null,"code":500}\n\n'
+    )
+    assert relay.error is not None and "boom" in relay.error.message
+    assert b"boom" in out and b'"object":"error"' not in out  # the client gets the OpenAI envelope
