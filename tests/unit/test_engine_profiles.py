@@ -236,7 +236,7 @@ def test_trtllm_flat_error_event_ends_the_stream_with_an_error() -> None:
     """trtllm-serve sends a stream's error as a flat `data: {"object": "error", ...}` event: not a chunk."""
     ctx = CallContext("chat", "pub", "up", True, False, "req-1")  # type: ignore[arg-type]
     relay = adapter_for("trtllm", B).relay(ctx)
-    chunk = b'data: {"id":"c","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+    chunk = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
     relay.feed(chunk)
     out = relay.feed(
         b'data: {"object":"error","message":"boom","type":"InternalServerError","param":null,"code":500}\n\n'
