@@ -1,8 +1,9 @@
 """Hugging Face Text Generation Inference (TGI; in maintenance mode since 2025, still deployed).
 
-Read from huggingface/text-generation-inference @db931fc (2026-01-08): `router/src/server.rs` (routes,
-`/v1/models`, error statuses), `router/src/lib.rs` (`ChatRequest`, `CompletionRequest`, `GrammarType`,
-`ErrorResponse`), `router/src/chat.rs` (the usage chunk), `docs/source/reference/metrics.md`. No real
+Read from huggingface/text-generation-inference `router/src/server.rs` @d957e32601a99f9ec458ff081dc3b4c6659da8a4
+(health, error body and statuses) and, through the shared engine reference, @db931fc (2026-01-08):
+`router/src/server.rs` (routes, `/v1/models`), `router/src/lib.rs` (`ChatRequest`, `CompletionRequest`,
+`GrammarType`, `ErrorResponse`), `router/src/chat.rs` (the usage chunk), `docs/source/reference/metrics.md`. No real
 TGI runs here (CUDA/Docker builds only): the emulator plays what is read.
 
 - Errors are `{"error": "<text>", "error_type": "<kind>"}`: 422 validation (a client error, 400 here),

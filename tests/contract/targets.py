@@ -51,9 +51,17 @@ FORMATS = {
     "ollama": "gguf",
     "tabbyapi": "exl3",
     "lmdeploy": "safetensors",
+    "aphrodite": "safetensors",
+    "trtllm": "safetensors",
+    "tgi": "safetensors",
+    "mlc": "mlc",
+    "lmstudio": "gguf",
+    "dynamo": "safetensors",
+    "mlx": "mlx",
 }
-HAS_AUTH = {"llama-server", "vllm", "sglang", "tabbyapi", "lmdeploy"}
-REPORTS_LOAD = {"llama-server", "vllm", "sglang", "lmdeploy"}
+#: engines with an API key of their own (trtllm-serve, MLC LLM, Dynamo's frontend and MLX-LM have none)
+HAS_AUTH = {"llama-server", "vllm", "sglang", "tabbyapi", "lmdeploy", "aphrodite", "tgi", "lmstudio"}
+REPORTS_LOAD = {"llama-server", "vllm", "sglang", "lmdeploy", "aphrodite", "tgi", "dynamo"}
 EMULATOR_KEY = "emulator-engine-key"
 #: the session fixture (tests/conftest.py) that starts each real engine
 REAL_FIXTURES = {"llama-server": "llama_server", "vllm": "vllm_server", "ollama": "ollama_server"}
@@ -375,7 +383,7 @@ class Target:
     # -- how the engine refuses ---------------------------------------------------------------------
     def engine_error(self) -> EngineError:
         if self.emulator is not None:
-            status = 422 if self.engine == "tabbyapi" else 400
+            status = 422 if self.engine in ("tabbyapi", "tgi") else 400
             self.emulator.config.fault_count = 1
             self.emulator.config.fault = f"error_status:{status}"
             return EngineError("m", {}, 400)
@@ -392,7 +400,7 @@ class Target:
 
 
 def emulated(engine: str, **knobs: Any) -> Target:
-    key = None if engine == "ollama" else EMULATOR_KEY
+    key = EMULATOR_KEY if engine in HAS_AUTH else None
     emu = EmulatorThread(EmulatorConfig(engine=engine, model="tiny", api_key=key, slots=4, **knobs))
     emu.__enter__()
     return Target(f"{engine}/emulator", engine, emu.url, "tiny", key, emulator=emu)
