@@ -20,6 +20,10 @@ stored snapshot read is @0130d3b7f16938c437cf69c37e88e1182da12fc1) and checked a
   are never read: refused. Completions read no echo, best_of or suffix, and their `logprobs` must be a
   bool there (OpenAI's is a count): refused. Its own extras (top_k, min_p, xtc_*, repetition_penalty,
   chat_template_kwargs, draft_model, adapters) pass through.
+- `stop` strings are matched by token ids (`make_stop_sequences` tokenises each stop word alone): one
+  that tokenises alone as it does in the reply (a word with its leading space) ends the generation with
+  finish_reason "stop"; another one is cut out of the text while the generation runs on to its limit
+  (seen on the real server; an engine bug, not worked around here).
 - Streams: `include_usage` adds a last chunk with `choices: []` and `"object": "chat.completion"`;
   prompt processing sends `: keepalive` comments (read by the shared SSE relay).
 """

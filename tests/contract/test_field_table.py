@@ -26,6 +26,7 @@ from llm_gateway.adapters.registry import ADAPTERS
 from tests.contract.targets import ENGINE_HTTP_TIMEOUT_S, Target, open_target, poll
 from tests.contract.test_contract import TARGETS
 from tests.support.gateway_process import GatewayProcess
+from tests.support.mlx_engine import MlxServer
 from tests.support.real_engines import OllamaServer
 from tests.unit.test_field_tables import ENGINE_NAMES, VALUES, with_field
 from tests.unit.test_ollama_truth import CHAT_REFUSED, CHAT_SENT, COMPLETIONS_REFUSED, COMPLETIONS_SENT
@@ -49,8 +50,9 @@ REAL_PASSED = {
     "llama-server": ("temperature", "seed", "stop", "top_logprobs", "logit_bias"),
     "vllm": ("temperature", "seed", "stop", "top_logprobs", "logit_bias", "n"),
     "ollama": ("temperature", "seed", "stop"),
+    "mlx": ("temperature", "seed", "logit_bias", "top_logprobs"),
 }
-ENGINE_NAMES_ALL = {**ENGINE_NAMES, "ollama": "Ollama"}
+ENGINE_NAMES_ALL = {**ENGINE_NAMES, "ollama": "Ollama", "mlx": "MLX-LM"}
 
 
 def has_table(target_id: str) -> bool:
@@ -137,6 +139,8 @@ def engine_calls(t: Target, endpoint: str) -> Any:
     if t.engine == "llama-server":
         slots = httpx.get(t.url + "/slots", headers=t.headers, timeout=ENGINE_HTTP_TIMEOUT_S).json()
         return tuple(s.get("id_task") for s in slots)
+    if isinstance(t.real, MlxServer):
+        return t.real.requests_logged(PATHS[endpoint])
     assert isinstance(t.real, OllamaServer)
     return t.real.exchanges_logged(OLLAMA_PATHS[endpoint])
 
