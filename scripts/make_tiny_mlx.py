@@ -2,7 +2,10 @@
 """Write a tiny random-weight Llama model that MLX-LM (`mlx_lm.server`) serves, fully offline, with mlx's own
 model classes (no torch).
 
-    usage: make_tiny_mlx.py OUT_DIR [--seed N]
+    usage: make_tiny_mlx.py OUT_DIR [--seed N] [--config-only]
+
+`--config-only` writes the tokenizer and `config.json` without weights and without mlx: what Dynamo's
+simulated worker (`dynamo.mocker`, scripts/install_dynamo.sh) reads.
 
 Needs mlx, mlx-lm, transformers and tokenizers (the venv scripts/install_mlx.sh builds; it runs this for
 you). The tokenizer and chat template are make_tiny_hf.py's (char-level BPE, ChatML, EOS `<|im_end|>`), and
@@ -28,11 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", help="output model directory")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config-only", action="store_true", help="the tokenizer and config.json, no weights")
     a = ap.parse_args(argv)
-
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.models.llama import Model, ModelArgs
 
     out = Path(a.out)
     hf_tok = build_tokenizer()
@@ -55,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         "eos_token_id": hf_tok.eos_token_id,
         "pad_token_id": hf_tok.pad_token_id,
     }
+    if a.config_only:
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+        return 0
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.llama import Model, ModelArgs
+
     args = ModelArgs.from_dict(config)
     mx.random.seed(a.seed)
     model = Model(args)

@@ -17,6 +17,7 @@ from llm_gateway.config_loader import parse_config
 from llm_gateway.http.asgi import GatewayApp
 from llm_gateway.settings import GatewayConfig
 from llm_gateway.upstream.base import UpstreamClient
+from tests.support.dynamo_engine import DynamoServer
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.mlx_engine import MlxServer
 from tests.support.real_engines import EngineNotInstalled, LlamaServer, OllamaServer, RealEngine, VllmServer
@@ -163,5 +164,12 @@ def ollama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngi
 @pytest.fixture(scope="session")
 def mlx_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
     eng = _start(MlxServer(workdir=tmp_path_factory.mktemp("mlx")))
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture(scope="session")
+def dynamo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
+    eng = _start(DynamoServer(workdir=tmp_path_factory.mktemp("dynamo")))
     yield eng
     eng.stop()

@@ -13,7 +13,11 @@ refusals), `lib/runtime/src/metrics/prometheus_names.rs` @4415465 (metric names)
   worker registers it, so readiness of a deployment is its model in `GET /v1/models`, whose cards
   carry `context_window`.
 - Load on `/metrics` (Prometheus, on the HTTP port): `dynamo_frontend_inflight_requests` (running) and
-  `dynamo_frontend_queued_requests` (waiting); KV usage lives in the workers, not read here.
+  `dynamo_frontend_queued_requests` (waiting), labelled by model, exported once the frontend has served
+  that model (before: not told); KV usage lives in the workers, not read here.
+- Checked against the real frontend with its simulated worker (ai-dynamo 1.6.1, `dynamo.mocker`;
+  tests/contract/test_dynamo_real.py): readiness, the model list (the mocker's cards say
+  `context_window: 0`, which is no window), the gauges, usage in whole and streamed answers, the 404 body.
 - Fields: the frontend checks each request field against the capability profile its worker advertises
   and refuses an unsupported one itself (a 400 `unsupported_field` rejection, `compatibility/
   rejection.rs`), so what is honoured depends on the worker engine behind it (vLLM, SGLang,
