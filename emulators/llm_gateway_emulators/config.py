@@ -10,7 +10,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-ENGINES: tuple[str, ...] = ("llama-server", "vllm", "sglang", "ollama", "tabbyapi", "lmdeploy")
+ENGINES: tuple[str, ...] = (
+    "llama-server",
+    "vllm",
+    "sglang",
+    "ollama",
+    "tabbyapi",
+    "lmdeploy",
+    "aphrodite",
+    "trtllm",
+    "tgi",
+    "mlc",
+    "lmstudio",
+    "dynamo",
+)
 
 #: Faults that take no argument. ``error_status:<code>`` is accepted as well.
 FAULTS: frozenset[str] = frozenset(

@@ -1,7 +1,7 @@
 """The shared behaviour of engines that speak OpenAI's HTTP API themselves.
 
-llama-server, vLLM, SGLang, TabbyAPI, LMDeploy and any other OpenAI-compatible server
-(`kind: openai`: Aphrodite, TGI, trtllm-serve, MLX-LM, MLC LLM, OpenVINO Model Server,
+llama-server, vLLM, SGLang, TabbyAPI, LMDeploy, Aphrodite, trtllm-serve, MLX-LM, MLC LLM, TGI,
+Dynamo, LM Studio and any other OpenAI-compatible server (`kind: openai`: OpenVINO Model Server,
 llama-swap) build on `OpenAICompatAdapter`; each overrides only what its engine does differently.
 Request fields an engine spells differently are declared (`renames`) and renamed in one place;
 `include_usage` is the one way the gateway asks an engine for usage. Each engine's `field_table` says
@@ -107,6 +107,8 @@ class OpenAICompatAdapter(Adapter):
     #: what becomes of each OpenAI request field on this engine; None (an unknown OpenAI-compatible
     #: server): every field is sent as it is, the server answers for it
     field_table: ClassVar[FieldTable | None] = None
+    #: does the engine send a stream's error as a flat `{"object": "error", ...}` event (trtllm-serve)?
+    flat_stream_errors: ClassVar[bool] = False
 
     def __init__(self, backend: BackendInfo) -> None:
         super().__init__(backend)
@@ -201,6 +203,7 @@ class OpenAICompatAdapter(Adapter):
             replacements=reps,
             finish_errors=self._finish_errors,
             finish_renames=self._finish_renames,
+            flat_errors=self.flat_stream_errors,
         )
 
     # -- errors ------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Any other OpenAI-compatible server (`engine: openai`): Aphrodite, TGI, TensorRT-LLM
-`trtllm-serve`, MLX-LM, MLC LLM, OpenVINO Model Server, llama-swap, or a hosted API.
+"""Any other OpenAI-compatible server (`engine: openai`): OpenVINO Model Server, llama-swap, a hosted API.
+(Aphrodite, TGI, TensorRT-LLM, MLX-LM, MLC LLM, Dynamo and LM Studio have kinds of their own.)
 
 It is the shared OpenAI-compatible behaviour with no engine assumptions: readiness is a `GET
 /v1/models` (the one route they all have), load is the gateway's own in-flight count, the weight

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from llm_gateway.adapters.aphrodite import AphroditeAdapter
 from llm_gateway.adapters.base import Adapter
+from llm_gateway.adapters.dynamo import DynamoAdapter
 from llm_gateway.adapters.llama_server import LlamaServerAdapter
 from llm_gateway.adapters.lmdeploy import LMDeployAdapter
+from llm_gateway.adapters.lmstudio import LMStudioAdapter
+from llm_gateway.adapters.mlc import MLCAdapter
+from llm_gateway.adapters.mlx import MLXAdapter
 from llm_gateway.adapters.ollama import OllamaAdapter
 from llm_gateway.adapters.openai_generic import GenericOpenAIAdapter
 from llm_gateway.adapters.sglang import SGLangAdapter
 from llm_gateway.adapters.tabbyapi import TabbyAPIAdapter
+from llm_gateway.adapters.tgi import TGIAdapter
+from llm_gateway.adapters.trtllm import TRTLLMAdapter
 from llm_gateway.adapters.vllm import VLLMAdapter
 from llm_gateway.types import BackendInfo
 
@@ -21,6 +28,13 @@ ADAPTERS: dict[str, type[Adapter]] = {
         OllamaAdapter,
         TabbyAPIAdapter,
         LMDeployAdapter,
+        AphroditeAdapter,
+        TRTLLMAdapter,
+        MLXAdapter,
+        MLCAdapter,
+        TGIAdapter,
+        DynamoAdapter,
+        LMStudioAdapter,
         GenericOpenAIAdapter,
     )
 }

@@ -69,6 +69,7 @@ class SSERelay(RelayBase):
         "_cal",
         "_env",
         "_envelope",
+        "_error_mark",
         "_finish_errors",
         "_finish_renames",
         "_learns",
@@ -87,9 +88,13 @@ class SSERelay(RelayBase):
         replacements: tuple[tuple[bytes, bytes], ...] = (),
         finish_errors: tuple[bytes, ...] = (),
         finish_renames: tuple[tuple[bytes, bytes], ...] = (),
+        flat_errors: bool = False,
     ) -> None:
         super().__init__(ctx)
         self._on_error = on_error
+        #: what marks a block that may hold an error event: `{"error"`, or any `"error"` where the engine
+        #: sends flat `{"object": "error", "message", ...}` frames (trtllm-serve)
+        self._error_mark = b'"error"' if flat_errors else b'{"error"'
         rep = list(replacements)
         if ctx.public_model != ctx.upstream_model:
             up, pub = json_str(ctx.upstream_model), json_str(ctx.public_model)
@@ -166,7 +171,7 @@ class SSERelay(RelayBase):
             shaped
             and not block.partition(b"[DONE]")[1]
             and not has_usage(block)  # `"usage": null` on every chunk (LMDeploy, vLLM) stays on the fast path
-            and not block.partition(b'{"error"')[1]
+            and not block.partition(self._error_mark)[1]
             and not (self._finish_errors and self._saw_finish)
         ):
             self.content_events += n
@@ -277,7 +282,7 @@ class SSERelay(RelayBase):
             return self._fail(UpstreamProtocolError("the engine sent an SSE event that is not valid JSON"))
         if not isinstance(obj, dict):
             return self._fail(UpstreamProtocolError("the engine sent an SSE event that is not a JSON object"))
-        if "error" in obj and "choices" not in obj:
+        if ("error" in obj or obj.get("object") == "error") and "choices" not in obj:
             return self._fail(self._on_error(obj))
         for f in self._finish_errors:
             if payload.find(f) >= 0:

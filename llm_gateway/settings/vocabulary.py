@@ -8,8 +8,24 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-EngineKind = Literal["llama-server", "vllm", "sglang", "ollama", "tabbyapi", "lmdeploy", "openai"]
-WeightFormat = Literal["gguf", "exl2", "exl3", "awq", "gptq", "fp8", "safetensors"]
+EngineKind = Literal[
+    "llama-server",
+    "vllm",
+    "sglang",
+    "ollama",
+    "tabbyapi",
+    "lmdeploy",
+    "aphrodite",
+    "trtllm",
+    "mlx",
+    "mlc",
+    "tgi",
+    "dynamo",
+    "lmstudio",
+    "openai",
+]
+#: `mlx`: MLX-converted weights (MLX-LM, LM Studio on Apple silicon); `mlc`: MLC LLM's compiled weights
+WeightFormat = Literal["gguf", "exl2", "exl3", "awq", "gptq", "fp8", "safetensors", "mlx", "mlc"]
 Capability = Literal["chat", "completions", "embeddings", "tools", "vision", "json_schema"]
 PriorityClass = Literal["interactive", "default", "batch"]
 #: the queue rank of each class: higher goes first

@@ -20,6 +20,12 @@ with evidence only cancellation explains, never a guess from timings:
   early, not even by Ollama's repeat check: no token follows itself), it was generating when the
   client left (checked), its runner went idle, and the server logged the exchange as over. (A runner
   going idle alone would not do: one whose client stops reading stalls once the socket buffers fill.)
+- MLX-LM, which reports nothing either: its server process burns CPU while it generates (about one core)
+  and none idle. A stream whose client left stops on its next write (a reset connection); a client that
+  only stopped reading would stall it just as well, but not within the deadline: its events are ~200
+  bytes, so filling the socket buffers takes minutes. Like llama-server, it generates a whole
+  (non-streamed) answer to its end after its client left (checked with curl): there the evidence is the
+  gateway's half-closed connection.
 
 Every wait is a condition polled up to a generous deadline: a slow machine makes a case slower,
 never changes its verdict.
@@ -42,6 +48,7 @@ import orjson
 import pytest
 
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
+from tests.support.mlx_engine import MlxServer
 from tests.support.real_engines import OllamaServer, RealEngine, server_sockets
 
 FORMATS = {
@@ -51,12 +58,22 @@ FORMATS = {
     "ollama": "gguf",
     "tabbyapi": "exl3",
     "lmdeploy": "safetensors",
+    "aphrodite": "safetensors",
+    "trtllm": "safetensors",
+    "tgi": "safetensors",
+    "mlc": "mlc",
+    "lmstudio": "gguf",
+    "dynamo": "safetensors",
+    "mlx": "mlx",
 }
-HAS_AUTH = {"llama-server", "vllm", "sglang", "tabbyapi", "lmdeploy"}
-REPORTS_LOAD = {"llama-server", "vllm", "sglang", "lmdeploy"}
+#: engines with an API key of their own (trtllm-serve, MLC LLM, Dynamo's frontend and MLX-LM have none)
+HAS_AUTH = {"llama-server", "vllm", "sglang", "tabbyapi", "lmdeploy", "aphrodite", "tgi", "lmstudio"}
+REPORTS_LOAD = {"llama-server", "vllm", "sglang", "lmdeploy", "aphrodite", "tgi", "dynamo"}
 EMULATOR_KEY = "emulator-engine-key"
 #: the session fixture (tests/conftest.py) that starts each real engine
-REAL_FIXTURES = {"llama-server": "llama_server", "vllm": "vllm_server", "ollama": "ollama_server"}
+REAL_FIXTURES = {"llama-server": "llama_server", "vllm": "vllm_server", "ollama": "ollama_server", "mlx": "mlx_server"}
+#: engines that report nothing about running work: their process's CPU time tells (see the module)
+BY_CPU = {"ollama", "mlx"}
 
 #: an abandoned generation stops within about a second; this much is for a machine that is very busy
 STOP_DEADLINE_S = 30.0
@@ -67,7 +84,7 @@ ENGINE_HTTP_TIMEOUT_S = 60.0
 #: machine (measured alone: llama-server 16,000 tokens of its 16,384-token context in 90 s, vLLM
 #: 32,568 of max_model_len 32,768 in 89 s; Ollama: a million tokens, hours; emulators: 2,000 tokens
 #: at 20 ms each, 40 s)
-LONG_TOKENS = {"llama-server": 16000, "vllm": 32000, "ollama": 1_000_000}
+LONG_TOKENS = {"llama-server": 16000, "vllm": 32000, "ollama": 1_000_000, "mlx": 100_000}
 EMULATOR_LONG_TOKENS = 2000
 EMULATOR_TPOT_MS = 20.0
 #: Ollama's runner is generating when it burns more than this many CPU seconds in OLLAMA_SAMPLE_S
@@ -152,7 +169,9 @@ class Target:
         """How many generations the engine runs at once."""
         if self.emulator is not None:
             return self.emulator.config.slots
-        attr = {"llama-server": "parallel", "vllm": "max_num_seqs", "ollama": "num_parallel"}[self.engine]
+        attr = {"llama-server": "parallel", "vllm": "max_num_seqs", "ollama": "num_parallel", "mlx": "parallel"}[
+            self.engine
+        ]
         return int(getattr(self.real, attr) or 1)
 
     # -- what the engine is doing -------------------------------------------------------------------
@@ -170,6 +189,11 @@ class Target:
             running = self._metric(text, "vllm:num_requests_running")
             waiting = self._metric(text, "vllm:num_requests_waiting")
             return Work(running + waiting > 0, self._metric(text, "vllm:generation_tokens_total"))
+        if isinstance(self.real, MlxServer):
+            cpu0 = self.real.cpu_seconds()
+            time.sleep(OLLAMA_SAMPLE_S)
+            cpu1 = self.real.cpu_seconds()
+            return Work(cpu1 - cpu0 > OLLAMA_BUSY_CPU_S, cpu1)
         assert isinstance(self.real, OllamaServer)
         cpu0 = self.real.runner_cpu_seconds()
         time.sleep(OLLAMA_SAMPLE_S)
@@ -259,7 +283,7 @@ class Target:
                 f"{self.id}: the engine was still generating {STOP_DEADLINE_S:.0f} s after the client left "
                 f"(it stops within about a second once the gateway closes the upstream): {after}"
             )
-        if self.real is not None and self.engine != "ollama":
+        if self.real is not None and self.engine not in BY_CPU:
             generated = after.tokens - before.tokens
             assert generated < max_tokens, (
                 f"{self.id}: the engine generated all {max_tokens} tokens: the gateway never closed the upstream"
@@ -269,7 +293,7 @@ class Target:
     @property
     def stops_whole_answers(self) -> bool:
         """Does the engine stop a non-streamed generation when its client leaves? (see the docstring)"""
-        return not (self.real is not None and self.engine == "llama-server")
+        return not (self.real is not None and self.engine in ("llama-server", "mlx"))
 
     def whole_tokens(self) -> int:
         """max_tokens for an abandoned whole answer: long, or, where the engine will not stop it, just
@@ -375,10 +399,12 @@ class Target:
     # -- how the engine refuses ---------------------------------------------------------------------
     def engine_error(self) -> EngineError:
         if self.emulator is not None:
-            status = 422 if self.engine == "tabbyapi" else 400
+            status = 422 if self.engine in ("tabbyapi", "tgi") else 400
             self.emulator.config.fault_count = 1
             self.emulator.config.fault = f"error_status:{status}"
             return EngineError("m", {}, 400)
+        if self.engine == "mlx":  # it has no context limit of its own; its own value checks answer 400
+            return EngineError("m", {"top_k": -1}, 400, None, "top_k must be at least 0")
         if self.engine == "ollama":  # Ollama answers 500 for a bad option type: a client error
             return EngineError("m", {"options": {"num_ctx": "not-a-number"}}, 400, None, "num_ctx")
         # past the context of both engines (16,384 and 32,768 tokens: the tiny models take about one token per
@@ -392,7 +418,7 @@ class Target:
 
 
 def emulated(engine: str, **knobs: Any) -> Target:
-    key = None if engine == "ollama" else EMULATOR_KEY
+    key = EMULATOR_KEY if engine in HAS_AUTH else None
     emu = EmulatorThread(EmulatorConfig(engine=engine, model="tiny", api_key=key, slots=4, **knobs))
     emu.__enter__()
     return Target(f"{engine}/emulator", engine, emu.url, "tiny", key, emulator=emu)

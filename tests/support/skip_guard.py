@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pytest
 
 REQUIRE_ENV = ("LLM_GATEWAY_REQUIRE_ENGINES", "LLM_GATEWAY_REQUIRE_TOOLS")
-REAL_ENGINE_FIXTURES = frozenset({"llama_server", "vllm_server", "ollama_server"})
+REAL_ENGINE_FIXTURES = frozenset({"llama_server", "vllm_server", "ollama_server", "mlx_server", "dynamo_server"})
 REAL_TARGET_SUFFIX = "/real"
 MARKER = "real_engine"
 

@@ -41,7 +41,15 @@ def sent(a: OpenAICompatAdapter, body: dict, endpoint: str = "chat", stream: boo
 
 
 def test_registry_knows_every_engine_kind():
-    assert set(ADAPTERS) == {"llama-server", "vllm", "sglang", "ollama", "tabbyapi", "lmdeploy", "openai"}
+    assert set(ADAPTERS) == {"llama-server", "vllm", "sglang", "ollama", "tabbyapi", "lmdeploy", "openai"} | {
+        "aphrodite",
+        "trtllm",
+        "mlx",
+        "mlc",
+        "tgi",
+        "dynamo",
+        "lmstudio",
+    }
     assert isinstance(adapter_for("ollama", BackendInfo("o", "http://o")), OllamaAdapter)
     assert isinstance(adapter_for("openai", BackendInfo("o", "http://o")), GenericOpenAIAdapter)
 
@@ -55,7 +63,11 @@ def test_registry_formats_and_capabilities():
 
 
 def test_engines_that_report_load_are_flagged():
-    assert {k for k, cls in ADAPTERS.items() if cls.reports_load} == {"llama-server", "vllm", "sglang", "lmdeploy"}
+    assert {k for k, cls in ADAPTERS.items() if cls.reports_load} == {"llama-server", "vllm", "sglang", "lmdeploy"} | {
+        "aphrodite",
+        "tgi",
+        "dynamo",
+    }
 
 
 def test_api_key_never_appears_in_the_backend_repr():

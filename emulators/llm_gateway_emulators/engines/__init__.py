@@ -34,4 +34,21 @@ def make_engine(name: str, rt: EngineHost) -> Engine:
         from llm_gateway_emulators.engines.lmdeploy import LmDeploy
 
         return LmDeploy(rt)
+    if name in FAMILY:
+        import importlib
+
+        module, cls = FAMILY[name]
+        engine: Engine = getattr(importlib.import_module(f"llm_gateway_emulators.engines.{module}"), cls)(rt)
+        return engine
     raise ValueError(f"unknown engine {name!r}")
+
+
+#: the engines of issue 39, emulated from their sources: engine name -> (module, class)
+FAMILY = {
+    "aphrodite": ("aphrodite", "Aphrodite"),
+    "trtllm": ("trtllm", "TrtllmServe"),
+    "tgi": ("tgi", "Tgi"),
+    "mlc": ("mlc", "Mlc"),
+    "lmstudio": ("lmstudio", "LmStudio"),
+    "dynamo": ("dynamo", "Dynamo"),
+}

@@ -33,6 +33,9 @@ class Vllm(FastApiEngine):
     abort_reason = "abort"  # FINISH_REASON_STRINGS, vllm/v1/engine/__init__.py
     listen_after_load = True
     vary_origin = True
+    #: a fork's own names (Aphrodite): the model card's owner and the metric prefix
+    owned_by = "vllm"
+    metric_prefix = b"vllm:"
 
     def setup(self) -> None:
         self.fingerprint = ""
@@ -98,7 +101,7 @@ class Vllm(FastApiEngine):
             "id": self.cfg.model,
             "object": "model",
             "created": now,
-            "owned_by": "vllm",
+            "owned_by": self.owned_by,
             "root": f"/models/{self.cfg.model}",
             "parent": None,
             "max_model_len": self.cfg.ctx_len,
@@ -139,6 +142,8 @@ class Vllm(FastApiEngine):
 
     async def metrics(self, req: Request) -> None:
         body = pymetrics.vllm(self.cfg.model, self.rt.started_wall, self.pool, self.stats, self.rt.hist)
+        if self.metric_prefix != b"vllm:":
+            body = body.replace(b"vllm:", self.metric_prefix)
         pairs = [("content-length", str(len(body))), ("content-type", PROM_CONTENT_TYPE), ("vary", "Origin")]
         await req.send(200, wire.uvicorn(self.dates.now(), pairs), body)
 
