@@ -1,15 +1,15 @@
 """Relaying one engine stream to the client: the relay loop of a streamed generation.
 
-The service (pipeline.py) gets a stream onto a deployment (an `Attempt`); this loop answers with it: the
-head (the transparency and quota headers), then each engine chunk through the adapter's relay (which owns
-the engine's shapes) straight to the client, the first generated output timed as TTFT and the gaps after
-it batched into the inter-token histogram, a failure after the first byte ended in the client's dialect,
-the attempt told how the stream ended (its breaker report), and the usage (the engine's, or estimated
-from what was relayed) recorded for billing. It is the hottest loop of the gateway: per event one read,
-one feed, one write (bench/: CPU per relayed event). The head leaves with the engine's first chunk when
-that came with the engine's headers, and the stream's last part with its end: one send each, not two.
-Once the engine's `[DONE]` is relayed the client's answer is ended at once; the rest of the engine's body
-(its chunked terminator) is read after, to keep the connection for the next request.
+The service (pipeline.py) gets a stream onto an `Attempt`; this loop answers with it: the head (the
+transparency and quota headers), then each engine chunk through the adapter's relay (which owns the
+engine's shapes) straight to the client, the first generated output timed as TTFT and the gaps after
+it batched into the inter-token histogram, a failure after the first byte ended in the client's
+dialect, the attempt told how the stream ended, and the usage (the engine's, or estimated from what was
+relayed) recorded for billing. It is the hottest loop of the gateway: per event one read, one feed,
+one write (bench/: CPU per relayed event). The head leaves with the engine's first chunk when that came
+with the engine's headers, and the stream's last part with its end: one send each, not two. Once the
+engine's `[DONE]` is relayed the client's answer is ended at once; the rest of the engine's body (its
+chunked terminator) is read after, to keep the connection for the next request.
 
 Where the key's limits count tokens, the stream is held to its reservation (`Job.output_cap`: the engine
 was asked for no more): should the engine send more content events than that, the relay ends it there
