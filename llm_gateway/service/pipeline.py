@@ -3,19 +3,18 @@
 read the body (request_info) -> resolve the public model -> check the key may use it -> reserve rate limits -> count
 the prompt where a window is ambiguous (prompt_count) -> dispatch to a deployment (selection, admission, retries,
 failover) -> answer: the whole JSON body, or the stream relayed chunk by chunk -> settle the limits with the real
-usage. Streams: the adapters always ask the engine for usage (the extra chunk is stripped unless the client asked); if
-the engine never sent it (a cut stream, a client that left), the completion is estimated from what was relayed
+usage. Streams: the adapters always ask the engine for usage (the extra chunk is stripped unless the client asked);
+if the engine never sent it (a cut stream, a client that left), the completion is estimated from what was relayed
 (`RelayBase.completion_estimate`), so an aborted stream still pays for what was generated. Another API (Anthropic's
-/v1/messages) is a translating `ClientExchange` around the same steps, and `count_prompt_tokens` counts a chat prompt
-with an engine's own tokenizer where it has one. Dispatch takes the request (its key and asked class make its queue
-ticket) and hands each try to the exchange as an `Attempt`, which owns the slot and the breaker's report: here the
-exchange only calls the engine, and the attempt that answered is told how it went and released; a stream that waits
-hears its place (queue_progress). With the client's own body beside it (`NativeDialect`), each attempt asks its
-deployment's adapter whether the engine speaks that API itself: then the body passes through and the exchange is told
-so (`answer_natively`); all else (limits, retries, failover, breaker, metrics, usage) is the same path. The service
-answers through the `ClientExchange` it owns (exchange.py), never through ASGI; the first generated output (for TTFT)
-is reported by the adapter's relay, which knows the engine's shapes. The request's state is a `Job` (request.py); a
-stream's relay loop is stream.py.
+/v1/messages) is a translating `ClientExchange` around the same steps, and `count_prompt_tokens` counts a chat
+prompt with an engine's own tokenizer where it has one. Dispatch takes the request (its key and asked class make
+its queue ticket) and hands each try to the exchange as an `Attempt`, which owns the slot and the breaker's report;
+a stream that waits hears its place (queue_progress). With the client's own body beside it (`NativeDialect`), each
+attempt asks its deployment's adapter whether the engine speaks that API itself: then the body passes through and
+the exchange is told so (`answer_natively`); all else (limits, retries, failover, breaker, metrics, usage) is the
+same path. The service answers through the `ClientExchange` it owns (exchange.py), never through ASGI; the first
+generated output (for TTFT) is reported by the adapter's relay, which knows the engine's shapes. The request's state
+is a `Job` (request.py); a stream's relay loop is stream.py.
 """
 
 from __future__ import annotations
