@@ -220,10 +220,10 @@ class Dispatcher:
                 ticket.cost,
             )
 
-    async def run(self, table: RoutingTable, job: Dispatched, exchange: Exchange[T]) -> T:
+    async def run(self, table: RoutingTable, job: Dispatched, exchange: Exchange[T]) -> tuple[Attempt, T]:
         """Run `exchange` on a deployment until one succeeds, each try an `Attempt` (told to `job.took`).
-        A failed attempt is reported and released here; the attempt that succeeded is the caller's, and
-        its slot stays taken until the caller's `release()`."""
+        A failed attempt is reported and released here; the one that succeeded is returned with the
+        exchange's result: the caller's, its slot taken until the caller's `release()`."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.retry_budget_s
         route, info, who = job.route, job.info, job.who
@@ -289,7 +289,7 @@ class Dispatcher:
                     self.metrics.failovers.labels(route.name, dep.backend.name).inc()
                 if gi > 0:
                     self.metrics.model_fallbacks.labels(route.name, group.name).inc()
-                return result
+                return attempt, result
         if last is not None:
             raise last
         raise NoHealthyBackend(

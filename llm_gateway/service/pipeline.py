@@ -233,11 +233,9 @@ class GenerationService:
         job.call.watch_disconnect(DISCONNECT_WATCH_DELAY_S)
         rt = job.rt
         try:
-            out, usage, api = await rt.dispatcher.run(rt.table, job, exchange)
+            attempt, (out, usage, api) = await rt.dispatcher.run(rt.table, job, exchange)
         finally:
             job.call.stop_watching()
-        attempt = job.attempt
-        assert attempt is not None
         attempt.ok()
         attempt.release()  # the engine's part is done: the client's write does not hold the slot
         if usage is not None:
@@ -269,13 +267,11 @@ class GenerationService:
             job.progress_s = rt.config.routing.queue_progress_s
         try:
             try:
-                resp, ctx = await rt.dispatcher.run(rt.table, job, exchange)
+                attempt, (resp, ctx) = await rt.dispatcher.run(rt.table, job, exchange)
             except GatewayError as e:
                 if job.progress is not None and job.progress.started:
                     await job.progress.fail(e)  # the 200 went out while it waited: the error ends the stream
                 raise
-            attempt = job.attempt
-            assert attempt is not None
             try:
                 return await relay_stream(self.gw.metrics, job, attempt, resp, ctx)
             finally:

@@ -272,8 +272,8 @@ async def test_the_attempt_that_succeeded_keeps_its_slot_until_the_caller_releas
     async def exchange(a: Attempt) -> str:
         return "answer"
 
-    assert await dispatcher(cfg).run(t, job, exchange) == "answer"
-    (a,) = job.attempts
+    a, result = await dispatcher(cfg).run(t, job, exchange)
+    assert result == "answer" and job.attempts == [a]
     assert slots(dep) == (1, 1) and br.told == [] and not a.released
     a.ok()
     a.release()
@@ -306,8 +306,9 @@ models:
         assert job.attempts[0].released  # the first one's slot is free before the second runs
         return a.deployment.backend.name
 
-    answered_by = await dispatcher(cfg).run(t, job, exchange)
+    taken, answered_by = await dispatcher(cfg).run(t, job, exchange)
     first, last = job.attempts
+    assert taken is last
     assert last.deployment.backend.name == answered_by and first.deployment is not last.deployment
     assert slots(first.deployment) == (0, 0) and slots(last.deployment) == (1, 1)
     last.release()
