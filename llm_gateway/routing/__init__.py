@@ -7,5 +7,6 @@ request needs (`request_info`) to the attempt on one deployment.
   through `backend_calls`;
 - `selection` (pure: which deployment, by format, capabilities, load and affinity), `admission` (each
   deployment's bounded fair queue), `breaker` (the circuit breaker);
-- `dispatch`: retries and failover over them; `prober`: the health and load probes that feed them.
+- `dispatch`: retries and failover over them, each try an `attempt` (the slot it holds and its one report
+  to the breaker); `prober`: the health and load probes that feed them.
 """

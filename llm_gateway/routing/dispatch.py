@@ -8,8 +8,11 @@ runs. A failure that is the backend's (connection refused or reset, 502/503/504,
 timeout) is retried on another deployment, bounded in count and time, with jittered backoff. The rule is
 "before the engine's first byte was relayed", not "before the client's first byte": a stream that waited
 in a queue has had its 200 and `: queued` comments, and is still retried, since nothing of the failed
-attempt reached it (service.py answers only once an exchange succeeded). When every deployment of a model
-is unavailable, the model's configured fallbacks are tried in order.
+attempt reached it (service/pipeline.py answers only once an exchange succeeded). When every deployment of a
+model is unavailable, the model's configured fallbacks are tried in order.
+Each try is an `Attempt` (attempt.py) that holds the deployment's slot and reports to its breaker once; a
+failed one is reported and released here, the one that succeeded is handed to the caller. The request is
+read through `Dispatched` (service/request.py's `Job`), which is told each attempt and each wait.
 A request waits in a deployment's queue with its `Ticket` (key, class, estimated tokens: see
 routing/admission.py for the order); the queue-wait budget (`queue_timeout_s`) is its own, apart from
 the engine's timeouts, and a refusal says why (`x-gateway-reject-reason`) and when to come back
@@ -23,21 +26,14 @@ import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from llm_gateway.access.keys import Principal
-from llm_gateway.errors import (
-    BackendFailure,
-    ConnectFailed,
-    EngineErrorAnswer,
-    GatewayError,
-    NoHealthyBackend,
-    Overloaded,
-)
+from llm_gateway.errors import GatewayError, NoHealthyBackend, Overloaded
 from llm_gateway.observability.metrics import Metrics, inc, observe
 from llm_gateway.routing import selection
-from llm_gateway.routing.admission import ANONYMOUS, Ticket
+from llm_gateway.routing.admission import Ticket
+from llm_gateway.routing.attempt import Attempt
 from llm_gateway.routing.candidates import eligible, explain_ineligible, explain_too_long, fits, fits_in_any
 from llm_gateway.routing.request_info import RequestInfo, affinity_key
 from llm_gateway.routing.table import Deployment, ModelRoute, RoutingTable
@@ -46,22 +42,50 @@ from llm_gateway.settings import PRIORITY_RANKS, RoutingConfig
 T = TypeVar("T")
 REJECT_REASON_HEADER = "x-gateway-reject-reason"  # queue_full or queue_timeout, on a 429 from the queues
 CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}
-Exchange = Callable[[Deployment, ModelRoute], Awaitable[T]]
+Exchange = Callable[[Attempt], Awaitable[T]]
 
 
-@dataclass(slots=True)
-class Trace:
-    """What happened while dispatching, for metrics, headers and the access log."""
+Progress = Callable[[int, float | None], Awaitable[None]]
 
-    deployment: Deployment | None = None
-    route: ModelRoute | None = None
-    attempts: int = 0
-    waited_s: float = 0.0  # queueing and backoff: not the gateway's own overhead
-    ticket: Ticket = ANONYMOUS  # whose request, its class and estimated tokens, for the queues
-    rank: int = 1  # the request's class rank (for engines that schedule by priority)
-    #: told (position, eta_s) when the request starts waiting in a queue and then every `progress_s`
-    progress: Callable[[int, float | None], Awaitable[None]] | None = None
-    progress_s: float = 1.0
+
+class Dispatched(Protocol):
+    """One request as dispatch sees it (service/request.py's `Job`): what it asks, whose it is, and where
+    what happens to it is told."""
+
+    @property
+    def route(self) -> ModelRoute:
+        """The public model it asked for."""
+
+    @property
+    def info(self) -> RequestInfo: ...
+
+    @property
+    def who(self) -> Principal:
+        """Its key: the owner, weight and class of its queue ticket."""
+
+    @property
+    def budget(self) -> int:
+        """The tokens it may spend: its ticket's estimated cost."""
+
+    @property
+    def asked_priority(self) -> bytes | None:
+        """The class the client asked for: it may lower its key's class, never raise it."""
+
+    @property
+    def progress(self) -> Progress | None:
+        """Told (position, eta_s) when it starts waiting in a queue, then every `progress_s`; None: not told."""
+
+    @property
+    def progress_s(self) -> float: ...
+
+    def session(self) -> str | None:
+        """The client's session id, for prefix affinity."""
+
+    def took(self, attempt: Attempt) -> None:
+        """An attempt starts (the last one taken is the request's)."""
+
+    def waited(self, seconds: float) -> None:
+        """Time spent in a queue or a backoff pause: not the gateway's own overhead."""
 
 
 def priority_rank(who: Principal, requested: bytes | None) -> int:
@@ -81,23 +105,25 @@ def ticket_for(who: Principal, rank: int, cost: int) -> Ticket:
     return Ticket(who.id, rank, float(max(cost, 1)), who.weight, who.name)
 
 
-async def _wait_reporting(d: Deployment, trace: Trace) -> bool:
-    """`wait_enter`, telling `trace.progress` the waiter's place when it queues and every `progress_s`."""
-    assert trace.progress is not None
+async def _wait_reporting(d: Deployment, ticket: Ticket, job: Dispatched) -> bool:
+    """`wait_enter`, telling `job.progress` the waiter's place when it queues and every `progress_s`."""
+    progress = job.progress
+    assert progress is not None
     joined: list[asyncio.Future[None]] = []
-    task = asyncio.ensure_future(d.admission.wait_enter(d.backend.cfg.queue_timeout_s, trace.ticket, joined.append))
+    task = asyncio.ensure_future(d.admission.wait_enter(d.backend.cfg.queue_timeout_s, ticket, joined.append))
     try:
         await asyncio.sleep(0)  # let it queue (or enter)
         while not task.done():
             pos = d.admission.position(joined[0]) if joined else None
             if pos is not None:
-                await trace.progress(pos, d.admission.eta_s(pos, trace.ticket.priority))
-            await asyncio.wait({task}, timeout=trace.progress_s)
+                await progress(pos, d.admission.eta_s(pos, ticket.priority))
+            await asyncio.wait({task}, timeout=job.progress_s)
         return task.result()
     except BaseException:
         task.cancel()  # the client left (or the report failed): out of the queue at once
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            if await task:  # it had entered already (the slot came as the client left): the slot goes back
+                d.admission.leave()
         raise
 
 
@@ -105,33 +131,6 @@ def _refused(message: str, reason: str, deps: list[Deployment]) -> Overloaded:
     """429 queue_full, with a Retry-After from the queues' drain rate and the reason in a header."""
     wait = min(d.admission.retry_after_s() for d in deps) if deps else 1
     return Overloaded(message, headers={"retry-after": str(wait), REJECT_REASON_HEADER: reason})
-
-
-# the engine lacks this route or model: a config mismatch for one endpoint, not ill health (its chat may
-# work fine), so it must not open the breaker for every endpoint
-ENDPOINT_MISMATCH = frozenset({"upstream_model_not_found", "upstream_not_supported"})
-
-
-def judge(dep: Deployment, err: GatewayError, now: float) -> None:
-    """Book an attempt's failure against the deployment's breaker and the backend's state: a failed
-    connection marks the backend down at once, until a probe finds it up again."""
-    b = dep.backend
-    if isinstance(err, EngineErrorAnswer) and err.busy:
-        b.busy_until = now + 1.0
-        dep.breaker.neutral()
-    elif isinstance(err, EngineErrorAnswer) and err.code in ENDPOINT_MISMATCH:
-        dep.breaker.neutral()
-    elif isinstance(err, BackendFailure) or (isinstance(err, EngineErrorAnswer) and err.status >= 500):
-        dep.breaker.failure(now)
-        if isinstance(err, ConnectFailed):
-            b.state, b.detail = "down", err.message
-    else:
-        dep.breaker.success()  # the engine answered (a client error): it is alive
-
-
-def release(dep: Deployment) -> None:
-    dep.admission.leave()
-    dep.backend.in_flight -= 1
 
 
 class Dispatcher:
@@ -182,8 +181,7 @@ class Dispatcher:
         )
         return [deps[i] for i in idx]
 
-    async def _enter(self, ordered: list[Deployment], trace: Trace) -> Deployment:
-        ticket = trace.ticket
+    async def _enter(self, ordered: list[Deployment], ticket: Ticket, job: Dispatched) -> Deployment:
         for d in ordered:
             if d.admission.try_enter(ticket):
                 self._admitted(ticket)
@@ -197,12 +195,12 @@ class Dispatcher:
             )
         d = min(queueable, key=lambda x: x.admission.queued)
         t = time.monotonic()
-        if trace.progress is None:
+        if job.progress is None:
             ok = await d.admission.wait_enter(d.backend.cfg.queue_timeout_s, ticket)
         else:
-            ok = await _wait_reporting(d, trace)
+            ok = await _wait_reporting(d, ticket, job)
         waited = time.monotonic() - t
-        trace.waited_s += waited
+        job.waited(waited)
         observe(self.metrics.child(self.metrics.queue_wait, CLASS_NAMES.get(ticket.priority, "default")), waited)
         if not ok:
             raise _refused(
@@ -222,23 +220,20 @@ class Dispatcher:
                 ticket.cost,
             )
 
-    async def run(
-        self,
-        table: RoutingTable,
-        route: ModelRoute,
-        info: RequestInfo,
-        session: str | None,
-        exchange: Exchange[T],
-        trace: Trace,
-    ) -> T:
-        """Run `exchange` on a deployment until one succeeds; on success the caller owns the slot
-        (and must `release()` it and report to the breaker)."""
+    async def run(self, table: RoutingTable, job: Dispatched, exchange: Exchange[T]) -> tuple[Attempt, T]:
+        """Run `exchange` on a deployment until one succeeds, each try an `Attempt` (told to `job.took`).
+        A failed attempt is reported and released here; the one that succeeded is returned with the
+        exchange's result: the caller's, its slot taken until the caller's `release()`."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.retry_budget_s
+        route, info, who = job.route, job.info, job.who
+        ticket = ticket_for(who, priority_rank(who, job.asked_priority), job.budget)
+        session = job.session()
         groups = [route] + [r for f in route.cfg.fallbacks if (r := table.resolve(f)) is not None]
         last: GatewayError | None = None
         tried: set[int] = set()
         first_choice: Deployment | None = None
+        attempts = 0
         for gi, group in enumerate(groups):
             static = eligible(group, info)
             if gi == 0 and not static:
@@ -259,43 +254,42 @@ class Dispatcher:
                 ordered = self._order(group, live, info, session)
                 if first_choice is None:
                     first_choice = ordered[0]
-                dep = await self._enter(ordered, trace)
+                dep = await self._enter(ordered, ticket, job)
                 tried.add(id(dep))
                 if not dep.breaker.acquire(time.monotonic()):
                     dep.admission.leave()
                     continue
-                dep.backend.in_flight += 1
-                trace.attempts += 1
-                trace.deployment, trace.route = dep, group
+                attempt = Attempt(dep, group, ticket)
+                attempts += 1
+                job.took(attempt)
                 try:
-                    result = await exchange(dep, group)
+                    result = await exchange(attempt)
                 except GatewayError as e:
-                    release(dep)
-                    judge(dep, e, time.monotonic())
+                    attempt.failed(e)
+                    attempt.release()
                     if not e.retryable:
                         raise
                     last = e
-                    if trace.attempts > cfg.retries or time.monotonic() >= deadline:
+                    if attempts > cfg.retries or time.monotonic() >= deadline:
                         raise
                     if not _more_to_try(groups, gi, static, tried, info):
                         raise  # nothing left to retry on: answer now, without a pause or a retry counted
-                    pause = self.rng.uniform(0, cfg.backoff_base_ms * (2 ** (trace.attempts - 1))) / 1000
+                    pause = self.rng.uniform(0, cfg.backoff_base_ms * (2 ** (attempts - 1))) / 1000
                     if time.monotonic() + pause >= deadline:
                         raise  # the pause would spend the budget, and no attempt may start once it is spent
                     self.metrics.retries.labels(route.name, dep.backend.name, type(e).__name__).inc()
                     if pause > 0:
-                        trace.waited_s += pause
+                        job.waited(pause)
                         await asyncio.sleep(pause)
                     continue
                 except BaseException:
-                    release(dep)
-                    dep.breaker.neutral()
+                    attempt.release()  # the client left (cancelled), or a bug: nothing learnt of the backend
                     raise
                 if dep is not first_choice:
                     self.metrics.failovers.labels(route.name, dep.backend.name).inc()
                 if gi > 0:
                     self.metrics.model_fallbacks.labels(route.name, group.name).inc()
-                return result
+                return attempt, result
         if last is not None:
             raise last
         raise NoHealthyBackend(

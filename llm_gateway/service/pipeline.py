@@ -7,13 +7,14 @@ usage. Streams: the adapters always ask the engine for usage (the extra chunk is
 if the engine never sent it (a cut stream, a client that left), the completion is estimated from what was relayed
 (`RelayBase.completion_estimate`), so an aborted stream still pays for what was generated. Another API (Anthropic's
 /v1/messages) is a translating `ClientExchange` around the same steps, and `count_prompt_tokens` counts a chat
-prompt with an engine's own tokenizer where it has one. A request queues with its key's ticket (dispatch.Trace); a
-stream that waits hears its place (queue_progress). With the client's own body beside it (`NativeDialect`), each
+prompt with an engine's own tokenizer where it has one. Dispatch takes the request (its key and asked class make
+its queue ticket) and hands each try to the exchange as an `Attempt`, which owns the slot and the breaker's report;
+a stream that waits hears its place (queue_progress). With the client's own body beside it (`NativeDialect`), each
 attempt asks its deployment's adapter whether the engine speaks that API itself: then the body passes through and
 the exchange is told so (`answer_natively`); all else (limits, retries, failover, breaker, metrics, usage) is the
 same path. The service answers through the `ClientExchange` it owns (exchange.py), never through ASGI; the first
 generated output (for TTFT) is reported by the adapter's relay, which knows the engine's shapes. The request's state
-is a `Job` (job.py); a stream's relay loop is stream_relay.py.
+is a `Job` (request.py); a stream's relay loop is stream.py.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from llm_gateway.access.limiter import quota_headers
 from llm_gateway.errors import GatewayError, ModelNotFound, UpstreamProtocolError
 from llm_gateway.exchange import ClientExchange, NativeDialect
 from llm_gateway.observability.record import RequestRecord
+from llm_gateway.routing.attempt import Attempt
 from llm_gateway.routing.backend_calls import COUNT_ATTEMPTS, ERROR_BODY_LIMIT, BackendPoster
 from llm_gateway.routing.candidates import eligible
-from llm_gateway.routing.dispatch import priority_rank, release, ticket_for
 from llm_gateway.routing.prompt_count import PromptCounter, ambiguous_routes
 from llm_gateway.routing.request_info import RequestInfo, cap_output, read_request
 from llm_gateway.routing.table import Deployment, ModelRoute
@@ -67,7 +68,7 @@ class GenerationService:
             who, route.name, budget, call.rid, prompt_tokens=prompt, choices=choices, flexible=generates
         )
         rec.metered = True  # counted against the key's limits: a refusal from here on is not metered again
-        job = Job(call, rec, rt, endpoint, body, route, info, quota_headers(decision), native)
+        output_cap = None
         if generates and reservation is not None and rt.limiter.counts_tokens(reservation.scopes):
             # the reservation is what the request may spend (a budget may have granted less than asked): the
             # engine is held to it, per choice, in the field its adapter reads; the body is touched only then
@@ -78,9 +79,9 @@ class GenerationService:
                 info.max_tokens = cap
                 if native is not None:
                     native.limit_output(cap)
-            job.output_cap = cap * choices
-        job.trace.rank = priority_rank(who, call.header(rt.priority_header))
-        job.trace.ticket = ticket_for(who, job.trace.rank, budget)
+            output_cap = cap * choices
+        quota, priority = quota_headers(decision), call.header(rt.priority_header)
+        job = Job(call, rec, rt, endpoint, body, route, info, quota, who, budget, priority, native, output_cap)
         usage: Usage | None = None
         failed = False
         try:
@@ -102,8 +103,8 @@ class GenerationService:
             # settle: the real usage; 0 for a request that failed before any output; the reserved
             # estimate when the engine's count is unknown (a client that left mid-generation pays for it)
             actual = usage.total_tokens if usage else (0 if failed else None)
-            if job.trace.deployment is not None:  # the key's fair share counts what it really used
-                job.trace.deployment.admission.settle(job.trace.ticket, actual)
+            if job.attempt is not None:  # the key's fair share counts what it really used
+                job.attempt.settle(actual)
             real_prompt = usage.prompt_tokens if usage else None  # prices a cost budget's input exactly
             settled = rt.limiter.finish(reservation, actual, prompt_tokens=real_prompt)
             # a cancelled client must not cut it short: in-process it cannot (never suspends), else shielded
@@ -215,45 +216,40 @@ class GenerationService:
 
     # -- whole answers ---------------------------------------------------------------------------------
     async def _unary(self, job: Job) -> Usage | None:
-        trace = job.trace
         rec = job.rec
 
-        async def exchange(dep: Deployment, group: ModelRoute) -> tuple[bytes, Usage | None, str | None]:
-            ctx = job.context(group, dep)
-            resp = await self._send_upstream(job, dep, ctx)
+        async def exchange(attempt: Attempt) -> tuple[bytes, Usage | None, str | None]:
+            ctx = job.context(attempt)
+            resp = await self._send_upstream(job, attempt.deployment, ctx)
             t = time.perf_counter()
             try:
                 data = await resp.read(RESPONSE_LIMIT)
             finally:
                 resp.close()
                 rec.upstream_s += time.perf_counter() - t
-            a, api = dep.backend.adapter, ctx.native_api
+            a, api = attempt.deployment.backend.adapter, ctx.native_api
             return *(a.native_response_body(api, data, ctx) if api else a.response_body(data, ctx)), api
 
         job.call.watch_disconnect(DISCONNECT_WATCH_DELAY_S)
         rt = job.rt
         try:
-            out, usage, api = await rt.dispatcher.run(rt.table, job.route, job.info, job.session(), exchange, trace)
+            attempt, (out, usage, api) = await rt.dispatcher.run(rt.table, job, exchange)
         finally:
             job.call.stop_watching()
-            job.traced(trace)
-        dep = trace.deployment
-        assert dep is not None
-        release(dep)
-        dep.breaker.success()
+        attempt.ok()
+        attempt.release()  # the engine's part is done: the client's write does not hold the slot
         if usage is not None:
             rec.prompt_tokens, rec.completion_tokens = usage.prompt_tokens, usage.completion_tokens
         if job.native is not None:
             job.native.answer_natively(api is not None)
-        await job.call.respond(200, out, job.answer_headers(dep))
+        await job.call.respond(200, out, job.answered(attempt))
         return usage
 
     # -- streams -----------------------------------------------------------------------------------------
     async def _stream(self, job: Job) -> Usage | None:
-        trace = job.trace
-
-        async def exchange(dep: Deployment, group: ModelRoute) -> tuple[UpstreamResponse, CallContext]:
-            ctx = job.context(group, dep)
+        async def exchange(attempt: Attempt) -> tuple[UpstreamResponse, CallContext]:
+            dep = attempt.deployment
+            ctx = job.context(attempt)
             resp = await self._send_upstream(job, dep, ctx)
             ct = resp.headers.get("content-type", "")
             if not ct.startswith(dep.backend.adapter.stream_content_types()):
@@ -264,32 +260,22 @@ class GenerationService:
                 )
             return resp, ctx
 
-        job.call.watch_disconnect()
-        progress = None
-        if job.native is None and job.rt.config.routing.queue_progress_s > 0:  # a native dialect chooses later
-            progress = trace.progress = QueueProgress(job.call, [(b"x-request-id", job.call.rid.encode()), *job.quota])
-            trace.progress_s = job.rt.config.routing.queue_progress_s
-        job.early = progress
+        call, rt = job.call, job.rt
+        call.watch_disconnect()
+        if job.native is None and rt.config.routing.queue_progress_s > 0:  # a native dialect chooses later
+            job.progress = QueueProgress(call, [(b"x-request-id", call.rid.encode()), *job.quota])
+            job.progress_s = rt.config.routing.queue_progress_s
         try:
             try:
-                resp, ctx = await job.rt.dispatcher.run(
-                    job.rt.table, job.route, job.info, job.session(), exchange, trace
-                )
+                attempt, (resp, ctx) = await rt.dispatcher.run(rt.table, job, exchange)
             except GatewayError as e:
-                if progress is not None and progress.started:
-                    await progress.fail(e)  # the 200 went out while it waited: the error ends the stream
+                if job.progress is not None and job.progress.started:
+                    await job.progress.fail(e)  # the 200 went out while it waited: the error ends the stream
                 raise
-            finally:
-                job.traced(trace)
-            dep = trace.deployment
-            assert dep is not None
             try:
-                return await relay_stream(self.gw.metrics, job, dep, resp, ctx)
-            except asyncio.CancelledError:
-                dep.breaker.neutral()  # the client left: says nothing about the backend
-                raise
+                return await relay_stream(self.gw.metrics, job, attempt, resp, ctx)
             finally:
                 resp.close()  # mid-body this drops the connection: the engine stops generating
-                release(dep)
+                attempt.release()  # once, after the relay told the breaker; unreported (the client left): neutral
         finally:
-            job.call.stop_watching()
+            call.stop_watching()

@@ -1,18 +1,26 @@
 """One generation request on its way through the service's steps: what it asked, whose it is, where it
-went so far. The service (service.py) creates it; the relay loop (stream_relay.py) answers with it.
+went so far. The service (pipeline.py) creates it; dispatch (routing/dispatch.py) reads it as its
+`Dispatched` and tells it each attempt and each wait; the relay loop (stream.py) answers with it.
+
+It is the request's one state: the attempt it holds now (the deployment, its slot and breaker report:
+routing/attempt.py) and its record (observability/record.py), which is where the facts of the request
+that outlive it (attempts, waits, backend, overhead) are written, each once, by the methods below:
+nothing keeps a copy to be carried over later. The adapter's view of one attempt is a `CallContext`
+(types.py), built from the two per attempt.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from llm_gateway.access.keys import Principal
 from llm_gateway.exchange import ClientExchange, Headers, NativeDialect
 from llm_gateway.observability.record import RequestRecord
-from llm_gateway.routing.dispatch import Trace
+from llm_gateway.routing.attempt import Attempt
 from llm_gateway.routing.request_info import RequestInfo
-from llm_gateway.routing.table import Deployment, ModelRoute
+from llm_gateway.routing.table import ModelRoute
 from llm_gateway.service.queue_progress import QueueProgress
 from llm_gateway.service.runtime import Runtime
 from llm_gateway.types import CallContext, Endpoint
@@ -30,18 +38,40 @@ class Job:
     route: ModelRoute
     info: RequestInfo
     quota: Headers  # x-ratelimit-* for every answer
+    who: Principal  # whose request: its key's class and weight order the queues
+    budget: int  # the tokens it may spend (prompt and output): its estimated cost in the queues
+    asked_priority: bytes | None  # the class the client asked for (its priority header)
     native: NativeDialect | None = None  # the client's own body, for engines that speak its API
-    trace: Trace = field(default_factory=Trace)  # the dispatch so far; its ticket orders the queues
-    early: QueueProgress | None = None  # a stream whose answer started while it waited in a queue
     #: the completion tokens (all choices together) the key's reservation allows, where its limits count
-    #: tokens: a stream that relays more is ended there (stream_relay.py); None: not held
+    #: tokens: a stream that relays more is ended there (stream.py); None: not held
     output_cap: int | None = None
+    #: the attempt taken last (dispatch's): the one that answers, or the last that failed; None: none yet
+    attempt: Attempt | None = None
+    #: a stream's place in a queue, told while it waits; once `started`, its answer has begun
+    progress: QueueProgress | None = None
+    progress_s: float = 1.0
 
-    def context(self, group: ModelRoute, dep: Deployment) -> CallContext:
-        nat = self.native
+    # -- what dispatch reads and tells (routing/dispatch.py:Dispatched) --------------------------------
+    def session(self) -> str | None:
+        v = self.call.header(self.rt.session_header)
+        return v.decode("latin-1")[:256] if v else None
+
+    def took(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        dep, rec = attempt.deployment, self.rec
+        rec.attempts += 1
+        rec.backend, rec.engine, rec.upstream_model = dep.backend.name, dep.backend.kind, dep.upstream_model
+        rec.model = attempt.route.name  # a fallback's name where the request went to one
+
+    def waited(self, seconds: float) -> None:
+        self.rec.waited_s += seconds
+
+    # -- the attempt and the answer ----------------------------------------------------------------------
+    def context(self, attempt: Attempt) -> CallContext:
+        nat, dep = self.native, attempt.deployment
         return CallContext(
             self.endpoint,
-            group.name,
+            attempt.route.name,
             dep.upstream_model,
             self.info.stream,
             self.info.wants_usage,
@@ -49,32 +79,21 @@ class Job:
             self.rt.config.server.reasoning_field,
             self.body.get("encoding_format") == "base64",
             nat.native_api if nat and dep.backend.adapter.speaks_natively(nat.native_api, nat.native_body) else None,
-            self.trace.rank if dep.cfg.engine_priority else None,
+            attempt.ticket.priority if dep.cfg.engine_priority else None,  # for engines that schedule by it
         )
 
-    def session(self) -> str | None:
-        v = self.call.header(self.rt.session_header)
-        return v.decode("latin-1")[:256] if v else None
-
-    def answer_headers(self, dep: Deployment) -> Headers:
-        """Transparency and quota headers, and the gateway's own time so far (everything but the waits)."""
+    def answered(self, attempt: Attempt) -> Headers:
+        """The answer's head goes out now. The gateway's own time so far (everything but the engine and the
+        waits) is the request's overhead: written to the record here, for the metric, and said in the head
+        (`x-gateway-overhead-ms`, the same number) with the transparency and quota headers."""
         rec = self.rec
-        rec.overhead_s = time.perf_counter() - rec.t0 - rec.upstream_s - rec.waited_s
+        rec.overhead_s = overhead = time.perf_counter() - rec.t0 - rec.upstream_s - rec.waited_s
+        b = attempt.deployment.backend
         return [
             (b"x-request-id", self.call.rid.encode()),
-            (b"x-gateway-backend", dep.backend.name.encode()),
-            (b"x-gateway-engine", dep.backend.kind.encode()),
-            (b"x-gateway-model", rec.model.encode()),
+            (b"x-gateway-backend", b.name.encode()),
+            (b"x-gateway-engine", b.kind.encode()),
+            (b"x-gateway-model", attempt.route.name.encode()),
             *self.quota,
-            (b"x-gateway-overhead-ms", f"{rec.overhead_s * 1000:.3f}".encode()),
+            (b"x-gateway-overhead-ms", f"{overhead * 1000:.3f}".encode()),
         ]
-
-    def traced(self, trace: Trace) -> None:
-        rec = self.rec
-        rec.attempts = trace.attempts
-        rec.waited_s += trace.waited_s
-        dep = trace.deployment
-        if dep is not None:
-            rec.backend, rec.engine, rec.upstream_model = dep.backend.name, dep.backend.kind, dep.upstream_model
-            if trace.route is not None:
-                rec.model = trace.route.name

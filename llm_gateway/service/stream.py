@@ -1,10 +1,10 @@
 """Relaying one engine stream to the client: the relay loop of a streamed generation.
 
-The service (service.py) gets a stream onto a deployment; this loop answers with it: the head (the
+The service (pipeline.py) gets a stream onto an `Attempt`; this loop answers with it: the head (the
 transparency and quota headers), then each engine chunk through the adapter's relay (which owns the
 engine's shapes) straight to the client, the first generated output timed as TTFT and the gaps after
 it batched into the inter-token histogram, a failure after the first byte ended in the client's
-dialect, the breaker told how the stream ended, and the usage (the engine's, or estimated from what was
+dialect, the attempt told how the stream ended, and the usage (the engine's, or estimated from what was
 relayed) recorded for billing. It is the hottest loop of the gateway: per event one read, one feed,
 one write (bench/: CPU per relayed event). The head leaves with the engine's first chunk when that came
 with the engine's headers, and the stream's last part with its end: one send each, not two. Once the
@@ -29,23 +29,24 @@ from llm_gateway.adapters.base import Adapter, StreamRelay
 from llm_gateway.adapters.relay_base import usage_or_estimate
 from llm_gateway.errors import DONE, GatewayError
 from llm_gateway.observability.metrics import Metrics, observe, observe_many
-from llm_gateway.routing.table import Deployment
+from llm_gateway.routing.attempt import Attempt
 from llm_gateway.service.request import Job
 from llm_gateway.types import CallContext, Usage
 from llm_gateway.upstream.base import UpstreamResponse
 
 
 async def relay_stream(
-    metrics: Metrics, job: Job, dep: Deployment, resp: UpstreamResponse, ctx: CallContext
+    metrics: Metrics, job: Job, attempt: Attempt, resp: UpstreamResponse, ctx: CallContext
 ) -> Usage | None:
-    """Answer with the engine's stream `resp`, relayed event by event in the client's dialect; returns the usage."""
-    call, rec = job.call, job.rec
+    """Answer with the engine's stream `resp`, relayed event by event in the client's dialect, and tell the
+    attempt how it ended (its slot is the caller's to release); returns the usage."""
+    call, rec, dep = job.call, job.rec, attempt.deployment
     relay, cut = _relay_for(dep.backend.adapter, ctx)
     prompt_estimate = job.info.prompt_tokens
     rec.live = lambda: (prompt_estimate, relay.completion_estimate())  # read by the ledger's crash checkpoint
     if job.native is not None:
         job.native.answer_natively(ctx.native_api is not None)
-    headers = job.answer_headers(dep)
+    headers = job.answered(attempt)
     headers += [
         (b"content-type", b"text/event-stream; charset=utf-8"),
         (b"cache-control", b"no-cache"),
@@ -128,7 +129,7 @@ async def relay_stream(
     sink_of_call = capped if cap is not None else sink
 
     try:
-        if job.early is None or not job.early.started:
+        if job.progress is None or not job.progress.started:
             # the engine's first chunk is often in hand with its headers: the head leaves with it, one send
             buffered: Callable[[], bool] | None = getattr(resp, "buffered", None)
             out = feed(await read()) if buffered is not None and buffered() else b""
@@ -173,10 +174,7 @@ async def relay_stream(
         observe_gaps()
         rec.prompt_tokens, rec.completion_tokens, rec.usage_estimated = usage_or_estimate(relay, job.info.prompt_tokens)
     err = err or relay.error
-    if err is None or err.status < 500:
-        dep.breaker.success()
-    else:
-        dep.breaker.failure(time.monotonic())
+    attempt.ended(err)
     if err is not None:
         rec.outcome, rec.error = "stream_error", err.code
     call.stop_watching()

@@ -1,7 +1,7 @@
 """The error tree: what each class means, what it answers with, and how dispatch judges it.
 
 Callers branch on classes, never on message text: the tree's subclass relations, `retryable` per
-class, the envelope fields clients read, and `dispatch.judge` marking a backend down on
+class, the envelope fields clients read, and `attempt.judge` marking a backend down on
 `ConnectFailed` (whatever its message says) and only then.
 """
 
@@ -33,7 +33,7 @@ from llm_gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from llm_gateway.routing.dispatch import judge
+from llm_gateway.routing.attempt import judge
 
 FAILURES = (UpstreamUnreachable, ConnectFailed, UpstreamTimeout, UpstreamProtocolError, StreamInterrupted)
 
@@ -140,7 +140,7 @@ def test_done_follows_an_error_event():
     )
 
 
-# -- dispatch.judge ------------------------------------------------------------------------------------
+# -- attempt.judge --------------------------------------------------------------------------------------
 class Breaker:
     def __init__(self) -> None:
         self.calls: list[str] = []
