@@ -290,13 +290,14 @@ class GatewayProtocol(HttpToolsProtocol):
         self.unauthenticated.pop(self, None)
         super().connection_lost(exc)
         cycle = self.cycle
-        if cycle is not None:
-            cycle.conn = None  # type: ignore[attr-defined]
-        if cycle is not None and cycle.disconnected:
-            cycle._direct = False  # type: ignore[attr-defined]  # a CoalescingCycle's
-            left = getattr(cycle, "on_disconnect", None)
+        if not isinstance(cycle, CoalescingCycle):  # none yet, or one that is not the gateway's (an upgrade)
+            return
+        cycle.conn = None
+        if cycle.disconnected:
+            cycle._direct = False
+            left = cycle.on_disconnect
             if left is not None:
-                cycle.on_disconnect = None  # type: ignore[attr-defined]  # a CoalescingCycle's
+                cycle.on_disconnect = None
                 left()
 
 

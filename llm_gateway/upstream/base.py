@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 #: how long a client keeps an idle connection to an engine for reuse: under the 5 s after which the
 #: engines close one themselves (uvicorn's `timeout_keep_alive` default, under vLLM, SGLang, LMDeploy
@@ -56,7 +56,6 @@ class UpstreamResponse(Protocol):
         ...
 
 
-@runtime_checkable
 class PushResponse(UpstreamResponse, Protocol):
     """An upstream response that can push its chunks: the stream relay's push mode (service/stream.py)."""
 

@@ -882,8 +882,8 @@ async def test_a_body_already_parsed_is_taken_without_a_timer_and_a_late_one_rec
         received.append("receive")
         return {"type": "http.request", "body": body, "more_body": False}
 
-    class Cycle:  # what Call reads off its `send`'s owner: the server's cycle
-        def __init__(self, whole: bytes | None) -> None:
+    class Cycle(direct_cycle.CoalescingCycle):  # what Call reads off its `send`'s owner: the server's cycle
+        def __init__(self, whole: bytes | None) -> None:  # none of uvicorn's state: only `body_now` is asked
             self.whole = whole
 
         def body_now(self) -> bytes | None:
