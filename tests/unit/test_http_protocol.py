@@ -24,14 +24,13 @@ from typing import Any
 import orjson
 import pytest
 from uvicorn.logging import TRACE_LOG_LEVEL
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.server import ServerState
 
 from llm_gateway.http import direct_cycle, hardened_protocol
 from llm_gateway.http.call import Call
 from llm_gateway.http.direct_cycle import COALESCE
 from llm_gateway.http.hardened_protocol import GatewayProtocol
 from llm_gateway.http.server import uvicorn_config
+from llm_gateway.http.uvicorn_private import HttpToolsProtocol, ServerState
 from llm_gateway.observability.logs import setup_logging
 from llm_gateway.settings import ServerConfig
 
