@@ -3,10 +3,11 @@ bytes in, bytes out.
 
 The protocol subclasses uvicorn's private `HttpToolsProtocol` and overrides its parser and
 connection callbacks, so an uvicorn upgrade can break it (uvicorn is held to one minor version: see
-llm_gateway/http/uvicorn_private.py, whose list tests/unit/test_uvicorn_private.py checks). These tests drive it: the protocol class is built the way
-`llm_gateway.http.server.uvicorn_config` builds it, given a fake transport that records what is
-written and a fake loop whose timers fire only when a test fires them, so header deadlines, the
-keep-alive timer and the lingering close run in milliseconds, with no sockets and no waiting.
+llm_gateway/http/uvicorn_private.py, whose list tests/unit/test_uvicorn_private.py checks). These tests
+drive it: the protocol class is built the way `llm_gateway.http.server.uvicorn_config` builds it, given a
+fake transport that records what is written and a fake loop whose timers fire only when a test fires them,
+so header deadlines, the keep-alive timer and the lingering close run in milliseconds, with no sockets and
+no waiting.
 The slow process-level counterpart is tests/reliability/test_hostile_clients.py.
 """
 
