@@ -2,9 +2,9 @@
 
 These are plain data types with no behaviour and no imports from the project, so the bottom of the
 house (next to errors.py) can hold them: adapters produce them, selection and the prober read them,
-the service passes them along. Nothing here knows an engine. `Capability` is how an optional capability
-(a Protocol's methods, e.g. exchange.py's `DirectWriter`) is checked on the request path: once per type,
-never by a method looked up by name on each request.
+the service passes them along. Nothing here knows an engine. One more piece of shared vocabulary has a
+little behaviour: `Capability`, how an optional capability (the methods a Protocol adds, e.g. exchange.py's
+`DirectWriter`) is checked on the request path: once per type, never a method looked up by name per request.
 """
 
 from __future__ import annotations
