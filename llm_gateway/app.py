@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from llm_gateway.access.memory import spend_of
+from llm_gateway.access.store import InlineStore
 from llm_gateway.dialects.common import HandlerContext, StoredResponses
 from llm_gateway.dialects.routes import ROUTES
 from llm_gateway.errors import ServiceUnavailable
@@ -107,9 +108,7 @@ def create_app(
         nonlocal watcher, metrics_runner, admin_server
         if gw.runtime.config.auth.mode == "none":
             log.warning("auth mode is 'none': anyone who can reach this gateway can use every model")
-        warm_up = getattr(gw.store, "warm_up", None)
-        if warm_up is not None:
-            await warm_up()
+        await gw.store.warm_up()
         if probes:
             prober.sync(gw.runtime.table)
         if config_path is not None:
@@ -175,8 +174,8 @@ def create_app(
 async def _restore_budgets(gw: Gateway, open_usage: Callable[[], Awaitable[UsageStore]]) -> None:
     """Budgets outlive the process: an in-process store starts from what the ledger says each key spent in
     the current UTC day and month (a shared store, Redis, keeps its own counters)."""
-    restore = getattr(gw.store, "restore", None)
-    if restore is None:
+    store = gw.store
+    if not isinstance(store, InlineStore):
         return
     now = time.time()
     today = dt.datetime.fromtimestamp(now, dt.UTC)
@@ -188,7 +187,7 @@ async def _restore_budgets(gw: Gateway, open_usage: Callable[[], Awaitable[Usage
         return
     models = gw.runtime.config.models
     prices = {m.name: (m.price.input_per_million, m.price.output_per_million) for m in models if m.price}
-    restore(spend_of(rows, prices, now))
+    store.restore(spend_of(rows, prices, now))
     log.info("budgets restored from the usage ledger: %d rows since the start of the month", len(rows))
 
 

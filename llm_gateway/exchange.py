@@ -11,10 +11,15 @@ dialect. Where it also offers its client's own body (`NativeDialect`, handed to 
 the exchange), the service may pass that body to an engine that speaks the API itself; it then says,
 before it answers, whether the answer that follows is already in the exchange's dialect
 (`answer_natively`): per request, since a failover may move it from such an engine to another.
+
+An exchange may also offer a direct chunk writer (`DirectWriter`, the gateway's own server's): the stream
+relay then writes each event from the upstream connection's callback (its push mode). The relay checks for
+it once per exchange type (service/stream.py), never by name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 Headers = list[tuple[bytes, bytes]]
@@ -54,6 +59,15 @@ class ClientExchange(Protocol):
 
     def stop_watching(self) -> None:
         """Stop watching for the client's disconnect."""
+        ...
+
+
+class DirectWriter(Protocol):
+    """An exchange whose streamed answer can be written from the upstream connection's callback."""
+
+    def direct_writer(self) -> Callable[[bytes], bool] | None:
+        """A writer of one chunk of the started stream: True, written now; False, nothing written (`write`
+        it, awaiting). None: this exchange has no such writer (its server has none)."""
         ...
 
 

@@ -29,6 +29,7 @@ from llm_gateway.access.keys import Principal
 from llm_gateway.access.store import (
     COST_UNITS,
     Decision,
+    InlineStore,
     LimitStore,
     Quota,
     Reservation,
@@ -62,11 +63,12 @@ class Limiter:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
-        #: settlements never suspend (an in-process store): `finish` needs no shield (LimitStore)
-        self.inline = getattr(store, "inline", False) is True
-        # ... and its answers are had without a coroutine (LimitStore: `reserve_now`, `finish_now`)
-        self._reserve_now = getattr(store, "reserve_now", None) if self.inline else None
-        self._finish_now = getattr(store, "finish_now", None) if self.inline else None
+        #: settlements never suspend (an in-process store, `InlineStore`): `finish` needs no shield; checked
+        #: once, here, and its answers then had without a coroutine (`reserve_now`, `finish_now`)
+        inline = store if isinstance(store, InlineStore) else None
+        self.inline = inline is not None
+        self._reserve_now = inline.reserve_now if inline is not None else None
+        self._finish_now = inline.finish_now if inline is not None else None
         # public model -> (input, output) per million tokens, for cost budgets
         self._prices = {m: (p.input_per_million, p.output_per_million) for m, p in (prices or {}).items()}
         self._wall = wall

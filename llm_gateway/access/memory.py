@@ -131,8 +131,6 @@ class MemoryStore:
     """Exact, in-process. The clocks are injectable for tests: `clock` (monotonic) for the windows,
     `wall` (unix time) for the UTC periods of budgets."""
 
-    inline = True  # no I/O: its coroutines never suspend
-
     def __init__(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._wall = wall
@@ -295,6 +293,9 @@ class MemoryStore:
 
     async def finish(self, res: Reservation, actual_tokens: int | None, actual_cost: int | None = None) -> None:
         self.finish_now(res, actual_tokens, actual_cost)
+
+    async def warm_up(self) -> None:
+        """Nothing to get ready: the counters are this process's own."""
 
     def finish_now(self, res: Reservation, actual_tokens: int | None, actual_cost: int | None = None) -> None:
         if not res.active:

@@ -23,17 +23,18 @@ Scopes are named so that no two can meet: a key's is `k:<name>`, a key and model
 (names never hold `@`, see settings' NAME_PATTERN): a key named `a:m:b` is not key `a` on model `b`.
 
 This module holds the vocabulary both stores share (scopes, decisions, reservations, the store
-protocol and `StoreUnavailable`) and the UTC periods of budgets; `MemoryStore` (memory.py) is for one
-process, `RedisStore` (redis_store.py, imported only when configured) shares state across replicas.
+protocol and its in-process kind `InlineStore`, `StoreUnavailable`) and the UTC periods of budgets;
+`MemoryStore` (memory.py) is for one process, `RedisStore` (redis_store.py, imported only when
+configured) shares state across replicas.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 WINDOW_S = 60.0
 LimitKind = Literal["requests", "tokens", "concurrency", "budget"]
@@ -140,10 +141,7 @@ class Reservation:
 
 
 class LimitStore(Protocol):
-    """A store may say `inline = True`: its coroutines never suspend (no I/O), so a settlement needs no
-    shield against cancellation (one is only delivered where a coroutine suspends). Such a store may offer
-    `reserve_now` and `finish_now` too, the same two answers as plain calls: the limiter uses those, a
-    coroutine less each on every request."""
+    """Where the limits' counters are kept: reserved before a request, settled after it."""
 
     async def reserve(
         self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0, shrink: Shrink | None = None
@@ -157,7 +155,36 @@ class LimitStore(Protocol):
         release the concurrency lease."""
         ...
 
+    async def warm_up(self) -> None:
+        """Get ready before the first request (a shared store connects and loads its scripts); failing to is
+        logged, not raised: the requests retry."""
+        ...
+
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class InlineStore(LimitStore, Protocol):
+    """An in-process store: no I/O, so its coroutines never suspend, and a settlement needs no shield against
+    cancellation (one is only delivered where a coroutine suspends). It gives the same two answers as plain
+    calls too (`reserve_now`, `finish_now`): the limiter uses those, a coroutine less each on every request.
+    Its counters start empty with the process: the budgets' are restored from the usage ledger (`restore`).
+    The limiter checks for it once, when it is made (`Limiter.inline`)."""
+
+    def reserve_now(
+        self, rid: str, scopes: Sequence[ScopeLimits], tokens: int, cost: int = 0, shrink: Shrink | None = None
+    ) -> tuple[Decision, Reservation]:
+        """`reserve`, answered as a plain call."""
+        ...
+
+    def finish_now(self, res: Reservation, actual_tokens: int | None, actual_cost: int | None = None) -> None:
+        """`finish`, done as a plain call."""
+        ...
+
+    def restore(self, spend: Mapping[tuple[str, str], tuple[int, int]]) -> None:
+        """Budget counters from what was spent before this process, {(scope, period id): (tokens, cost)},
+        added to any counted here."""
+        ...
 
 
 def format_reset(seconds: float) -> str:

@@ -120,6 +120,9 @@ class Adapter(ABC):
     #: engine's close arrived, and fail. Checked against each real engine by tests/contract/test_keep_alive.py;
     #: each adapter's docstring says what its engine does.
     closes_after_stream: ClassVar[bool] = False
+    #: has the engine a tokenizer endpoint, so that `count_prompt_tokens` counts a prompt with the engine's own
+    #: tokenizer and chat template (llama-server, vLLM)? Only then is it asked (routing/prompt_count.py)
+    counts_prompts: ClassVar[bool] = False
 
     def engine_priority(self, rank: int) -> int:
         """The engine's `priority` value for a gateway class rank (higher rank: sooner)."""
@@ -189,7 +192,8 @@ class Adapter(ABC):
         self, client: TokenizeClient, body: dict[str, Any], upstream_model: str
     ) -> int | None:
         """The prompt tokens of an OpenAI chat `body` by the engine's own tokenizer and chat template, or
-        None where the engine has no way to count them (the caller then estimates)."""
+        None where the engine has no way to count them (the caller then estimates). An adapter that
+        overrides this says so (`counts_prompts`)."""
         return None
 
     def stream_content_types(self) -> tuple[str, ...]:

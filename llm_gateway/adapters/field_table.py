@@ -25,6 +25,7 @@ from typing import Any
 from llm_gateway.errors import InvalidRequest
 
 PASSED, TRANSLATED, GATEWAY, HINT, REFUSED = "passed", "translated", "gateway", "hint", "refused"
+#: every `how` a rule may have: a test hook (tests/unit/test_field_tables.py checks each table's rules against it)
 HOWS = frozenset({PASSED, TRANSLATED, GATEWAY, HINT, REFUSED})
 
 

@@ -135,6 +135,7 @@ class LlamaServerAdapter(OpenAICompatAdapter):
     reasoning_key: ClassVar[str | None] = "reasoning_content"
     ignores_model_name: ClassVar[bool] = True
     closes_after_stream: ClassVar[bool] = True
+    counts_prompts: ClassVar[bool] = True  # /apply-template + /tokenize
     renames: ClassVar[Mapping[str, str]] = MappingProxyType({"repetition_penalty": "repeat_penalty"})
     field_table: ClassVar[FieldTable | None] = FIELDS
     #: each model's `status.value` when the last probe found a router, else None (a single-model server)

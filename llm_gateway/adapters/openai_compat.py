@@ -267,9 +267,6 @@ class OpenAICompatAdapter(Adapter):
             return "loading", f"{path} answered 503"
         return "down", f"{path} answered {status}{_AUTH_HINT if status in (401, 403) else ''}"
 
-    async def probe_models(self, client: ProbeClient) -> frozenset[str] | None:
-        return (await self.probe_catalog(client))[0]
-
     async def probe_catalog(self, client: ProbeClient) -> tuple[frozenset[str] | None, dict[str, int] | None]:
         """The served models, and the context window of each where the engine's model cards say it
         (`window_field`); None for what the engine did not say."""

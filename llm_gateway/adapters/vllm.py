@@ -100,6 +100,7 @@ class VLLMAdapter(MessagesNativeAdapter):
     error_finish_reasons: ClassVar[tuple[str, ...]] = ("abort", "error")
     window_field: ClassVar[str | None] = "max_model_len"
     window_counts_output: ClassVar[bool] = True
+    counts_prompts: ClassVar[bool] = True  # /tokenize with the chat messages
     renames: ClassVar[Mapping[str, str]] = TO_REPETITION_PENALTY
     refused_blocks: ClassVar[frozenset[str]] = frozenset({"document"})  # not in its AnthropicContentBlock types
     field_table: ClassVar[FieldTable | None] = FIELDS

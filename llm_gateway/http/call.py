@@ -72,11 +72,12 @@ class Call:
         self._timer: asyncio.TimerHandle | None = None
         # the server's cycle (direct_cycle.CoalescingCycle), when `send` is its own method: its direct
         # chunk writer, and the body handed over at once when it has all arrived
-        cycle = getattr(send, "__self__", None)
-        self._direct: Callable[[bytes], bool] | None = getattr(cycle, "write_chunk", None)
-        self._body_now: Callable[[], bytes | None] | None = getattr(cycle, "body_now", None)
+        owner = getattr(send, "__self__", None)
+        cycle = owner if isinstance(owner, CoalescingCycle) else None
+        self._direct: Callable[[bytes], bool] | None = cycle.write_chunk if cycle is not None else None
+        self._body_now: Callable[[], bytes | None] | None = cycle.body_now if cycle is not None else None
         #: the cycle that says when the client left (`on_disconnect`), or None: a watcher task does
-        self._cycle: CoalescingCycle | None = cycle if isinstance(cycle, CoalescingCycle) else None
+        self._cycle = cycle
         self._held: tuple[int, Headers] | None = None  # a stream's head waiting for its first part (start(hold))
         self._by_name = by_name  # the request's headers by name (`header`), when the app has made them
         # the server's cycle behind `send`, or behind `server_send` when `send` wraps it (CORS): told when the

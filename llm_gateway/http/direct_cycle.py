@@ -14,7 +14,8 @@ request). A client that goes away is told to the cycle's `on_disconnect` callbac
 through its `send` (the cycle's bound method: `send.__self__`), never through the scope: the cycle holds the scope,
 and a scope holding the cycle's methods would make every request a reference cycle for the garbage collector (tens
 of ms of pauses at a thousand requests a second, bench/). It subclasses uvicorn's private RequestResponseCycle
-(uvicorn is pinned exactly, constraints.txt; tests/unit/test_http_protocol.py drives every override).
+(from uvicorn_private.py, which lists the fields relied on here; tests/unit/test_uvicorn_private.py checks them,
+tests/unit/test_http_protocol.py drives every override).
 
 An answer that starts before the request's body has all arrived (an early 401, 408 or 413) says `connection:
 close`, and the connection then closes by the protocol's lingering close, not uvicorn's plain one: the client,
@@ -28,12 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import (
-    HEADER_RE,
-    HEADER_VALUE_RE,
-    STATUS_LINE,
-    RequestResponseCycle,
-)
+from llm_gateway.http.uvicorn_private import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
 
 #: the bytes uvicorn's `send` refuses in header names and values: its two regexes are single character
 #: classes, so deleting these bytes (`translate`, a table lookup a byte) tells what a search would, at

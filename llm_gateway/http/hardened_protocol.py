@@ -18,11 +18,13 @@ oldest of them (one not in the middle of a request, if any), so parked connectio
 `max_connections` and starve keyed clients. A connection counts as authenticated from the moment a request
 on it presents a valid key (`Call.authenticated`, or the admin gate's check of an admin key).
 
-This subclasses uvicorn's private HttpToolsProtocol, which is why uvicorn is pinned exactly
-(constraints.txt) and why tests/unit/test_http_protocol.py drives every override fast.
+This subclasses uvicorn's private HttpToolsProtocol (imported, with every other private part of uvicorn the
+gateway uses, from uvicorn_private.py, which lists what it relies on; tests/unit/test_uvicorn_private.py checks
+that list, tests/unit/test_http_protocol.py drives every override fast).
 
 Each request's cycle is a `CoalescingCycle` (direct_cycle.py: the app's answers written directly); the
-protocol makes uvicorn's cycle one before its task runs, and tells it when the client has gone.
+protocol makes uvicorn's cycle one before its task runs (`uvicorn_private.adopt_cycle`: why a class swap), and
+tells it when the client has gone.
 """
 
 from __future__ import annotations
@@ -34,11 +36,10 @@ from typing import Any
 
 import httptools
 import orjson
-from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
-from uvicorn.server import ServerState
+from uvicorn import Config
 
 from llm_gateway.http.direct_cycle import CoalescingCycle
+from llm_gateway.http.uvicorn_private import HttpToolsProtocol, ServerState, adopt_cycle
 
 _REASON = {
     400: b"Bad Request",
@@ -87,7 +88,7 @@ class GatewayProtocol(HttpToolsProtocol):
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        # HttpToolsProtocol.__init__ of uvicorn 0.54.0 (pinned, constraints.txt), field for field, but for
+        # HttpToolsProtocol.__init__ of uvicorn 0.54 (uvicorn_private.PROTOCOL_STATE), field for field, but for
         # the loggers looked up once (above); tests/unit/test_http_protocol.py checks that the two agree
         if not config.loaded:
             config.load()
@@ -261,9 +262,8 @@ class GatewayProtocol(HttpToolsProtocol):
             raise _Refused  # stops the parser; uvicorn's 400 for it is a no-op on a closing transport
         super().on_headers_complete()
         cycle = self.cycle
-        if cycle is not None and type(cycle) is RequestResponseCycle:
-            cycle.__class__ = CoalescingCycle  # before its task runs: `send` is looked up when the app starts
-            cycle.conn = self  # type: ignore[attr-defined]  # a CoalescingCycle's: early answers, authentication
+        if cycle is not None and adopt_cycle(cycle, CoalescingCycle):  # before its task runs
+            cycle.conn = self  # for early answers, and to be told the request showed a valid key
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -290,13 +290,14 @@ class GatewayProtocol(HttpToolsProtocol):
         self.unauthenticated.pop(self, None)
         super().connection_lost(exc)
         cycle = self.cycle
-        if cycle is not None:
-            cycle.conn = None  # type: ignore[attr-defined]
-        if cycle is not None and cycle.disconnected:
-            cycle._direct = False  # type: ignore[attr-defined]  # a CoalescingCycle's
-            left = getattr(cycle, "on_disconnect", None)
+        if not isinstance(cycle, CoalescingCycle):  # none yet, or one that is not the gateway's (an upgrade)
+            return
+        cycle.conn = None
+        if cycle.disconnected:
+            cycle._direct = False
+            left = cycle.on_disconnect
             if left is not None:
-                cycle.on_disconnect = None  # type: ignore[attr-defined]  # a CoalescingCycle's
+                cycle.on_disconnect = None
                 left()
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
 from collections.abc import Generator
 
@@ -20,6 +19,7 @@ import uvicorn
 from llm_gateway.http.accept_drain import AcceptDrain
 from llm_gateway.http.asgi import GatewayApp
 from llm_gateway.http.hardened_protocol import protocol_class
+from llm_gateway.http.uvicorn_private import forget_sigterm
 from llm_gateway.settings import ServerConfig
 
 
@@ -73,8 +73,7 @@ class GatewayServer(uvicorn.Server):
     def capture_signals(self) -> Generator[None, None, None]:
         with super().capture_signals():
             yield
-            # a SIGTERM answered by draining is a clean exit (status 0), not a death by signal
-            self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+            forget_sigterm(self)  # a SIGTERM answered by draining is a clean exit (status 0), not a death by signal
 
 
 def run(app: GatewayApp, server: ServerConfig, host: str, port: int) -> None:

@@ -10,14 +10,14 @@ config, endpoint/outcome/status class from fixed sets. Never a raw key, prompt, 
 other string a client chooses (an unknown model is counted as "unknown").
 
 The gateway runs one worker per process (scale out with replicas, limits shared through Redis);
-`llm-gateway serve` has no workers option, so there is no multiprocess mode to get wrong.
+`llm-gateway serve` has no workers option, so there is no multiprocess mode to get wrong. The request path's
+series are written without prometheus-client's locks (`child`, `inc`, `observe`, `observe_many`): how, on
+prometheus-client's private layout, is prometheus_private.py's alone.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +25,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+# the request path's writers, made here (prometheus_private.py: prometheus-client's internals) and named from here
+from llm_gateway.observability.prometheus_private import inc as inc
+from llm_gateway.observability.prometheus_private import loop_values
+from llm_gateway.observability.prometheus_private import observe as observe
+from llm_gateway.observability.prometheus_private import observe_many as observe_many
 from llm_gateway.settings import PRIORITY_RANKS
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -202,12 +207,13 @@ class Metrics:
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)` of a Counter or Histogram, cached (a dict lookup instead of prometheus-client's
-        validation and lock), its values made `LoopValue`s: only the event loop's thread may update it."""
+        validation and lock), its values made lock-free (`prometheus_private.loop_values`): only the event loop's
+        thread may update it."""
         key = (id(metric), labels)
         c = self._children.get(key)
         if c is None:
             c = metric.labels(*labels)
-            _on_the_loop(c)
+            loop_values(c)
             if len(self._children) < 100_000:  # labels are bounded (config names); this is a safety net
                 self._children[key] = c
         return c
@@ -238,84 +244,3 @@ class _WithoutKeys(Collector):
 
 
 CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}
-
-
-class LoopValue:
-    """A Counter's or Histogram's value that only the event loop's thread updates and reads (the request path,
-    and `/metrics` rendered in a handler): a float with no lock. prometheus-client's `MutexValue` takes a
-    `threading.Lock` for every increment, a dozen a stream; nothing in the gateway updates these series from
-    another thread. The interface is MutexValue's (prometheus_client/values.py, pinned in constraints.txt)."""
-
-    __slots__ = ("_exemplar", "_value")
-
-    def __init__(self, value: float = 0.0) -> None:
-        self._value = value
-        self._exemplar: Any = None
-
-    def inc(self, amount: float) -> None:
-        self._value += amount
-
-    def set(self, value: float, timestamp: float | None = None) -> None:
-        self._value = value
-
-    def set_exemplar(self, exemplar: Any) -> None:
-        self._exemplar = exemplar
-
-    def get(self) -> float:
-        return self._value
-
-    def get_exemplar(self) -> Any:
-        return self._exemplar
-
-
-def _on_the_loop(child: Any) -> None:
-    """Swap a Counter or Histogram child's values for `LoopValue`s holding what they held."""
-    if isinstance(child, Histogram):
-        child._buckets = [LoopValue(b.get()) for b in child._buckets]
-        child._sum = LoopValue(child._sum.get())
-    elif isinstance(child, Counter):
-        child._value = LoopValue(child._value.get())
-    else:
-        raise TypeError(f"Metrics.child serves counters and histograms, not {type(child).__name__}")
-
-
-def inc(child: Any, amount: float = 1) -> None:
-    """`child.inc(amount)` for a Counter child (amount >= 0), straight on its value: prometheus-client's
-    own `inc` checks the amount and the child's observability through two more calls, which every
-    request pays several times (tests/unit/test_metrics_batching.py checks the series are the same)."""
-    child._value.inc(amount)
-
-
-def observe(child: Any, value: float) -> None:
-    """`child.observe(value)` for a Histogram child, as `observe_many` does it for one value."""
-    child._buckets[bisect_left(child._upper_bounds, value)].inc(1)
-    child._sum.inc(value)
-
-
-def observe_many(child: Any, values: list[float]) -> None:
-    """What `observe(v)` for each of `values` does to a Histogram child, with each bucket and the sum
-    incremented once: prometheus-client takes two locks per observation, which a stream's relay would
-    pay per token (the inter-token latencies are batched, tests/unit/test_metrics_batching.py checks the result
-    is the same). The values are sorted once and each bucket's count read off with one bisect per bound
-    from the smallest value's bucket on (a bisect per value was a C call per relayed event), or at once
-    when they all fall in that bucket. Relies on prometheus-client's child layout
-    (pinned in constraints.txt)."""
-    if not values:
-        return
-    ordered = sorted(values)
-    n = len(ordered)
-    buckets = child._buckets
-    bounds = child._upper_bounds  # ascending, the last +Inf; a value v counts in the first bucket whose
-    first = bisect_left(bounds, ordered[0])  # bound is >= v: none below the smallest value's
-    if ordered[-1] <= bounds[first]:  # all in that one bucket: a stream's gaps at a steady pace usually are
-        buckets[first].inc(n)
-    else:
-        below = 0  # values at or under the previous bound
-        for i, bound in enumerate(bounds[first:], first):
-            upto = bisect_right(ordered, bound, below)
-            if upto > below:
-                buckets[i].inc(upto - below)
-                below = upto
-                if below == n:
-                    break
-    child._sum.inc(math.fsum(ordered))

@@ -129,9 +129,6 @@ class Admission:
     def counter(self, key: str) -> float:
         return self._counters.get(key, 0.0)
 
-    def has_room(self) -> bool:
-        return self.limit is None or self.in_flight < self.limit
-
     def can_queue(self) -> bool:
         return self._queued < self.max_queue
 

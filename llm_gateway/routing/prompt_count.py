@@ -5,9 +5,10 @@ gateway never refuses what an engine would take. A chat request also has an uppe
 (`prompt_ceiling`: every UTF-8 byte a token, plus the template's allowances). Where a deployment's
 known window lies between the two (`floor + output <= window < ceiling + output`) the bound cannot
 decide: the request might fit or not. Only then is the prompt counted with the engine's own tokenizer
-and chat template (`Adapter.count_prompt_tokens`: llama-server /apply-template + /tokenize, vLLM
-/tokenize), on a routable deployment of that model (the ambiguous ones first: theirs is the tokenizer
-in question), and the count decides the fit for every deployment of the model (`RequestInfo.prompt_exact`).
+and chat template (`Adapter.count_prompt_tokens`, where the adapter `counts_prompts`: llama-server
+/apply-template + /tokenize, vLLM /tokenize), on a routable deployment of that model (the ambiguous ones
+first: theirs is the tokenizer in question), and the count decides the fit for every deployment of the model
+(`RequestInfo.prompt_exact`).
 A request far from every window (the usual case) pays one loop over the deployments' windows: no
 await, no hashing, no serialization.
 
@@ -31,7 +32,6 @@ from typing import Any
 
 import orjson
 
-from llm_gateway.adapters.base import Adapter
 from llm_gateway.adapters.openai_compat import prompt_fields
 from llm_gateway.errors import GatewayError
 from llm_gateway.observability.metrics import Metrics
@@ -56,7 +56,7 @@ def _ambiguous(d: Deployment, info: RequestInfo, ceiling: int) -> bool:
 def _countable(route: ModelRoute, info: RequestInfo, ceiling: int) -> bool:
     """Has the model a deployment the bounds cannot decide, and an engine that can count its prompt?"""
     deps = eligible(route, info)
-    return any(_ambiguous(d, info, ceiling) for d in deps) and any(can_count(d.backend.adapter) for d in deps)
+    return any(_ambiguous(d, info, ceiling) for d in deps) and any(d.backend.adapter.counts_prompts for d in deps)
 
 
 def ambiguous_routes(table: RoutingTable, route: ModelRoute, info: RequestInfo) -> list[ModelRoute]:
@@ -71,11 +71,6 @@ def ambiguous_routes(table: RoutingTable, route: ModelRoute, info: RequestInfo) 
         if g is not None and all(g is not f for f in found) and _countable(g, info, ceiling):
             found.append(g)
     return found
-
-
-def can_count(adapter: Adapter) -> bool:
-    """Has the engine a tokenizer endpoint (the adapter overrides `count_prompt_tokens`)?"""
-    return type(adapter).count_prompt_tokens is not Adapter.count_prompt_tokens
 
 
 class PromptCounter:
@@ -125,7 +120,10 @@ class PromptCounter:
         deps = [
             d
             for d in eligible(g, info)
-            if can_count(d.backend.adapter) and d.backend.routable() and d.breaker.available(now) and d.model_present()
+            if d.backend.adapter.counts_prompts
+            and d.backend.routable()
+            and d.breaker.available(now)
+            and d.model_present()
         ]
         deps.sort(key=lambda d: not _ambiguous(d, info, ceiling))  # the ambiguous windows' own tokenizers first
         try:

@@ -25,6 +25,7 @@ from typing import Any
 
 from llm_gateway.access.keys import Principal
 from llm_gateway.access.limiter import quota_headers
+from llm_gateway.adapters.relay_base import ChargedError
 from llm_gateway.errors import GatewayError, ModelNotFound, UpstreamProtocolError
 from llm_gateway.exchange import ClientExchange, NativeDialect
 from llm_gateway.observability.record import RequestRecord
@@ -90,10 +91,9 @@ class GenerationService:
             usage = await (self._stream(job) if info.stream else self._unary(job))
         except GatewayError as e:
             failed = True  # answered with an error before any output: nothing was generated, unless the
-            spent = getattr(e, "usage", None)  # engine says it did (an unfinished whole answer): that is paid
-            if isinstance(spent, Usage):
-                rec.prompt_tokens = spent.prompt_tokens or info.prompt_tokens
-                rec.completion_tokens = spent.completion_tokens
+            if isinstance(e, ChargedError):  # engine says it did (an unfinished whole answer): that is paid
+                rec.prompt_tokens = e.usage.prompt_tokens or info.prompt_tokens
+                rec.completion_tokens = e.usage.completion_tokens
             for k, v in job.quota:  # the quota headers go on every answer, errors included
                 e.headers.setdefault(k.decode(), v.decode())
             raise

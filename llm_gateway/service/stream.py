@@ -28,11 +28,16 @@ from collections.abc import Callable
 from llm_gateway.adapters.base import Adapter, StreamRelay
 from llm_gateway.adapters.relay_base import usage_or_estimate
 from llm_gateway.errors import DONE, GatewayError
+from llm_gateway.exchange import DirectWriter
 from llm_gateway.observability.metrics import Metrics, observe, observe_many
 from llm_gateway.routing.attempt import Attempt
 from llm_gateway.service.request import Job
-from llm_gateway.types import CallContext, Usage
-from llm_gateway.upstream.base import UpstreamResponse
+from llm_gateway.types import CallContext, Capability, Usage
+from llm_gateway.upstream.base import PushResponse, UpstreamResponse
+
+#: push mode's two capabilities, on the engine's response and on the client's exchange (checked once per type)
+_PUSHES: Capability[PushResponse] = Capability(PushResponse)
+_WRITES_DIRECTLY: Capability[DirectWriter] = Capability(DirectWriter)
 
 
 async def relay_stream(
@@ -87,11 +92,12 @@ async def relay_stream(
     # push mode where the upstream response and the client's exchange both can (the gateway's own client,
     # a plain OpenAI stream): each chunk is fed and written inside the upstream connection's callback;
     # what cannot be written at once (the client's socket is full) is kept and written here, waiting
-    pipe: Callable[[Callable[[bytes], bool]], asyncio.Future[None] | None] | None = getattr(resp, "pipe", None)
-    direct_writer: Callable[[], Callable[[bytes], bool] | None] | None = getattr(call, "direct_writer", None)
-    try_write = direct_writer() if direct_writer is not None else None
-    if try_write is None:
-        pipe = None
+    pushes = _PUSHES.of(resp)
+    direct = _WRITES_DIRECTLY.of(call)
+    try_write = direct.direct_writer() if direct is not None else None
+    pipe: Callable[[Callable[[bytes], bool]], asyncio.Future[None] | None] | None = None
+    if pushes is not None and try_write is not None:
+        pipe = pushes.pipe
     #: what is still to be written: the last part of the stream (written with the end: one send) or what
     #: the client's socket could not take at once
     kept: list[bytes] = []
@@ -131,8 +137,7 @@ async def relay_stream(
     try:
         if job.progress is None or not job.progress.started:
             # the engine's first chunk is often in hand with its headers: the head leaves with it, one send
-            buffered: Callable[[], bool] | None = getattr(resp, "buffered", None)
-            out = feed(await read()) if buffered is not None and buffered() else b""
+            out = feed(await read()) if pushes is not None and pushes.buffered() else b""
             if out:
                 timed(out)
             await call.start(200, headers, hold=bool(out))

@@ -330,7 +330,8 @@ def _alembic_config() -> Config:
 
 
 def schema_head() -> str:
-    """The revision the migrations lead to (what an opened database's version table holds)."""
+    """The revision the migrations lead to (what an opened database's version table holds). A test hook: the
+    tests check an opened database against it; the product itself never asks."""
     from alembic.script import ScriptDirectory
 
     head = ScriptDirectory.from_config(_alembic_config()).get_current_head()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -132,10 +132,6 @@ class AiohttpResponse:
             raise _translate(e, after_headers=True) from None
         finally:
             self._waiting_since = None
-
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        while chunk := await self.read_chunk():
-            yield chunk
 
     def close(self) -> None:
         self._watchdog.active.discard(self)

@@ -6,11 +6,16 @@ the engine's status line and headers are in; the body is then read whole or chun
 exceptions into `BackendFailure`s where they enter (`ConnectFailed` when no connection could be made,
 `UpstreamUnreachable`, `UpstreamTimeout`, `UpstreamProtocolError`, `StreamInterrupted`), so nothing
 above this layer knows which client is in use.
+
+One optional capability is declared beside it: a `PushResponse` (the gateway's own client's) can also hand
+each chunk to a callback as it arrives (`pipe`), and say whether a chunk is in hand already (`buffered`);
+the stream relay checks for it once per response type (service/stream.py), never by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,12 +51,22 @@ class UpstreamResponse(Protocol):
         """The next body bytes as they arrive, b"" at the end (idle timeout between chunks applies)."""
         ...
 
-    def iter_chunks(self) -> AsyncIterator[bytes]:
-        """The same, as an async iterator."""
-        ...
-
     def close(self) -> None:
         """Release the connection; if the body was not read to the end, drop it."""
+        ...
+
+
+class PushResponse(UpstreamResponse, Protocol):
+    """An upstream response that can push its chunks: the stream relay's push mode (service/stream.py)."""
+
+    def buffered(self) -> bool:
+        """Is a chunk in hand (`read_chunk` answers without waiting)?"""
+        ...
+
+    def pipe(self, sink: Callable[[bytes], bool]) -> asyncio.Future[None] | None:
+        """From now on each chunk goes to `sink(chunk)` as it arrives, inside the connection's callback;
+        `sink` returns False to stop. The future is done when piping stopped, the body ended or failed
+        (`read_chunk` then says which). None: something is to be read first (`read_chunk` it)."""
         ...
 
 

@@ -7,7 +7,7 @@ the connection's callback, no task switch per chunk), timed by the shared watchd
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 from llm_gateway.errors import BackendFailure, UpstreamProtocolError, UpstreamTimeout
@@ -250,10 +250,6 @@ class H1Response:
         self._waiting_since = self._loop.time()
         w = self._waiter = self._loop.create_future()
         return w
-
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        while chunk := await self.read_chunk():
-            yield chunk
 
     def close(self) -> None:
         self.sink = None

@@ -52,7 +52,7 @@ class HttpxResponse:
     async def read(self, limit: int) -> bytes:
         parts: list[bytes] = []
         size = 0
-        async for chunk in self.iter_chunks():
+        async for chunk in self._chunks():
             size += len(chunk)
             if size > limit:
                 raise UpstreamProtocolError(f"the engine's response is larger than {limit} bytes")
@@ -61,13 +61,14 @@ class HttpxResponse:
 
     async def read_chunk(self) -> bytes:
         if self._it is None:
-            self._it = self.iter_chunks()
+            self._it = self._chunks()
         try:
             return await anext(self._it)
         except StopAsyncIteration:
             return b""
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        """The body's chunks as httpx yields them, timed by the total deadline (what `read_chunk` steps through)."""
         try:
             async with asyncio.timeout_at(self._deadline):
                 async for chunk in self._resp.aiter_raw():

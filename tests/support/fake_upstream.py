@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import urlsplit
@@ -145,13 +145,9 @@ class FakeResponse:
         self.eof = not (self.closed or self.failed)
         return b""
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        while chunk := await self.read_chunk():
-            yield chunk
-
     async def read(self, limit: int) -> bytes:
         parts, size = [], 0
-        async for chunk in self.iter_chunks():
+        while chunk := await self.read_chunk():
             size += len(chunk)
             if size > limit:
                 raise UpstreamProtocolError(f"the engine's response is larger than {limit} bytes")

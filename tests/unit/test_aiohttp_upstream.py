@@ -170,8 +170,7 @@ async def test_status_headers_and_body_pass_through_and_the_request_arrives_as_s
     assert req.headers["authorization"] == "Bearer k" and req.headers["x-a"] == "1"
 
 
-@pytest.mark.parametrize("via", ["read_chunk", "iter_chunks"])
-async def test_a_chunked_stream_arrives_chunk_by_chunk_and_ends_with_empty_bytes(client, via):
+async def test_a_chunked_stream_arrives_chunk_by_chunk_and_ends_with_empty_bytes(client):
     async def script(req, reader, writer):
         writer.write(head(content_type="text/event-stream", transfer_encoding="chunked"))
         for part in (b"data: a\n\n", b"data: b\n\n"):
@@ -182,13 +181,10 @@ async def test_a_chunked_stream_arrives_chunk_by_chunk_and_ends_with_empty_bytes
 
     async with TinyEngine(script) as eng:
         resp = await client.send("GET", eng.url + "/s", {}, None, T)
-        if via == "iter_chunks":
-            got = [c async for c in resp.iter_chunks()]
-        else:
-            got = []
-            while c := await resp.read_chunk():
-                got.append(c)
-            assert await resp.read_chunk() == b""  # and again at the end
+        got = []
+        while c := await resp.read_chunk():
+            got.append(c)
+        assert await resp.read_chunk() == b""  # and again at the end
         assert b"".join(got) == b"data: a\n\ndata: b\n\n"
         resp.close()
 
@@ -218,7 +214,7 @@ async def test_a_stream_that_asked_for_connection_close_never_returns_its_connec
     async with TinyEngine(script) as eng:
         for _ in range(2):
             resp = await client.send("POST", eng.url + "/v1/chat/completions", {"Connection": "close"}, b"{}", T)
-            assert [c async for c in resp.iter_chunks()] == [b"data: [DONE]\n\n"]
+            assert await resp.read_chunk() == b"data: [DONE]\n\n" and await resp.read_chunk() == b""
             resp.close()
             await asyncio.sleep(0.05)  # httpx hands its connection back in a task
     assert len(eng.requests) == 2 and eng.connections == 2
@@ -616,8 +612,8 @@ async def test_h1_pipe_hands_each_chunk_over_as_it_arrives_until_the_sink_stops(
         assert piped is not None
         await asyncio.wait_for(piped, 5)
         assert got == [b"data: b\n\n"]
-        rest = [chunk async for chunk in resp.iter_chunks()]  # pulled as before once the sink stopped
-        assert rest == [b"data: c\n\n"] and resp.pipe(sink) is None  # at the end: nothing to pipe
+        rest = [await resp.read_chunk(), await resp.read_chunk()]  # pulled as before once the sink stopped
+        assert rest == [b"data: c\n\n", b""] and resp.pipe(sink) is None  # at the end: nothing to pipe
         resp.close()
     await c.aclose()
 

@@ -2,11 +2,12 @@
 bytes in, bytes out.
 
 The protocol subclasses uvicorn's private `HttpToolsProtocol` and overrides its parser and
-connection callbacks, so an uvicorn upgrade can break it silently (uvicorn is pinned exactly in
-constraints.txt for that reason). These tests are the fast guard: the protocol class is built the way
-`llm_gateway.http.server.uvicorn_config` builds it, given a fake transport that records what is
-written and a fake loop whose timers fire only when a test fires them, so header deadlines, the
-keep-alive timer and the lingering close run in milliseconds, with no sockets and no waiting.
+connection callbacks, so an uvicorn upgrade can break it (uvicorn is held to one minor version: see
+llm_gateway/http/uvicorn_private.py, whose list tests/unit/test_uvicorn_private.py checks). These tests
+drive it: the protocol class is built the way `llm_gateway.http.server.uvicorn_config` builds it, given a
+fake transport that records what is written and a fake loop whose timers fire only when a test fires them,
+so header deadlines, the keep-alive timer and the lingering close run in milliseconds, with no sockets and
+no waiting.
 The slow process-level counterpart is tests/reliability/test_hostile_clients.py.
 """
 
@@ -24,14 +25,13 @@ from typing import Any
 import orjson
 import pytest
 from uvicorn.logging import TRACE_LOG_LEVEL
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.server import ServerState
 
 from llm_gateway.http import direct_cycle, hardened_protocol
 from llm_gateway.http.call import Call
 from llm_gateway.http.direct_cycle import COALESCE
 from llm_gateway.http.hardened_protocol import GatewayProtocol
 from llm_gateway.http.server import uvicorn_config
+from llm_gateway.http.uvicorn_private import HttpToolsProtocol, ServerState
 from llm_gateway.observability.logs import setup_logging
 from llm_gateway.settings import ServerConfig
 
@@ -882,8 +882,8 @@ async def test_a_body_already_parsed_is_taken_without_a_timer_and_a_late_one_rec
         received.append("receive")
         return {"type": "http.request", "body": body, "more_body": False}
 
-    class Cycle:  # what Call reads off its `send`'s owner: the server's cycle
-        def __init__(self, whole: bytes | None) -> None:
+    class Cycle(direct_cycle.CoalescingCycle):  # what Call reads off its `send`'s owner: the server's cycle
+        def __init__(self, whole: bytes | None) -> None:  # none of uvicorn's state: only `body_now` is asked
             self.whole = whole
 
         def body_now(self) -> bytes | None:

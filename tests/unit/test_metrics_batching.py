@@ -106,7 +106,8 @@ async def test_every_gap_between_a_streams_chunks_is_counted_past_one_batch() ->
 def test_the_request_paths_children_keep_their_counts_on_lock_free_values() -> None:
     from prometheus_client import Gauge, generate_latest
 
-    from llm_gateway.observability.metrics import LoopValue, Metrics
+    from llm_gateway.observability.metrics import Metrics
+    from llm_gateway.observability.prometheus_private import LoopValue
 
     m = Metrics()
     own = Metrics()  # prometheus-client's own children and methods, for the same series

@@ -40,6 +40,9 @@ class DownStore:
     async def finish(self, res: Reservation, actual_tokens: int | None) -> None:
         self.finish_calls += 1
 
+    async def warm_up(self) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 
@@ -314,21 +317,30 @@ async def test_retry_after_header_is_rounded_up_to_whole_seconds():
 
 
 async def test_a_store_that_may_suspend_is_asked_through_its_coroutines() -> None:
-    # `reserve_now` / `finish_now` are taken only from a store that says it never suspends (`inline`)
+    # `reserve_now` / `finish_now` are taken only from an in-process store (`InlineStore`); a store that is
+    # not one (Redis) is asked through its coroutines, and its settlements are shielded
     calls: list[str] = []
 
-    class Remote(MemoryStore):
-        inline = False
+    class Remote:
+        def __init__(self) -> None:
+            self.counts = MemoryStore(clock=Clock())
 
-        async def reserve(self, rid, scopes, tokens, cost=0):  # type: ignore[no-untyped-def]
+        async def reserve(self, rid, scopes, tokens, cost=0, shrink=None):  # type: ignore[no-untyped-def]
             calls.append("reserve")
-            return super().reserve_now(rid, scopes, tokens, cost)
+            return self.counts.reserve_now(rid, scopes, tokens, cost, shrink)
 
         async def finish(self, res, actual_tokens, actual_cost=None):  # type: ignore[no-untyped-def]
             calls.append("finish")
-            super().finish_now(res, actual_tokens, actual_cost)
+            self.counts.finish_now(res, actual_tokens, actual_cost)
 
-    lim = Limiter(Remote(clock=Clock()), fail_open=False)
+        async def warm_up(self) -> None:
+            return None
+
+        async def aclose(self) -> None:
+            return None
+
+    lim = Limiter(Remote(), fail_open=False)
+    assert lim.inline is False and Limiter(MemoryStore(), fail_open=False).inline is True
     who = principal(limits=Limits(rpm=10, concurrency=1))
     _, res = await lim.admit(who, "m", 10, "r1")
     await lim.finish(res, 5)
