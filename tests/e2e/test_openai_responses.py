@@ -497,7 +497,7 @@ async def test_the_sdk_reads_function_calls_whole_and_streamed(tmp_path: Path) -
         again = await sdk.responses.retrieve(final.id)
     finally:
         await http.aclose()
-        await app.responses.aclose()
+        await app.context.responses.aclose()
         await app.gw.aclose()
     assert args == ['{"city":', '"Rome"}']
     for resp in (r, final, again):
@@ -528,7 +528,7 @@ async def test_references_cost_one_query_and_a_request_without_them_none(tmp_pat
         first = await sdk.responses.create(
             model="public-model", input=[{"role": "user", "content": "A"}, {"role": "user", "content": "B"}]
         )
-        store = app.responses.store
+        store = app.context.responses.store
         assert store is not None
         seen: list[str] = []
         sa.event.listen(store.db.engine.sync_engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
@@ -547,7 +547,7 @@ async def test_references_cost_one_query_and_a_request_without_them_none(tmp_pat
         ]
     finally:
         await http.aclose()
-        await app.responses.aclose()
+        await app.context.responses.aclose()
         await app.gw.aclose()
     up.assert_all_closed()
 
