@@ -77,8 +77,11 @@ def segments(conversation: Any, tools_json: bytes) -> list[bytes]:
     for m in conversation:
         if not isinstance(m, dict):
             continue
-        parts = [str(m.get("role"))]
         content = m.get("content")
+        if len(m) == 2 and isinstance(content, str):  # the common message: one encode, no list
+            out.append(f"{m.get('role')}{SEP}{content}{SEP}".encode("utf-8", "surrogatepass"))
+            continue
+        parts = [str(m.get("role"))]
         if isinstance(content, str):
             parts.append(content)
         elif isinstance(content, list):
