@@ -26,7 +26,7 @@ from llm_gateway.routing.request_info import read_request
 from llm_gateway.routing.selection import CandidateView
 from llm_gateway.settings import AffinityConfig
 
-WORDS = "the function reads the file and returns its lines; errors are raised to the caller who retries ".split()
+WORDS = ["the", "function", "reads", "a", "file", "and", "returns", "its", "lines;", "errors", "go", "to", "caller"]
 
 
 def text(n: int, seed: int) -> str:
@@ -48,7 +48,10 @@ def agent_body(kb: int) -> dict[str, Any]:
             "function": {
                 "name": f"tool_{i}",
                 "description": text(600, i),
-                "parameters": {"type": "object", "properties": {"path": {"type": "string", "description": text(80, i)}}},
+                "parameters": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string", "description": text(80, i)}},
+                },
             },
         }
         for i in range(24)
@@ -101,10 +104,12 @@ def main() -> None:
         placed(records[1], info, "session-1", cfg, 2.0)
 
     print(f"body {len(raw) / 1000:.0f} KB, {len(body['messages'])} messages, rendered {pb.size / 1000:.0f} KB")
-    print(f"blocks of {a.block} B: {len(pb.keys)}; match of the turn before: {pb.share(records[0].matched(pb.keys, 2.0, 3600)):.3f}")
+    held = pb.share(records[0].matched(pb.keys, 2.0, 3600))
+    print(f"blocks of {a.block} B: {len(pb.keys)}; match of the turn before: {held:.3f}")
     print(f"orjson.loads (already paid)        {per_call(lambda: orjson.loads(raw), a.rounds):8.1f} us")
     print(f"read_request (already paid)        {per_call(lambda: read_request('chat', body), a.rounds):8.1f} us")
-    print(f"prompt_blocks: render + hash       {per_call(lambda: prompt_blocks(info.conversation, info.tools_json, a.block), a.rounds):8.1f} us")
+    hashing = per_call(lambda: prompt_blocks(info.conversation, info.tools_json, a.block), a.rounds)
+    print(f"prompt_blocks: render + hash       {hashing:8.1f} us")
     print(f"route: hash + 2 candidates' match  {per_call(route, a.rounds):8.1f} us")
     print(f"placed: record on the chosen one   {per_call(record, a.rounds):8.1f} us")
 
