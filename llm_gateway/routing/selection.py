@@ -23,7 +23,8 @@ the failover order). Strategies:
 - `cache_aware`: the deployment whose engine probably holds most of this prompt, traded against load.
   Each candidate comes with `match`, the share of the prompt (0..1) its engine was sent before and may
   still hold (routing/prefix_cache.py), and `session_at`, when it last served this request's session.
-  With `load` the load score above and `spare` = load - the lowest load among the candidates:
+  With `load` the load score above without its KV-cache term, and `spare` = load - the lowest load among
+  the candidates:
   1. hot replicas yield: a candidate with `spare` > `max_imbalance` goes after every other (by load);
      imbalance, not absolute load, so a uniformly busy pool keeps its affinity;
   2. a session seen before stays where it was last served (the most recent of the others);
@@ -65,8 +66,11 @@ class CandidateView:
     session_at: float = 0.0  # cache_aware: when it last served this request's session (0: never)
 
 
-def load_score(c: CandidateView, now: float, stale_s: float, prefer_resident: bool = True) -> float:
-    """The candidate's estimated load per slot (one function: it runs for every candidate of every request)."""
+def load_score(
+    c: CandidateView, now: float, stale_s: float, prefer_resident: bool = True, kv_penalty: bool = True
+) -> float:
+    """The candidate's estimated load per slot (one function: it runs for every candidate of every request);
+    `kv_penalty` False leaves the KV-cache fill out (cache_aware: see `_cache_aware`)."""
     cap = c.capacity if c.capacity > 1 else 1
     cold = COLD_LOAD if prefer_resident and c.resident is False else 0.0
     load = c.load
@@ -78,7 +82,7 @@ def load_score(c: CandidateView, now: float, stale_s: float, prefer_resident: bo
         if load.running is None and load.waiting is None:
             score += UNKNOWN_LOAD
         kv = load.kv
-        if kv is not None and kv > KV_KNEE:
+        if kv is not None and kv > KV_KNEE and kv_penalty:
             score += (kv - KV_KNEE) * 10
         return score + cold
     if c.reports_load:
@@ -108,7 +112,8 @@ def order(
     # rotate before the stable sort so that equal scores take turns
     turn = rotation % n
     base = [*range(turn, n), *range(turn)]
-    scores = [load_score(c, now, stale_s, prefer_resident) for c in cands]
+    kv = strategy != "cache_aware"
+    scores = [load_score(c, now, stale_s, prefer_resident, kv) for c in cands]
     by_load = sorted(base, key=scores.__getitem__)  # a C key: no Python frame per candidate
     if strategy == "least_load":
         return by_load
@@ -145,7 +150,10 @@ def _cache_aware(
     load_weight: float,
     max_imbalance: float,
 ) -> list[int]:
-    """The `cache_aware` order (the module's docstring has the rules)."""
+    """The `cache_aware` order (the module's docstring has the rules). Its load leaves the KV-cache fill out:
+    a full cache is what this strategy routes to, and llama-server's fill (its busy slots) repeats a probe ago
+    what the in-flight count says now; a stale one made replicas look 1.5 slots busier than they were, and
+    sessions yield for nothing (bench/agent_cache.py, 4 sessions x 4 turns: 4 moves)."""
     lowest = scores[by_load[0]]
     bound = lowest + max_imbalance
     cool = [i for i in by_load if scores[i] <= bound]

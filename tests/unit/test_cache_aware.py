@@ -280,3 +280,16 @@ async def test_cache_aware_reports_the_matched_share_of_each_routed_prompt() -> 
     assert count and float(count[0].split()[-1]) == 3
     # turn 1 matched nothing; turns 2 and 3 matched most of their prompt (all but the new turn)
     assert 1.0 < float(total[0].split()[-1]) < 2.0
+
+
+def test_a_full_kv_cache_is_not_load_to_cache_aware() -> None:
+    """llama-server's KV signal is its busy slots a probe ago: stale, it made the replica holding the
+    conversation look 1.5 slots busier than the other and the session yield (bench/agent_cache.py)."""
+    from llm_gateway.types import LoadSnapshot
+
+    full = LoadSnapshot(running=2.0, waiting=0.0, kv=1.0, at=NOW)  # both slots busy when probed
+    a = CandidateView("a", 0, 2, True, full, 2)  # ...and done since: nothing in flight now
+    b = CandidateView("b", 0, 2, True, LoadSnapshot(running=0.0, waiting=0.0, kv=0.0, at=NOW), 0)
+    a.match, b.match = 0.9, 0.7
+    assert cache_order([a, b])[0] == "a"
+    assert order("least_load", [a, b], now=NOW, stale_s=STALE)[0] == 1  # least_load still counts it
