@@ -125,7 +125,9 @@ async def workload(a: argparse.Namespace, targets: list[str], pin: bool) -> dict
     errors = 0
     by_backend: dict[str, int] = {}
     paths: dict[int, list[str]] = {s: [] for s in range(a.sessions)}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+    # llama-server closes a connection after a streamed answer (adapters/llama_server.py): straight to it, none
+    # is reused; the gateway keeps its own connections alive
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=pin)) as http:
 
         async def session(s: int) -> None:
             nonlocal sent, errors

@@ -293,3 +293,17 @@ def test_a_full_kv_cache_is_not_load_to_cache_aware() -> None:
     a.match, b.match = 0.9, 0.7
     assert cache_order([a, b])[0] == "a"
     assert order("least_load", [a, b], now=NOW, stale_s=STALE)[0] == 1  # least_load still counts it
+
+
+async def test_the_engines_cache_counters_are_re_exported_per_backend() -> None:
+    from llm_gateway.types import LoadSnapshot
+
+    async with gateway_client(config("cache_aware"), upstream=engines()) as (client, app):
+        backends = app.gw.runtime.table.backends
+        backends["engine-a"].load = LoadSnapshot(1.0, 0.0, 0.2, 0.0, computed=1234.0)
+        backends["engine-b"].load = LoadSnapshot(1.0, 0.0, 0.2, 0.0, cache_queries=900.0, cache_hits=300.0)
+        text = (await client.get("/metrics")).text
+    assert 'gateway_engine_prompt_computed_tokens_total{backend="engine-a"} 1234.0' in text
+    assert 'gateway_engine_prefix_cache_queried_tokens_total{backend="engine-b"} 900.0' in text
+    assert 'gateway_engine_prefix_cache_hit_tokens_total{backend="engine-b"} 300.0' in text
+    assert 'gateway_engine_prompt_computed_tokens_total{backend="engine-b"}' not in text  # not said: no series
