@@ -128,7 +128,8 @@ class TableGauges(Collector):
                     waiting_by_class[name] = waiting_by_class.get(name, 0) + n
         for name, n in waiting_by_class.items():
             by_class.add_metric([name], float(n))
-        yield from (up, state, inflight, waiting, running, kv, age, computed, queried, hit)
+        yield from (up, state, inflight, waiting, running, kv, age)
+        yield from (f for f in (computed, queried, hit) if f.samples)  # no engine says: no family
         yield from (breaker, queue, window, resident, by_class)
 
 
