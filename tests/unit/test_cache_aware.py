@@ -201,7 +201,7 @@ def test_a_known_session_stays_where_it_was_last_served_unless_that_replica_is_h
 NAMES = ["engine-a", "engine-b"]
 
 
-def config(strategy: str) -> Any:
+def config(strategy: str, server: str = "{access_log: false}") -> Any:
     backends = "".join(f'  - {{name: {n}, engine: vllm, url: "http://{n}.test"}}\n' for n in NAMES)
     deps = "".join(
         f"      - {{backend: {n}, model: upstream-model, format: safetensors, capabilities: [chat, tools]}}\n"
@@ -209,7 +209,7 @@ def config(strategy: str) -> Any:
     )
     return make_config(
         f"""
-server: {{access_log: false}}
+server: {server}
 auth:
   mode: keys
   keys:
@@ -307,3 +307,26 @@ async def test_the_engines_cache_counters_are_re_exported_per_backend() -> None:
     assert 'gateway_engine_prefix_cache_queried_tokens_total{backend="engine-b"} 900.0' in text
     assert 'gateway_engine_prefix_cache_hit_tokens_total{backend="engine-b"} 300.0' in text
     assert 'gateway_engine_prompt_computed_tokens_total{backend="engine-b"}' not in text  # not said: no series
+
+
+async def test_previous_response_id_chains_stay_on_the_engine_that_holds_them(tmp_path: Any) -> None:
+    """The OpenAI Agents SDK's chaining sends only the new input: the gateway puts the stored conversation
+    first, so routing sees the whole history and the prefix record matches it like a resent one."""
+    cfg = config("cache_aware", server=f'{{access_log: false, data_dir: "{tmp_path}"}}')
+    served: dict[int, list[str]] = {c: [] for c in range(3)}
+    last: dict[int, str | None] = dict.fromkeys(range(3))
+    async with gateway_client(cfg, upstream=engines()) as (client, app):
+        try:
+            for turn in range(4):
+                for c in range(3):
+                    body: dict[str, Any] = {"model": "agent", "input": f"chain {c} asks {turn}: " + "why " * 60}
+                    if last[c] is not None:
+                        body["previous_response_id"] = last[c]
+                    r = await client.post("/v1/responses", json=body)
+                    assert r.status_code == 200, r.text
+                    last[c] = r.json()["id"]
+                    served[c].append(r.headers["x-gateway-backend"])
+        finally:
+            await app.context.responses.aclose()
+    assert all(len(set(s)) == 1 for s in served.values()), served
+    assert len({s[0] for s in served.values()}) == 2, served  # and the chains spread
