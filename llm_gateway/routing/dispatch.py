@@ -267,12 +267,12 @@ class Dispatcher:
                     first_choice = ordered[0]
                 dep = await self._enter(ordered, trace)
                 tried.add(id(dep))
-                if group.cfg.strategy == "cache_aware":  # what its engine now holds, and how much it held
-                    share = prefix_cache.placed(dep.prefixes, info, session, group.cfg.affinity, time.monotonic())
-                    observe(self.metrics.child(self.metrics.prefix_match, group.name), share)
                 if not dep.breaker.acquire(time.monotonic()):
                     dep.admission.leave()
                     continue
+                if group.cfg.strategy == "cache_aware":  # what its engine now holds, and how much it held
+                    share = prefix_cache.placed(dep.prefixes, info, session, group.cfg.affinity, time.monotonic())
+                    observe(self.metrics.child(self.metrics.prefix_match, group.name), share)
                 dep.backend.in_flight += 1
                 trace.attempts += 1
                 trace.deployment, trace.route = dep, group
