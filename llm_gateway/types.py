@@ -56,6 +56,12 @@ class LoadSnapshot:
     waiting: float | None
     kv: float | None
     at: float
+    #: the engine's own prompt-cache counters, cumulative tokens as it counts them (None: it does not say):
+    #: prompt tokens it computed (those served from its cache not counted: llama-server), and its prefix
+    #: cache's looked-up and hit tokens (vLLM); re-exported by routing/gauges.py
+    computed: float | None = None
+    cache_queries: float | None = None
+    cache_hits: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

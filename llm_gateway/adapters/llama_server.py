@@ -67,6 +67,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -132,6 +133,9 @@ class LlamaServerAdapter(OpenAICompatAdapter):
     formats: ClassVar[frozenset[str] | None] = frozenset({"gguf"})
     reports_load: ClassVar[bool] = True
     load_metrics = (("llamacpp:requests_processing",), ("llamacpp:requests_deferred",), ())
+    #: "Number of prompt tokens processed": the tokens it evaluated, the ones its slot or RAM cache served
+    #: (a response's `timings.cache_n`) not counted; no hit or lookup counter
+    cache_metrics = (("llamacpp:prompt_tokens_total",), (), ())
     reasoning_key: ClassVar[str | None] = "reasoning_content"
     ignores_model_name: ClassVar[bool] = True
     closes_after_stream: ClassVar[bool] = True
@@ -201,7 +205,7 @@ class LlamaServerAdapter(OpenAICompatAdapter):
             if total == 0:
                 return None
             return LoadSnapshot(running=float(busy), waiting=None, kv=kv, at=client.now())
-        return LoadSnapshot(running=snap.running, waiting=snap.waiting, kv=kv, at=snap.at)
+        return replace(snap, kv=kv)
 
     async def _slots(self, client: ProbeClient) -> tuple[int, int]:
         status, body = await client.get("/slots", self.auth_headers())

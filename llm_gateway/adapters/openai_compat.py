@@ -85,6 +85,8 @@ class OpenAICompatAdapter(Adapter):
     formats: ClassVar[frozenset[str] | None] = None
     #: (running, waiting, kv) metric names, each a tuple of alternatives tried in order
     load_metrics: ClassVar[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None] = None
+    #: (prompt tokens computed, prefix-cache queried tokens, hit tokens) counter names, read with the load
+    cache_metrics: ClassVar[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = ((), (), ())
     #: the engine's name for reasoning text, renamed to the configured one on the way out
     reasoning_key: ClassVar[str | None] = None
     #: finish reasons that mean the generation failed (SGLang/LMDeploy "abort", "error")
@@ -293,11 +295,15 @@ class OpenAICompatAdapter(Adapter):
         self.metrics_body = body
         samples = parse_samples(body)
         running_names, waiting_names, kv_names = self.load_metrics
+        computed, queries, hits = self.cache_metrics
         return LoadSnapshot(
             running=_first(samples, running_names, total),
             waiting=_first(samples, waiting_names, total),
             kv=_first(samples, kv_names, peak),  # a fraction per data-parallel rank: the fullest one counts
             at=client.now(),
+            computed=_first(samples, computed, total),
+            cache_queries=_first(samples, queries, total),
+            cache_hits=_first(samples, hits, total),
         )
 
 

@@ -96,6 +96,13 @@ class VLLMAdapter(MessagesNativeAdapter):
         ("vllm:num_requests_waiting",),
         ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     )
+    #: prefix caching's counters in tokens (v1 names, then the `gpu_` ones of earlier v1 releases); vLLM has no
+    #: counter of computed prompt tokens (`vllm:prompt_tokens` counts every prompt token): queries - hits is it
+    cache_metrics = (
+        (),
+        ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+        ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    )
     reasoning_key: ClassVar[str | None] = "reasoning"
     error_finish_reasons: ClassVar[tuple[str, ...]] = ("abort", "error")
     window_field: ClassVar[str | None] = "max_model_len"

@@ -35,6 +35,7 @@ from llm_gateway.settings import PRIORITY_RANKS
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+MATCH_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 
 
@@ -183,6 +184,15 @@ class Metrics:
             "Estimated tokens (prompt + max output) admitted to deployments, by key and class: the fair share.",
             ["key", "priority"],
             registry=r,
+        )
+        # cache-aware routing (routing/prefix_cache.py): the share of each routed prompt the chosen engine was
+        # sent before (what the gateway believes it holds; the engines' own counters are in routing/gauges.py)
+        self.prefix_match = Histogram(
+            "gateway_prefix_match_ratio",
+            "cache_aware routes: share of the prompt's blocks the chosen deployment was sent before, per request.",
+            ["model"],
+            registry=r,
+            buckets=MATCH_BUCKETS,
         )
         self.prompt_counts = Counter(
             "gateway_prompt_counts",

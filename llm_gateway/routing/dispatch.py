@@ -31,7 +31,7 @@ from typing import Protocol, TypeVar
 from llm_gateway.access.keys import Principal
 from llm_gateway.errors import GatewayError, NoHealthyBackend, Overloaded
 from llm_gateway.observability.metrics import Metrics, inc, observe
-from llm_gateway.routing import selection
+from llm_gateway.routing import prefix_cache, selection
 from llm_gateway.routing.admission import Ticket
 from llm_gateway.routing.attempt import Attempt
 from llm_gateway.routing.candidates import eligible, explain_ineligible, explain_too_long, fits, fits_in_any
@@ -165,8 +165,11 @@ class Dispatcher:
             for d in deps
         ]
         key = None
+        aff = route.cfg.affinity
         if route.cfg.strategy == "prefix_affinity":
-            key = session or affinity_key(info.affinity_text, route.cfg.affinity.prefix_chars)
+            key = session or affinity_key(info.affinity_text, aff.prefix_chars)
+        elif route.cfg.strategy == "cache_aware":
+            prefix_cache.annotate(views, [d.prefixes for d in deps], info, session, aff, now)
         route.rotation += 1
         idx = selection.order(
             route.cfg.strategy,
@@ -175,9 +178,12 @@ class Dispatcher:
             stale_s=stale,
             rotation=route.rotation,
             affinity_key=key,
-            max_affinity_load=route.cfg.affinity.max_load,
+            max_affinity_load=aff.max_load,
             rng=self.rng,
             prefer_resident=self.cfg.prefer_resident,
+            fresh=info.fresh,
+            load_weight=aff.load_weight,
+            max_imbalance=aff.max_imbalance,
         )
         return [deps[i] for i in idx]
 
@@ -259,6 +265,9 @@ class Dispatcher:
                 if not dep.breaker.acquire(time.monotonic()):
                     dep.admission.leave()
                     continue
+                if group.cfg.strategy == "cache_aware":  # what its engine now holds, and how much it held
+                    share = prefix_cache.placed(dep.prefixes, info, session, group.cfg.affinity, time.monotonic())
+                    observe(self.metrics.child(self.metrics.prefix_match, group.name), share)
                 attempt = Attempt(dep, group, ticket)
                 attempts += 1
                 job.took(attempt)

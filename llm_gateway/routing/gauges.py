@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llm_gateway.observability.metrics import CLASS_NAMES
@@ -58,6 +58,22 @@ class TableGauges(Collector):
         age = GaugeMetricFamily(
             "gateway_backend_load_age_seconds", "Age of the engine's last load report.", labels=["backend"]
         )
+        # the engines' own counters as of their last probe (cumulative; a restarted engine starts again at 0)
+        computed = CounterMetricFamily(
+            "gateway_engine_prompt_computed_tokens",
+            "Prompt tokens the engine computed, those its cache served not counted (llama-server), as last probed.",
+            labels=["backend"],
+        )
+        queried = CounterMetricFamily(
+            "gateway_engine_prefix_cache_queried_tokens",
+            "Prompt tokens the engine looked up in its prefix cache (vLLM), as last probed.",
+            labels=["backend"],
+        )
+        hit = CounterMetricFamily(
+            "gateway_engine_prefix_cache_hit_tokens",
+            "Prompt tokens the engine's prefix cache served (vLLM), as last probed.",
+            labels=["backend"],
+        )
         for b in table.backends.values():
             h = b.health(now)
             up.add_metric([b.name, b.kind], 1.0 if h in ("ready", "busy") else 0.0)
@@ -69,6 +85,10 @@ class TableGauges(Collector):
             running.add_metric([b.name], _num(load.running if load else None))
             kv.add_metric([b.name], _num(load.kv if load else None))
             age.add_metric([b.name], now - load.at if load else math.nan)
+            if load is not None:
+                for family, value in ((computed, load.computed), (queried, load.cache_queries), (hit, load.cache_hits)):
+                    if value is not None:
+                        family.add_metric([b.name], value)
         labels = ["model", "backend", "upstream_model"]
         breaker = GaugeMetricFamily(
             "gateway_breaker_state", "Circuit breaker per deployment: 0 closed, 1 half-open, 2 open.", labels=labels
@@ -108,7 +128,9 @@ class TableGauges(Collector):
                     waiting_by_class[name] = waiting_by_class.get(name, 0) + n
         for name, n in waiting_by_class.items():
             by_class.add_metric([name], float(n))
-        yield from (up, state, inflight, waiting, running, kv, age, breaker, queue, window, resident, by_class)
+        yield from (up, state, inflight, waiting, running, kv, age)
+        yield from (f for f in (computed, queried, hit) if f.samples)  # no engine says: no family
+        yield from (breaker, queue, window, resident, by_class)
 
 
 def _num(v: float | None) -> float:

@@ -64,6 +64,13 @@ class RequestInfo:
     #: how many completions of up to `max_tokens` each the request generates: `n` (or completions'
     #: `best_of`, the larger) times the prompts of a completions batch; what a reservation multiplies
     choices: int = 1
+    #: for cache-aware routing (prefix_cache.py), references to what the body already holds: the chat
+    #: messages (or the completions prompt), the tools' JSON as measured here, and whether the conversation
+    #: is new (no assistant or tool turn yet); `blocks` caches its hashed blocks across retries
+    conversation: Any = None
+    tools_json: bytes = b""
+    fresh: bool = False
+    blocks: Any = None
 
 
 def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
@@ -101,12 +108,15 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
         raise InvalidRequest("'max_tokens' must be a non-negative integer", param="max_tokens")
     ceiling: int | None = None
+    tools_json = b""
+    fresh = False
     if endpoint == "chat":
-        chars, affinity, floor, ceiling = _messages(value, needs)
+        chars, affinity, floor, ceiling, fresh = _messages(value, needs)
         tools = body.get("tools") or body.get("functions")
         if tools:
             needs.add("tools")
-            size = len(orjson.dumps(tools))  # what the template renders of them: counted in the estimate too
+            tools_json = orjson.dumps(tools)  # what the template renders of them: counted in the estimate too
+            size = len(tools_json)
             chars += size
             ceiling += CEILING_TOOLS + size
         if body.get("chat_template_kwargs") is not None:
@@ -135,6 +145,9 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
         floor,
         ceiling,
         choices=choices,
+        conversation=value,
+        tools_json=tools_json,
+        fresh=fresh,
     )
 
 
@@ -191,19 +204,22 @@ def _largest_floor(value: Any) -> int:
     return 0
 
 
-def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int]:
-    """(typical characters, affinity text, floor, ceiling) of chat messages."""
+def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int, bool]:
+    """(typical characters, affinity text, floor, ceiling, fresh: no assistant or tool turn) of chat messages."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty array", param="messages")
     chars = floor = 0
     ceiling = CEILING_BASE + CEILING_PER_MESSAGE * len(messages)
     head: list[str] = []
+    fresh = True
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = m.get("role")
         if not isinstance(role, str):
             raise InvalidRequest(f"messages[{i}].role must be a string", param=f"messages[{i}].role")
+        if role == "assistant" or role == "tool":
+            fresh = False
         chars += 16
         content = m.get("content")
         if isinstance(content, str):
@@ -237,7 +253,7 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int]:
             size = _other_fields_size(m)
             chars += size
             ceiling += size
-    return chars, "\x00".join(head), floor, ceiling
+    return chars, "\x00".join(head), floor, ceiling, fresh
 
 
 def _other_fields_size(message: dict[str, Any]) -> int:

@@ -20,6 +20,18 @@ the failover order). Strategies:
 - `prefix_affinity`: requests with the same affinity key (session header or prompt prefix) go to
   the same deployment (rendezvous hashing, stable when deployments come and go) while its load per
   slot stays under `max_load`; otherwise least load.
+- `cache_aware`: the deployment whose engine probably holds most of this prompt, traded against load.
+  Each candidate comes with `match`, the share of the prompt (0..1) its engine was sent before and may
+  still hold (routing/prefix_cache.py), and `session_at`, when it last served this request's session.
+  With `load` the load score above without its KV-cache term, and `spare` = load - the lowest load among
+  the candidates:
+  1. hot replicas yield: a candidate with `spare` > `max_imbalance` goes after every other (by load);
+     imbalance, not absolute load, so a uniformly busy pool keeps its affinity;
+  2. a session seen before stays where it was last served (the most recent of the others);
+  3. a new conversation (no assistant turn yet, `fresh`) or one no candidate holds any of spreads by
+     least load (ties take turns);
+  4. otherwise the highest `match - load_weight * spare` goes first (production-stack's `loadaware`
+     score, matched/prompt - beta * relative load), ties by load.
 """
 
 from __future__ import annotations
@@ -50,10 +62,15 @@ class CandidateView:
     weight: float = 1.0
     priority: int = 0
     resident: bool | None = None  # the model is loaded (True), would load cold (False), unknown (None)
+    match: float = 0.0  # cache_aware: the share of the prompt its engine may hold (prefix_cache.py)
+    session_at: float = 0.0  # cache_aware: when it last served this request's session (0: never)
 
 
-def load_score(c: CandidateView, now: float, stale_s: float, prefer_resident: bool = True) -> float:
-    """The candidate's estimated load per slot (one function: it runs for every candidate of every request)."""
+def load_score(
+    c: CandidateView, now: float, stale_s: float, prefer_resident: bool = True, kv_penalty: bool = True
+) -> float:
+    """The candidate's estimated load per slot (one function: it runs for every candidate of every request);
+    `kv_penalty` False leaves the KV-cache fill out (cache_aware: see `_cache_aware`)."""
     cap = c.capacity if c.capacity > 1 else 1
     cold = COLD_LOAD if prefer_resident and c.resident is False else 0.0
     load = c.load
@@ -65,7 +82,7 @@ def load_score(c: CandidateView, now: float, stale_s: float, prefer_resident: bo
         if load.running is None and load.waiting is None:
             score += UNKNOWN_LOAD
         kv = load.kv
-        if kv is not None and kv > KV_KNEE:
+        if kv is not None and kv > KV_KNEE and kv_penalty:
             score += (kv - KV_KNEE) * 10
         return score + cold
     if c.reports_load:
@@ -84,6 +101,9 @@ def order(
     max_affinity_load: float = 1.5,
     rng: random.Random | None = None,
     prefer_resident: bool = True,
+    fresh: bool = False,
+    load_weight: float = 0.5,
+    max_imbalance: float = 1.0,
 ) -> list[int]:
     """Indices of `cands` in the order to try them."""
     n = len(cands)
@@ -92,7 +112,8 @@ def order(
     # rotate before the stable sort so that equal scores take turns
     turn = rotation % n
     base = [*range(turn, n), *range(turn)]
-    scores = [load_score(c, now, stale_s, prefer_resident) for c in cands]
+    kv = strategy != "cache_aware"
+    scores = [load_score(c, now, stale_s, prefer_resident, kv) for c in cands]
     by_load = sorted(base, key=scores.__getitem__)  # a C key: no Python frame per candidate
     if strategy == "least_load":
         return by_load
@@ -116,7 +137,34 @@ def order(
         if load_score(cands[sticky], now, stale_s, prefer_resident) <= max_affinity_load:
             return [sticky] + [i for i in by_load if i != sticky]
         return by_load
+    if strategy == "cache_aware":
+        return _cache_aware(cands, scores, by_load, fresh, load_weight, max_imbalance)
     raise ValueError(f"unknown strategy {strategy!r}")
+
+
+def _cache_aware(
+    cands: Sequence[CandidateView],
+    scores: list[float],
+    by_load: list[int],
+    fresh: bool,
+    load_weight: float,
+    max_imbalance: float,
+) -> list[int]:
+    """The `cache_aware` order (the module's docstring has the rules). Its load leaves the KV-cache fill out:
+    a full cache is what this strategy routes to, and llama-server's fill (its busy slots) repeats a probe ago
+    what the in-flight count says now; a stale one made replicas look 1.5 slots busier than they were, and
+    sessions yield for nothing (bench/agent_cache.py, 4 sessions x 4 turns: 4 moves)."""
+    lowest = scores[by_load[0]]
+    bound = lowest + max_imbalance
+    cool = [i for i in by_load if scores[i] <= bound]
+    hot = by_load[len(cool) :]  # by_load is sorted: the hot ones are its tail
+    seen = max(cool, key=lambda i: cands[i].session_at)
+    if cands[seen].session_at > 0.0:
+        return [seen] + [i for i in by_load if i != seen]
+    if fresh or max(cands[i].match for i in cool) <= 0.0:
+        return by_load
+    ranked = sorted(cool, key=lambda i: load_weight * (scores[i] - lowest) - cands[i].match)  # stable: ties by load
+    return ranked + hot
 
 
 def _rendezvous(key: str, node: str) -> int:

@@ -15,6 +15,7 @@ from llm_gateway.adapters.base import Adapter
 from llm_gateway.adapters.registry import adapter_for
 from llm_gateway.routing.admission import Admission
 from llm_gateway.routing.breaker import Breaker
+from llm_gateway.routing.prefix_cache import PrefixRecord
 from llm_gateway.settings import PRIORITY_RANKS, BackendConfig, DeploymentConfig, GatewayConfig, ModelConfig
 from llm_gateway.types import BackendInfo, LoadSnapshot
 from llm_gateway.upstream.base import UpstreamTimeouts
@@ -73,6 +74,8 @@ class Deployment:
     key: str
     #: the engine's name for the model (the config's `model`), fixed: it is part of the deployment's key
     upstream_model: str = field(init=False)
+    #: what cache_aware routing sent it (prefix_cache.py); kept across reloads with the deployment
+    prefixes: PrefixRecord = field(default_factory=PrefixRecord)
 
     def __post_init__(self) -> None:
         self.upstream_model = self.cfg.model

@@ -20,6 +20,7 @@ from llm_gateway.exchange import ClientExchange, Headers, NativeDialect
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.routing.attempt import Attempt
 from llm_gateway.routing.request_info import RequestInfo
+from llm_gateway.routing.session_key import session_of
 from llm_gateway.routing.table import ModelRoute
 from llm_gateway.service.queue_progress import QueueProgress
 from llm_gateway.service.runtime import Runtime
@@ -53,8 +54,7 @@ class Job:
 
     # -- what dispatch reads and tells (routing/dispatch.py:Dispatched) --------------------------------
     def session(self) -> str | None:
-        v = self.call.header(self.rt.session_header)
-        return v.decode("latin-1")[:256] if v else None
+        return session_of(self.call.header, self.rt.session_header, self.body)  # agents' ids too (issue 37)
 
     def took(self, attempt: Attempt) -> None:
         self.attempt = attempt

@@ -89,8 +89,21 @@ class DeploymentConfig(Strict):
 
 
 class AffinityConfig(Strict):
-    prefix_chars: int = Field(512, ge=16, description="prompt characters hashed into the affinity key")
-    max_load: float = Field(1.5, gt=0, description="leave the sticky deployment above this load per slot")
+    """prefix_affinity's and cache_aware's knobs (routing/selection.py, routing/prefix_cache.py)."""
+
+    prefix_chars: int = Field(512, ge=16, description="prefix_affinity: prompt characters hashed into its key")
+    max_load: float = Field(1.5, gt=0, description="prefix_affinity: leave the sticky deployment above this load")
+    block_bytes: int = Field(1024, ge=64, le=1 << 20, description="cache_aware: bytes of prompt per hashed block")
+    cache_tokens: int = Field(
+        1_000_000, ge=1, description="cache_aware: the prefix cache of one deployment's engine, in tokens"
+    )
+    ttl_s: float = Field(3600.0, gt=0, description="cache_aware: a prefix or session not sent for this long is gone")
+    load_weight: float = Field(
+        0.5, ge=0, description="cache_aware: beta in matched/prompt - beta * (load - lowest load), load per slot"
+    )
+    max_imbalance: float = Field(
+        1.0, gt=0, description="cache_aware: a deployment this much load per slot above the lowest yields"
+    )
 
 
 class ModelConfig(Strict):

@@ -30,7 +30,7 @@ Capability = Literal["chat", "completions", "embeddings", "tools", "vision", "js
 PriorityClass = Literal["interactive", "default", "batch"]
 #: the queue rank of each class: higher goes first
 PRIORITY_RANKS: dict[str, int] = {"interactive": 2, "default": 1, "batch": 0}
-Strategy = Literal["least_load", "round_robin", "weighted", "priority", "prefix_affinity"]
+Strategy = Literal["least_load", "round_robin", "weighted", "priority", "prefix_affinity", "cache_aware"]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,127}$"  # no "@": it separates a format suffix
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]

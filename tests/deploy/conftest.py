@@ -40,6 +40,7 @@ models:
       - {{backend: engine-b, model: up-b, format: awq, priority: 0}}
       - {{backend: engine-a, model: up-a, format: safetensors, priority: 1, context_length: 8192}}
   - name: broken-model
+    strategy: cache_aware
     deployments:
       - {{backend: engine-c, model: up-c, format: gguf}}
   - name: primary-model
@@ -93,6 +94,10 @@ VLLM_METRICS = (
     b'vllm:num_requests_waiting{engine="0",model_name="up-a"} 2.0\n'
     b"# TYPE vllm:kv_cache_usage_perc gauge\n"
     b'vllm:kv_cache_usage_perc{engine="0",model_name="up-a"} 0.25\n'
+    b"# TYPE vllm:prefix_cache_queries counter\n"
+    b'vllm:prefix_cache_queries_total{engine="0",model_name="up-a"} 900.0\n'
+    b"# TYPE vllm:prefix_cache_hits counter\n"
+    b'vllm:prefix_cache_hits_total{engine="0",model_name="up-a"} 300.0\n'
 )
 
 

@@ -97,7 +97,7 @@ async def test_llama_server_ready_with_metrics_and_slots():
     res = await LlamaServerAdapter(backend()).probe(client)
     assert res == ProbeResult(
         "ready",
-        load=LoadSnapshot(running=2.0, waiting=1.0, kv=0.5, at=NOW),
+        load=LoadSnapshot(running=2.0, waiting=1.0, kv=0.5, at=NOW, computed=218.0),  # prompt tokens it evaluated
         models=frozenset({"tiny-llama"}),
         resident={"tiny-llama": True},
     )
@@ -127,7 +127,7 @@ async def test_llama_server_without_metrics_or_slots_reports_no_load():
 async def test_llama_server_metrics_without_slots_has_no_kv_signal():
     client = FakeClient({"/health": LLAMA_OK, "/v1/models": LLAMA_MODELS, "/metrics": LLAMA_METRICS})
     res = await LlamaServerAdapter(backend()).probe(client)
-    assert res.load == LoadSnapshot(running=2.0, waiting=1.0, kv=None, at=NOW)
+    assert res.load == LoadSnapshot(running=2.0, waiting=1.0, kv=None, at=NOW, computed=218.0)
 
 
 async def test_llama_server_idle_slots_mean_zero_running():
@@ -225,6 +225,28 @@ async def test_vllm_new_kv_metric_wins_over_the_old_one():
     client = FakeClient({"/health": (200, b""), "/v1/models": VLLM_MODELS, "/metrics": both})
     res = await VLLMAdapter(backend()).probe(client)
     assert res.load is not None and res.load.kv == 0.07
+
+
+async def test_vllm_prefix_cache_counters_are_read_with_the_load_summed_over_engines():
+    counters = (
+        b"# TYPE vllm:prefix_cache_queries counter\n"
+        b'vllm:prefix_cache_queries_total{engine="0",model_name="qwen3-8b"} 1000.0\n'
+        b'vllm:prefix_cache_queries_total{engine="1",model_name="qwen3-8b"} 500.0\n'
+        b"# TYPE vllm:prefix_cache_hits counter\n"
+        b'vllm:prefix_cache_hits_total{engine="0",model_name="qwen3-8b"} 600.0\n'
+        b'vllm:prefix_cache_hits_total{engine="1",model_name="qwen3-8b"} 100.0\n'
+    )
+    client = FakeClient(
+        {"/health": (200, b""), "/v1/models": VLLM_MODELS, "/metrics": (200, VLLM_METRICS_DP2[1] + counters)}
+    )
+    res = await VLLMAdapter(backend()).probe(client)
+    assert res.load is not None
+    assert (res.load.cache_queries, res.load.cache_hits, res.load.computed) == (1500.0, 700.0, None)
+    old = (200, VLLM_METRICS_OLD[1] + b"vllm:gpu_prefix_cache_queries_total 40\nvllm:gpu_prefix_cache_hits_total 8\n")
+    res = await VLLMAdapter(backend()).probe(
+        FakeClient({"/health": (200, b""), "/v1/models": VLLM_MODELS, "/metrics": old})
+    )
+    assert res.load is not None and (res.load.cache_queries, res.load.cache_hits) == (40.0, 8.0)
 
 
 async def test_vllm_metrics_missing_gauges_give_unknown_values():
