@@ -44,6 +44,7 @@ import orjson
 from llm_gateway.adapters.relay_base import RelayBase
 from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import CallContext
+from llm_gateway.wire.chat_events import plain_text
 from llm_gateway.wire.sse_bytes import (
     TEXT,
     both_spacings,
@@ -53,6 +54,7 @@ from llm_gateway.wire.sse_bytes import (
     has_usage,
     json_str,
     text_bytes,
+    text_envelope,
     usage_from,
 )
 
@@ -75,6 +77,7 @@ class SSERelay(RelayBase):
         "_on_error",
         "_replacements",
         "_saw_finish",
+        "_tok",
     )
 
     oversized: ClassVar[str] = "the engine sent an SSE event"
@@ -110,6 +113,9 @@ class SSERelay(RelayBase):
         #: else None (set after each block, cleared by `finish` and `_fail`)
         self._env: _Envelope | None = None
         self._learns = 0  # envelopes learnt (again when one changes, as a per-chunk `created` does each second)
+        #: a translated stream's envelope of an ordinary token (`wire.chat_events.plain_text`): the bytes before
+        #: its text and after it, with their lengths; a block that is that envelope around a text is `token`
+        self._tok: tuple[bytes, bytes, int, int] | None = None
 
     # -- the hot path ------------------------------------------------------------------------------
     def feed(self, data: bytes) -> bytes:
@@ -129,10 +135,29 @@ class SSERelay(RelayBase):
                     self.content_events += 1
                     self.text_bytes += b - a
                     return data if pre_out is None else pre_out + text + suf_out  # type: ignore[operator]
+        if self._tr is not None:  # `_env` is never set while translating: one test here, on the block path
+            return self._translated(data)
         out = self._block(data)
         # the envelope's path only while nothing is held over and the relay is open: one test per event above
         self._env = self._envelope if not self._buf and not self._closed else None
         return out
+
+    def _translated(self, data: bytes) -> bytes:
+        """`feed` of a translated stream: an ordinary token of the learnt envelope is handed to the translation
+        as its text alone (the same checks as the envelope's path above), anything else goes the block path."""
+        tok = self._tok
+        if tok is not None and not self._buf and not self._closed:
+            pre, suf, a, n_suf = tok
+            b = len(data) - n_suf
+            if a <= b and data[:a] == pre and data[b:] == suf:
+                text = data[a:b]
+                if not text.partition(b'"')[1] and not text.partition(b"\n")[1]:
+                    out = self._tr.token(text)  # type: ignore[union-attr]
+                    if out is not None:
+                        self.content_events += 1
+                        self.text_bytes += b - a
+                        return out
+        return self._block(data)
 
     def _block(self, data: bytes) -> bytes:
         if self._closed:
@@ -191,34 +216,44 @@ class SSERelay(RelayBase):
             # event learnt before any output would put a role-only or empty event's shape on the fast path)
             if self.output_started and n == 1 and not finish and self._learns < _MAX_LEARNS and not self._buf:
                 self._learns += 1
-                self._learn(raw, block)
-            return block
+                if self._learn(raw, block) and self._tr is not None:
+                    self._learn_token(raw)
+            return block if self._tr is None else self._tr.feed(block)
         return self._slow(block)
 
-    def _learn(self, raw: bytes, out: bytes) -> None:
+    def _learn(self, raw: bytes, out: bytes) -> bool:
         """Remember the envelope of `raw`, one ordinary event relayed as `out`, when it has exactly one text
-        string and no swap of the model or field names could reach into the text."""
-        spans = [m.span(1) for m in TEXT.finditer(raw)]
-        if len(spans) != 1:
-            return
-        a, b = spans[0]
-        pre, suf, text = raw[:a], raw[b:], raw[a:b]
-        if text.find(b'"') >= 0 or text.find(b"\n") >= 0 or text.find(b"\r") >= 0 or text[-1:] == b"\\":
-            return
+        string and no swap of the model or field names could reach into the text (True)."""
+        found = text_envelope(raw)
+        if found is None:
+            return False
+        pre, text, suf = found
         swaps = self._replacements + self._finish_renames
         for old, _ in swaps:  # a loop, not any(genexpr): once a stream, but every stream
             n = len(old)
             if _straddles_near(old, pre[-n:], suf[:n]):
-                return
+                return False
         pre_out, suf_out = pre, suf
         for old, new in swaps:
             pre_out, suf_out = pre_out.replace(old, new), suf_out.replace(old, new)
         if pre_out + text + suf_out != out:  # swaps that feed one another: not for the envelope
-            return
+            return False
         if pre_out == pre and suf_out == suf:
             self._envelope = (pre, suf, None, None, len(pre), len(suf))
         else:
             self._envelope = (pre, suf, pre_out, suf_out, len(pre), len(suf))
+        return True
+
+    def _learn_token(self, raw: bytes) -> None:
+        """The envelope just learnt from `raw` is a translated stream's token envelope when `raw` is an ordinary
+        token (parsed here: once per envelope learnt, at most `_MAX_LEARNS` a stream)."""
+        try:
+            obj = orjson.loads(raw[6:])  # a shaped event: `data: {...}` and its blank line
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(obj, dict) and plain_text(obj) is not None:
+            pre, suf, _, _, a, n_suf = self._envelope  # type: ignore[misc]
+            self._tok = (pre, suf, a, n_suf)
 
     def _scan(self, block: bytes) -> None:
         """Count the text of a block the cheap way cannot; learn the shape of its last event from it."""
@@ -235,6 +270,7 @@ class SSERelay(RelayBase):
     # -- everything special ------------------------------------------------------------------------
     def _slow(self, block: bytes) -> bytes:
         out: list[bytes] = []
+        tr = self._tr
         for raw in block.split(b"\n\n"):
             if self._closed:
                 break
@@ -244,15 +280,15 @@ class SSERelay(RelayBase):
             if payload == b"[DONE]":
                 self.done = True
                 self._closed = True
-                out.append(DONE)
+                out.append(self._done_out())
                 break
             ev = self._event(payload)
             if ev:
-                out.append(ev)
-        joined = b"".join(out)
-        if not self.output_started and joined:
-            self.output_started = has_output(joined)
-        return joined
+                if not self.output_started and not self._closed:  # read in OpenAI's events, before translating
+                    self.output_started = has_output(ev)
+                # a failure (`_closed`) is in the client's API already (`_fail`)
+                out.append(ev if tr is None or self._closed else tr.feed(ev))
+        return b"".join(out)
 
     def _has_finish_error(self, payload: bytes) -> bool:
         for f in self._finish_errors:  # noqa: SIM110  # a loop, not any(genexpr): no generator per event
@@ -332,7 +368,7 @@ class SSERelay(RelayBase):
     def _end(self) -> bytes:
         if self.done or self._saw_finish:
             self._closed = True
-            return DONE
+            return self._done_out()
         return self._fail(StreamInterrupted("the engine's stream ended before the answer was complete"))
 
     def finish(self) -> bytes:
