@@ -44,7 +44,7 @@ import orjson
 from llm_gateway.adapters.relay_base import RelayBase
 from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import CallContext
-from llm_gateway.wire.chat_events import plain_text
+from llm_gateway.wire.chat_events import ChatTranslation, plain_text
 from llm_gateway.wire.sse_bytes import (
     TEXT,
     both_spacings,
@@ -114,8 +114,9 @@ class SSERelay(RelayBase):
         self._env: _Envelope | None = None
         self._learns = 0  # envelopes learnt (again when one changes, as a per-chunk `created` does each second)
         #: a translated stream's envelope of an ordinary token (`wire.chat_events.plain_text`): the bytes before
-        #: its text and after it, with their lengths; a block that is that envelope around a text is `token`
-        self._tok: tuple[bytes, bytes, int, int] | None = None
+        #: its text and after it, their lengths, and the bytes after it less the blank line (an event in a block);
+        #: an event that is that envelope around a text is handed to the translation as its text alone
+        self._tok: tuple[bytes, bytes, int, int, bytes] | None = None
 
     # -- the hot path ------------------------------------------------------------------------------
     def feed(self, data: bytes) -> bytes:
@@ -147,7 +148,7 @@ class SSERelay(RelayBase):
         as its text alone (the same checks as the envelope's path above), anything else goes the block path."""
         tok = self._tok
         if tok is not None and not self._buf and not self._closed:
-            pre, suf, a, n_suf = tok
+            pre, suf, a, n_suf, _ = tok
             b = len(data) - n_suf
             if a <= b and data[:a] == pre and data[b:] == suf:
                 text = data[a:b]
@@ -212,14 +213,48 @@ class SSERelay(RelayBase):
                 block = block.replace(old, new)
             if not self.output_started:
                 self.output_started = has_output(block)
+            if self._tr is not None:
+                return self._translate_block(raw, block, n)
             # learnt from the first output on: the stream's first token is the envelope's first example (an
             # event learnt before any output would put a role-only or empty event's shape on the fast path)
             if self.output_started and n == 1 and not finish and self._learns < _MAX_LEARNS and not self._buf:
                 self._learns += 1
-                if self._learn(raw, block) and self._tr is not None:
-                    self._learn_token(raw)
-            return block if self._tr is None else self._tr.feed(block)
+                self._learn(raw, block)
+            return block
         return self._slow(block)
+
+    def _translate_block(self, raw: bytes, block: bytes, n: int) -> bytes:
+        """A block of ordinary events (counted already) for a translated stream: each event of the token
+        envelope handed over as its text, the others as they are (`block`: with the swaps; `raw`: without);
+        an event that is not taken so is learnt from (up to `_MAX_LEARNS` a stream: `created` ticks)."""
+        tr: ChatTranslation = self._tr  # type: ignore[assignment]
+        if n == 1:  # `_translated` tried the token path already
+            out = tr.feed(block)
+            if self._learns < _MAX_LEARNS:
+                self._learns += 1
+                self._learn_token(raw)
+            return out
+        raws = raw.split(b"\n\n")
+        outs = raws if block is raw else block.split(b"\n\n")  # the swaps hold no blank line: events match
+        parts: list[bytes] = []
+        for i in range(n):
+            ev = raws[i]
+            tok = self._tok
+            if tok is not None:
+                pre, _, a, n_suf, suf = tok
+                b = len(ev) + 2 - n_suf
+                if a <= b and ev[:a] == pre and ev[b:] == suf:
+                    text = ev[a:b]
+                    if not text.partition(b'"')[1]:  # one event a line: no line break in it
+                        got = tr.token(text)
+                        if got is not None:
+                            parts.append(got)
+                            continue
+            parts.append(tr.feed(outs[i] + b"\n\n"))
+            if self._learns < _MAX_LEARNS:
+                self._learns += 1
+                self._learn_token(ev + b"\n\n")
+        return b"".join(parts)
 
     def _learn(self, raw: bytes, out: bytes) -> bool:
         """Remember the envelope of `raw`, one ordinary event relayed as `out`, when it has exactly one text
@@ -244,16 +279,24 @@ class SSERelay(RelayBase):
             self._envelope = (pre, suf, pre_out, suf_out, len(pre), len(suf))
         return True
 
-    def _learn_token(self, raw: bytes) -> None:
-        """The envelope just learnt from `raw` is a translated stream's token envelope when `raw` is an ordinary
-        token (parsed here: once per envelope learnt, at most `_MAX_LEARNS` a stream)."""
+    def _learn_token(self, event: bytes) -> None:
+        """Learn a translated stream's token envelope from `event` (one whole event, `data: {...}` and its
+        blank line) when it is an ordinary token (parsed here: once per event learnt from) with one text
+        string that no swap of the model or field names could reach into."""
+        found = text_envelope(event)
+        if found is None:
+            return
+        pre, _, suf = found
+        for old, _new in self._replacements + self._finish_renames:
+            n = len(old)
+            if _straddles_near(old, pre[-n:], suf[:n]):
+                return
         try:
-            obj = orjson.loads(raw[6:])  # a shaped event: `data: {...}` and its blank line
+            obj = orjson.loads(event[6:])
         except orjson.JSONDecodeError:
             return
         if isinstance(obj, dict) and plain_text(obj) is not None:
-            pre, suf, _, _, a, n_suf = self._envelope  # type: ignore[misc]
-            self._tok = (pre, suf, a, n_suf)
+            self._tok = (pre, suf, len(pre), len(suf), suf[:-2])
 
     def _scan(self, block: bytes) -> None:
         """Count the text of a block the cheap way cannot; learn the shape of its last event from it."""

@@ -200,8 +200,16 @@ def _relay_for(adapter: Adapter, ctx: CallContext, call: object) -> tuple[Stream
         native = adapter.native_relay(ctx.native_api, ctx)
         return native, native.fail
     relay = adapter.relay(ctx)
-    if isinstance(call, Translating):
-        tr = call.translation()
+    kind = type(call)
+    translating = _TRANSLATING.get(kind)
+    if translating is None:  # a Protocol's isinstance walks its members (~500 bytecodes): once per exchange type
+        translating = _TRANSLATING[kind] = isinstance(call, Translating)
+    if translating:
+        tr = call.translation()  # type: ignore[attr-defined]
         if tr is not None:
             relay.translate(tr)
     return relay, relay.fail
+
+
+#: whether each exchange type is `Translating`
+_TRANSLATING: dict[type, bool] = {}
