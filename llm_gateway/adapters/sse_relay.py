@@ -29,8 +29,16 @@ The per-event paths test for a byte string with `data.find(x) < 0`, not `x not i
 TypeError each time (70 ns on 3.11, 400 on 3.13, per test; `find` 50-100 ns in all). The envelope's check
 avoids `find`, `startswith` and `endswith` as well: they parse their arguments through a format string
 (450-670 instructions a call on 3.11), where a slice compared or a `partition` (one argument) does not.
-What the relay reads in an event's bytes without parsing it (output markers, text, usage, data lines) is
-wire/sse_bytes.py.
+What the relay reads in an event's bytes without parsing it (output markers, text, usage, data lines, the
+envelope around an event's one text) is wire/sse_bytes.py.
+
+A stream for a client of another API (`translate`, relay_base.py) goes the same way, the translation
+(wire/chat_events.ChatTranslation) taking the place of the bytes passed on: the blocks as they are (parsed
+once, by the translation), and an ordinary token (`wire.chat_events.plain_text`: parsed once to be told, per
+envelope learnt) as its text alone, which the translation copies between its own frame's bytes. That token
+envelope (`_tok`) is learnt and matched per event, in a lone event's read (`_translated`) and in a read of
+several (`_translate_block`): what the translation would otherwise parse, the engine's events coalescing
+when it is fast or the gateway busy. The chat envelope (`_env`) is not used then: one test on the block path.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, StreamInte
 from llm_gateway.types import CallContext
 from llm_gateway.wire.chat_events import ChatTranslation, plain_text
 from llm_gateway.wire.sse_bytes import (
+    DONE_DATA,
     TEXT,
     both_spacings,
     both_spacings_of_pairs,
@@ -190,7 +199,7 @@ class SSERelay(RelayBase):
             )
         if (
             shaped
-            and not block.partition(b"[DONE]")[1]
+            and not block.partition(DONE_DATA)[1]
             and not has_usage(block)  # `"usage": null` on every chunk (LMDeploy, vLLM) stays on the fast path
             and not block.partition(b'{"error"')[1]
             and not (self._finish_errors and self._saw_finish)
@@ -320,7 +329,7 @@ class SSERelay(RelayBase):
             payload = data_of(raw)
             if payload is None:
                 continue  # blank, comment (": ping"), or an event with no data
-            if payload == b"[DONE]":
+            if payload == DONE_DATA:
                 self.done = True
                 self._closed = True
                 out.append(self._done_out())
@@ -399,7 +408,7 @@ class SSERelay(RelayBase):
         payload = data_of(rest)
         if payload is None:
             return b""
-        if payload != b"[DONE]":
+        if payload != DONE_DATA:
             try:
                 orjson.loads(payload)
             except orjson.JSONDecodeError:

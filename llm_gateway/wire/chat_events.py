@@ -23,9 +23,9 @@ from typing import Any, Final, Protocol, runtime_checkable
 import orjson
 
 from llm_gateway.errors import GatewayError
-from llm_gateway.wire.sse_bytes import data_of
+from llm_gateway.wire.sse_bytes import DONE_DATA, data_of
 
-DONE: Final = "[DONE]"
+DONE: Final = "[DONE]"  # `parse_event`'s marker for the end-of-stream event (whose bytes are errors.DONE)
 
 
 class ChatTranslation(Protocol):
@@ -79,7 +79,7 @@ def parse_event(raw: bytes) -> dict[str, Any] | str | None:
     payload = data_of(raw)
     if payload is None:
         return None
-    if payload == b"[DONE]":
+    if payload == DONE_DATA:
         return DONE
     try:
         obj = orjson.loads(payload)

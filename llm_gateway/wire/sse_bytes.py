@@ -8,13 +8,15 @@ one learner of it); and the usage of a parsed chunk. Markers are matched in both
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
+from llm_gateway.errors import DONE
 from llm_gateway.types import Usage
 
 __all__ = [
+    "DONE_DATA",
     "TEXT",
     "both_spacings",
     "both_spacings_of_pairs",
@@ -26,6 +28,10 @@ __all__ = [
     "text_envelope",
     "usage_from",
 ]
+
+
+#: the data of the end-of-stream event (`errors.DONE`, the one definition of it)
+DONE_DATA: Final = DONE[6:-2]
 
 
 def usage_from(obj: dict[str, Any]) -> Usage | None:

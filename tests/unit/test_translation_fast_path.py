@@ -369,3 +369,47 @@ def test_the_responses_last_event_waits_for_the_store(monkeypatch: pytest.Monkey
     assert r.done and b"response.completed" in last
     asyncio.run(ex.end(last))
     assert saved == [1] and b"response.completed" in call.sent[-1] and _texts(b"".join(call.sent)) == "a"
+
+
+# -- Ollama: its relay makes the chunks, handed to the translation as objects ---------------------------------
+OLLAMA_LINES = [
+    b'{"model":"tiny","message":{"role":"assistant","content":"","thinking":"hmm"},"done":false}\n',
+    b'{"model":"tiny","message":{"role":"assistant","content":" llama"},"done":false}\n',
+    b'{"model":"tiny","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f",'
+    b'"arguments":{"city":"Rome"}}}]},"done":false}\n',
+    b'{"model":"tiny","message":{"role":"assistant","content":""},"done_reason":"stop","done":true,'
+    b'"prompt_eval_count":34,"eval_count":5}\n',
+]
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        OLLAMA_LINES,
+        [*OLLAMA_LINES[1:2], b'{"error":"the model crashed"}\n'],  # an error line mid-stream
+        OLLAMA_LINES[:2],  # the body ends without `done`
+        [b"".join(OLLAMA_LINES)],  # all in one read
+    ],
+)
+@pytest.mark.parametrize("make", [anthropic, responses])
+def test_an_ollama_stream_translated_by_objects_says_what_its_chat_stream_says(
+    lines: list[bytes], make: Callable[[], ChatTranslation], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llm_gateway.adapters.ollama import OllamaAdapter
+    from llm_gateway.types import BackendInfo
+
+    for module in (responses_stream, responses_response):
+        monkeypatch.setattr(module, "new_id", lambda prefix: f"{prefix}{next(_IDS[0])}")
+    got = []
+    for how in ("translated", "chat"):
+        _IDS[0] = itertools.count()
+        relay = OllamaAdapter(BackendInfo("ollama-a", "http://127.0.0.1:11434")).relay(ctx())
+        tr = make()
+        if how == "translated":
+            relay.translate(tr)
+            raw = b"".join(relay.feed(line) for line in lines) + relay.finish() + tr.finish()
+        else:
+            chat = b"".join(relay.feed(line) for line in lines) + relay.finish()
+            raw = tr.feed(chat) + tr.finish()
+        got.append((_stable(frames(raw)), relay.usage, relay.content_events, relay.error is None))
+    assert got[0] == got[1]
