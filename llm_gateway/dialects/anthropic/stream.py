@@ -183,12 +183,7 @@ class StreamTranslator:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {
-                "input_tokens": self.estimate,
-                "output_tokens": 0,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
-            },
+            "usage": anthropic_usage({"prompt_tokens": self.estimate, "completion_tokens": 0}),  # the estimate
         }
         return frame(b"message_start", {"type": "message_start", "message": message}) + PING
 
