@@ -12,12 +12,14 @@ counts (`diff`), not by timings. Python only: C code (httptools, uvloop, orjson,
 nothing here, and a bytecode's cost varies (a call costs more than a load); a change that trades
 bytecodes for C calls is measured by instructions.sh or run.sh.
 
-    bench/opcounts.py run [--gateway-dir DIR] [--requests N] [--tokens T] [--new-connections] [--out F.json]
+    bench/opcounts.py run [--gateway-dir DIR] [--requests N] [--tokens T] [--dialect D] [--new-connections]
+                          [--out F.json]
     bench/opcounts.py diff A.json B.json [--top N]
 
 `--tokens 0` (the default) sends whole (non-streamed) requests; `--tokens 8` streams of 8 tokens at the
-engine's `--tpot-ms`. `--gateway-dir` counts another checkout (a `git worktree` of the commit before a
-change), run by the same interpreter (BENCH_PY, as every bench script).
+engine's `--tpot-ms`; `--dialect messages` or `responses` asks for them as Anthropic's or the Responses
+API's (translated, as the board's msg64/resp64 do). `--gateway-dir` counts another checkout (a `git worktree`
+of the commit before a change), run by the same interpreter (BENCH_PY, as every bench script).
 """
 
 from __future__ import annotations
@@ -87,17 +89,20 @@ def _name(code: types.CodeType) -> str:
 
 
 # -- the load: N requests, one at a time ------------------------------------------------------------------
-def _request(port: int, tokens: int) -> bytes:
+def _request(port: int, tokens: int, dialect: str = "chat") -> bytes:
+    import stream_client as sc
     import targets as tg
 
     body = json.loads((BENCH / "request.json").read_bytes())
     body["stream"] = tokens > 0
     if tokens:
         body["max_tokens"] = tokens
+    if dialect != "chat":  # the same stream asked for in another API (as the board's msg64/resp64 ask for it)
+        body = sc.dialect_body(body, dialect, tokens)
     data = json.dumps(body).encode()
+    headers = "".join(f"{k}: {v}\r\n" for k, v in sc.request_headers(dialect, tg.API_KEY).items())
     return (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {tg.API_KEY}\r\nContent-Length: {len(data)}\r\n\r\n"
+        f"POST {sc.PATHS[dialect]} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}Content-Length: {len(data)}\r\n\r\n"
     ).encode() + data
 
 
@@ -115,8 +120,10 @@ def _answer_done(buf: bytes, streamed: bool) -> bool:
     raise RuntimeError("a whole answer without content-length")
 
 
-def send_requests(port: int, n: int, tokens: int, new_connections: bool, timeout: float = 30.0) -> None:
-    req = _request(port, tokens)
+def send_requests(
+    port: int, n: int, tokens: int, new_connections: bool, timeout: float = 30.0, dialect: str = "chat"
+) -> None:
+    req = _request(port, tokens, dialect)
     sock: socket.socket | None = None
     try:
         for _ in range(n):
@@ -187,10 +194,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 stderr=subprocess.STDOUT,
             )
             _wait_port(gw, gateway, "the gateway", glog)
-            send_requests(gw, a.warmup, a.tokens, a.new_connections)  # caches, pools, the first probes
+            send_requests(
+                gw, a.warmup, a.tokens, a.new_connections, dialect=a.dialect
+            )  # caches, pools, the first probes
             gateway.send_signal(signal.SIGUSR1)
             time.sleep(0.2)
-            send_requests(gw, a.requests, a.tokens, a.new_connections)
+            send_requests(gw, a.requests, a.tokens, a.new_connections, dialect=a.dialect)
             gateway.send_signal(signal.SIGUSR2)
             if not ps.wait_until(out.exists, 10, 0.05):
                 raise RuntimeError(f"the gateway wrote no counts; see {glog}")
@@ -205,6 +214,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "tokens": a.tokens,
         "tpot_ms": a.tpot_ms,
         "new_connections": a.new_connections,
+        "dialect": a.dialect,
         "gateway_dir": str(gdir),
         "python": sys.version.split()[0],
         "executable": sys.executable,
@@ -301,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--tokens", type=int, default=0, help="0: whole answers; N: streams of N tokens")
     r.add_argument("--tpot-ms", type=float, default=1.0, help="the engine's delay between stream tokens")
     r.add_argument("--new-connections", action="store_true", help="each request on a new connection")
+    r.add_argument(
+        "--dialect", choices=("chat", "messages", "responses"), default="chat", help="streams asked for in this API"
+    )
     r.add_argument("--top", type=int, default=30)
     r.add_argument("--out", help="write the counts here (JSON, for `diff`)")
     d = sub.add_parser("diff", help="compare two runs' counts by function")

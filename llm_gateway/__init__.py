@@ -3,7 +3,8 @@
 The plan of the house, bottom first; every import points down (tests/unit/test_import_graph.py):
 - `errors` (the one error tree), `types` (endpoint kinds, usage, load snapshots), `exchange` (what
   the service needs from the HTTP layer): the shared vocabulary, importing nothing of the project;
-- `wire/`: client-API wire formats the adapters and the dialects share (SSE bytes, chat stream events);
+- `wire/`: client-API wire formats the adapters and the dialects share (SSE bytes, chat stream events and
+  the translation a relay drives, Anthropic's error types/ids/usage);
 - `adapters/` (one module per engine; all engine knowledge), `upstream/` (the upstream client seam,
   the gateway's own HTTP/1.1 client by default);
 - `settings/` (the config schema and its loader);

@@ -14,11 +14,13 @@ completion `output_tokens`; streamed, `message_delta`'s totals over `message_sta
 the model name and the id) and reads what the service needs: the usage, the first generated output (a
 non-empty text, thinking or partial-JSON delta, or a tool_use block), the text bytes (the estimate for a
 stream that never reports usage), and an in-band `event: error`, which ends the stream with one error
-event in Anthropic's envelope carrying the gateway's message. A stream that ends before `message_stop`
-ends with such an error event as well: a client must never take a cut stream for a complete answer.
-Errors the engine answers before a stream (its own envelope or Anthropic's) go through the adapter's
-`error()`, and the gateway renders them in Anthropic's envelope. A request with a content block the
-engine refuses but the translation takes (`refused_blocks`) is translated.
+event in Anthropic's envelope carrying the gateway's message, its type the one the translation and the
+answers before a stream give that error. (The ids, the usage object and the error types are Anthropic's
+wire facts, written once in wire/anthropic.py for this pass-through and the translation.) A stream that
+ends before `message_stop` ends with such an error event as well: a client must never take a cut stream
+for a complete answer. Errors the engine answers before a stream (its own envelope or Anthropic's) go
+through the adapter's `error()`, and the gateway renders them in Anthropic's envelope. A request with a
+content block the engine refuses but the translation takes (`refused_blocks`) is translated.
 
 An engine version without the route answers FastAPI's plain 404 `{"detail": "Not Found"}`; that API is
 then translated on the backend (`native_unserved`).
@@ -38,40 +40,10 @@ from llm_gateway.adapters.openai_compat import OpenAICompatAdapter, json_field
 from llm_gateway.adapters.relay_base import RelayBase
 from llm_gateway.errors import EngineErrorAnswer, GatewayError, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import CallContext, Usage
+from llm_gateway.wire.anthropic import STOP, error_frame, message_id, usage_of
 
 NATIVE_PATHS = {"messages": "/v1/messages", "count_tokens": "/v1/messages/count_tokens"}
 _ROUTE_MISSING = {"detail": "Not Found"}  # FastAPI's answer for a path it has no route for
-
-
-def anthropic_usage(u: Any) -> Usage | None:
-    """Usage of an Anthropic usage object: the prompt is `input_tokens` and the cached parts Anthropic
-    counts apart; None without `output_tokens`."""
-    if not isinstance(u, dict):
-        return None
-    out = u.get("output_tokens")
-    if not isinstance(out, int):
-        return None
-    parts = [u.get(k) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")]
-    return Usage(sum(p for p in parts if isinstance(p, int)), out)
-
-
-def message_id(engine_id: Any) -> Any:
-    """Anthropic's `msg_` id for the engine's message id (kept when it is one already, or not a string)."""
-    if isinstance(engine_id, str) and engine_id and not engine_id.startswith("msg_"):
-        return "msg_" + engine_id.removeprefix("chatcmpl-")
-    return engine_id
-
-
-def error_event(err: GatewayError) -> bytes:
-    """A failure after the first byte as Anthropic's `event: error` (the type from the gateway's error)."""
-    if isinstance(err, EngineErrorAnswer) and err.busy:
-        etype = "overloaded_error"
-    elif err.status == 504:
-        etype = "timeout_error"
-    else:
-        etype = "api_error"
-    body = {"type": "error", "error": {"type": etype, "message": err.message}}
-    return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
 
 
 class MessagesNativeAdapter(OpenAICompatAdapter):
@@ -99,7 +71,7 @@ class MessagesNativeAdapter(OpenAICompatAdapter):
         obj["model"] = ctx.public_model
         obj["id"] = message_id(obj.get("id"))
         obj.setdefault("stop_sequence", None)
-        return orjson.dumps(obj), anthropic_usage(obj.get("usage"))
+        return orjson.dumps(obj), usage_of(obj.get("usage"))
 
     def native_relay(self, api: str, ctx: CallContext) -> MessagesRelay:
         return MessagesRelay(ctx, self.error_from_frame)
@@ -171,15 +143,12 @@ class MessagesRelay(RelayBase):
             "usage": {"output_tokens": self.completion_estimate()},
         }
         out += b"event: message_delta\ndata: " + orjson.dumps(delta) + b"\n\n"
-        return out + b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
-
-    def fail(self, err: GatewayError) -> bytes:
-        return self._fail(err)
+        return out + STOP
 
     def _fail(self, err: GatewayError) -> bytes:
         self._closed = True
         self.error = err
-        return error_event(err)
+        return error_frame(err)
 
     def feed(self, data: bytes) -> bytes:
         if self._closed:
@@ -237,7 +206,7 @@ class MessagesRelay(RelayBase):
             return raw + b"\n\n"
         if name == b"message_delta":  # its counts are totals; those it leaves out stay message_start's
             u = obj.get("usage")
-            self.usage = anthropic_usage({**self._started, **u} if isinstance(u, dict) else None) or self.usage
+            self.usage = usage_of({**self._started, **u} if isinstance(u, dict) else None) or self.usage
             return raw + b"\n\n"
         msg = obj.get("message")
         if isinstance(msg, dict):

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Protocol
 
 from llm_gateway.errors import EngineErrorAnswer, GatewayError
 from llm_gateway.types import BackendInfo, CallContext, Endpoint, ProbeResult, Usage
+from llm_gateway.wire.chat_events import ChatTranslation
 
 
 @dataclass(slots=True)
@@ -55,8 +56,9 @@ class TokenizeClient(Protocol):
 
 class StreamRelay(Protocol):
     """Turns the engine's response body into OpenAI SSE bytes, chunk by chunk (`relay_base.RelayBase`
-    holds what the relays share). What the engine's output looks like is known only here: the service
-    reads the attributes after each `feed()`."""
+    holds what the relays share), or into another API's events through a translation (`translate`). What
+    the engine's output looks like is known only here: the service reads the attributes after each
+    `feed()`."""
 
     usage: Usage | None
     content_events: int
@@ -86,13 +88,21 @@ class StreamRelay(Protocol):
         `choices`), with nothing after it: the key's reservation is spent."""
         ...
 
+    def fail(self, err: GatewayError) -> bytes:
+        """The failure of the stream after its first byte, as the client's error event (nothing after it)."""
+        ...
+
+
+class TranslatedRelay(StreamRelay, Protocol):
+    """A `StreamRelay` of OpenAI's chat stream that can answer another API's client instead."""
+
+    def translate(self, tr: ChatTranslation) -> None:
+        """From the first chunk on, return `tr`'s output (its API's events) instead of OpenAI SSE."""
+        ...
+
 
 class NativeRelay(StreamRelay, Protocol):
     """A `StreamRelay` for an API the engine serves natively: its bytes are already that API's events."""
-
-    def fail(self, err: GatewayError) -> bytes:
-        """The failure of the stream after its first byte, as that API's error event (nothing after it)."""
-        ...
 
 
 class Adapter(ABC):
@@ -156,7 +166,7 @@ class Adapter(ABC):
         """A non-2xx engine answer as an EngineErrorAnswer in the OpenAI envelope."""
 
     @abstractmethod
-    def relay(self, ctx: CallContext) -> StreamRelay:
+    def relay(self, ctx: CallContext) -> TranslatedRelay:
         """A fresh stream translator for one streamed call."""
 
     @abstractmethod

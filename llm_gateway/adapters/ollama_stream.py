@@ -22,7 +22,7 @@ import orjson
 
 from llm_gateway.adapters.ollama_prompt import PromptFacts
 from llm_gateway.adapters.relay_base import RelayBase
-from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, StreamInterrupted, UpstreamProtocolError
+from llm_gateway.errors import EngineErrorAnswer, GatewayError, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import CallContext, Usage
 
 #: the `done_reason`s of a generation that ended as asked (ollama/ollama llm/server.go `DoneReason.String`
@@ -129,6 +129,7 @@ class OllamaRelay(RelayBase):
         "_chat",
         "_facts",
         "_head",
+        "_head_obj",
         "_lp",
         "_lp_offset",
         "_lp_seen",
@@ -157,14 +158,19 @@ class OllamaRelay(RelayBase):
         self._chat = ctx.endpoint == "chat"
         obj = "chat.completion.chunk" if self._chat else "text_completion"
         pre = "chatcmpl-" if self._chat else "cmpl-"
-        head = orjson.dumps(
-            {"id": pre + ctx.request_id, "object": obj, "created": int(time.time()), "model": ctx.public_model}
-        )
-        self._head = b"data: " + head[:-1] + b',"choices":['
+        self._head_obj = {
+            "id": pre + ctx.request_id,
+            "object": obj,
+            "created": int(time.time()),
+            "model": ctx.public_model,
+        }
+        self._head = b"data: " + orjson.dumps(self._head_obj)[:-1] + b',"choices":['
         self._sent_role = False
         self._tools = 0
 
     def _chunk(self, choice: dict[str, Any]) -> bytes:
+        if self._tr is not None:  # translated: the chunk as an object, never written as OpenAI SSE
+            return self._tr.event({**self._head_obj, "choices": [choice]})
         return self._head + orjson.dumps(choice) + b"]}\n\n"
 
     def _delta(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -245,8 +251,8 @@ class OllamaRelay(RelayBase):
             parts.append(self._delta({}, finish_reason(obj, self._tools > 0)))
             self.usage = usage
             if self._ctx.client_wants_usage:
-                parts.append(self._head + b"]," + orjson.dumps({"usage": openai_usage(self.usage)})[1:] + b"\n\n")
-            parts.append(DONE)
+                parts.append(self._chunk_out({**self._head_obj, "choices": [], "usage": openai_usage(self.usage)}))
+            parts.append(self._done_out())
             self.done = True
             self._closed = True
         return b"".join(parts)

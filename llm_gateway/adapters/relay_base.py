@@ -22,6 +22,13 @@ A stream that relays more than the key's reservation allows (an engine that igno
 ended by the service with `cut()`: each choice's end with finish reason `length` (what an engine sends
 when it stops at `max_tokens`), the usage so far where the client asked for it, then `[DONE]`.
 
+A stream for a client of another API (Anthropic's Messages, the Responses API) is translated on its
+way: `translate()` hands the relay the stream's `ChatTranslation` (wire/chat_events.py) before the first
+chunk, and from then on what the relay returns is the translation's output, never OpenAI SSE. The relay
+drives it with what it already holds: the engine's events as bytes (`_pass`: parsed once, by the
+translation), the chunks it makes itself as objects (`_chunk_out`), `[DONE]` (`_done_out`) and a failure
+as the gateway's error (`_fail`). A plain stream pays one test per special block for this.
+
 A whole answer that turns out to be a failed generation (an engine's `abort`/`error` finish reason,
 Ollama's `done: false`) is raised as a `ChargedError`: the error carries what the generation spent,
 the engine's counts or, when it gave none, `estimate_tokens()` of its text, for the service to bill.
@@ -38,6 +45,7 @@ import orjson
 from llm_gateway.adapters.base import StreamRelay
 from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, UpstreamProtocolError
 from llm_gateway.types import CallContext, Usage
+from llm_gateway.wire.chat_events import ChatTranslation
 
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 #: bytes of generated text per token, for the estimate of an unfinished stream (as for prompts)
@@ -64,7 +72,18 @@ def estimate_tokens(text_bytes: int) -> int:
 class RelayBase(ABC):
     """One stream's state; see the module docstring. Implements the `StreamRelay` protocol."""
 
-    __slots__ = ("_buf", "_closed", "_ctx", "content_events", "done", "error", "output_started", "text_bytes", "usage")
+    __slots__ = (
+        "_buf",
+        "_closed",
+        "_ctx",
+        "_tr",
+        "content_events",
+        "done",
+        "error",
+        "output_started",
+        "text_bytes",
+        "usage",
+    )
 
     #: the start of the error message for an event past the cap ("... over N bytes")
     oversized: ClassVar[str] = "the engine sent an event"
@@ -81,6 +100,27 @@ class RelayBase(ABC):
         self.text_bytes = 0
         #: True once the relay has passed on generated output (non-empty text, reasoning, or a tool call)
         self.output_started = False
+        self._tr: ChatTranslation | None = None  # the client's API, when it is not OpenAI's (`translate`)
+
+    def translate(self, tr: ChatTranslation) -> None:
+        """Answer in another API from the first chunk on: what the relay returns is `tr`'s output."""
+        self._tr = tr
+
+    # -- what the relay passes on, as OpenAI SSE or to the translation ----------------------------------
+    def _pass(self, events: bytes) -> bytes:
+        """Whole OpenAI SSE events as the engine sent them (its names swapped where they must be)."""
+        tr = self._tr
+        return events if tr is None or not events else tr.feed(events)
+
+    def _chunk_out(self, obj: dict[str, Any]) -> bytes:
+        """A chunk the relay made (or parsed and changed)."""
+        tr = self._tr
+        return b"data: " + orjson.dumps(obj) + b"\n\n" if tr is None else tr.event(obj)
+
+    def _done_out(self) -> bytes:
+        """The end of the stream: `[DONE]`."""
+        tr = self._tr
+        return DONE if tr is None else tr.end()
 
     def cut(self, choices: int, prompt_tokens: int) -> bytes:
         """End the stream at what the key may spend: finish reason `length` for each of `choices`, the usage
@@ -96,12 +136,12 @@ class RelayBase(ABC):
         }
         end: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
         ends = [{"index": i, **end, "finish_reason": "length"} for i in range(choices)]
-        out = b"data: " + orjson.dumps({**head, "choices": ends}) + b"\n\n"
+        out = self._chunk_out({**head, "choices": ends})
         if ctx.client_wants_usage:
             n = self.completion_estimate()
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
-            out += b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n"
-        return out + DONE
+            out += self._chunk_out({**head, "choices": [], "usage": usage})
+        return out + self._done_out()
 
     def completion_estimate(self) -> int:
         """Completion tokens passed on so far, for a stream whose engine never reported its usage."""
@@ -121,10 +161,16 @@ class RelayBase(ABC):
         self._buf = buf
         return b""
 
+    def fail(self, err: GatewayError) -> bytes:
+        """The stream failed after its first byte (the engine's connection broke): its error event and
+        the end, in the client's API; nothing after it."""
+        return self._fail(err)
+
     def _fail(self, err: GatewayError) -> bytes:
         self._closed = True
         self.error = err
-        return err.sse_event() + DONE
+        tr = self._tr
+        return err.sse_event() + DONE if tr is None else tr.fail(err)
 
     def finish(self) -> bytes:
         """At the engine's end of body: the last event, then `[DONE]`, or an error event if the stream

@@ -29,8 +29,16 @@ The per-event paths test for a byte string with `data.find(x) < 0`, not `x not i
 TypeError each time (70 ns on 3.11, 400 on 3.13, per test; `find` 50-100 ns in all). The envelope's check
 avoids `find`, `startswith` and `endswith` as well: they parse their arguments through a format string
 (450-670 instructions a call on 3.11), where a slice compared or a `partition` (one argument) does not.
-What the relay reads in an event's bytes without parsing it (output markers, text, usage, data lines) is
-wire/sse_bytes.py.
+What the relay reads in an event's bytes without parsing it (output markers, text, usage, data lines, the
+envelope around an event's one text) is wire/sse_bytes.py.
+
+A stream for a client of another API (`translate`, relay_base.py) goes the same way, the translation
+(wire/chat_events.ChatTranslation) taking the place of the bytes passed on: the blocks as they are (parsed
+once, by the translation), and an ordinary token (`wire.chat_events.plain_text`: parsed once to be told, per
+envelope learnt) as its text alone, which the translation copies between its own frame's bytes. That token
+envelope (`_tok`) is learnt and matched per event, in a lone event's read (`_translated`) and in a read of
+several (`_translate_block`): what the translation would otherwise parse, the engine's events coalescing
+when it is fast or the gateway busy. The chat envelope (`_env`) is not used then: one test on the block path.
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ import orjson
 from llm_gateway.adapters.relay_base import RelayBase
 from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import CallContext
+from llm_gateway.wire.chat_events import ChatTranslation, plain_text
 from llm_gateway.wire.sse_bytes import (
+    DONE_DATA,
     TEXT,
     both_spacings,
     both_spacings_of_pairs,
@@ -53,6 +63,7 @@ from llm_gateway.wire.sse_bytes import (
     has_usage,
     json_str,
     text_bytes,
+    text_envelope,
     usage_from,
 )
 
@@ -76,6 +87,7 @@ class SSERelay(RelayBase):
         "_on_error",
         "_replacements",
         "_saw_finish",
+        "_tok",
     )
 
     oversized: ClassVar[str] = "the engine sent an SSE event"
@@ -115,6 +127,10 @@ class SSERelay(RelayBase):
         #: else None (set after each block, cleared by `finish` and `_fail`)
         self._env: _Envelope | None = None
         self._learns = 0  # envelopes learnt (again when one changes, as a per-chunk `created` does each second)
+        #: a translated stream's envelope of an ordinary token (`wire.chat_events.plain_text`): the bytes before
+        #: its text and after it, their lengths, and the bytes after it less the blank line (an event in a block);
+        #: an event that is that envelope around a text is handed to the translation as its text alone
+        self._tok: tuple[bytes, bytes, int, int, bytes] | None = None
 
     # -- the hot path ------------------------------------------------------------------------------
     def feed(self, data: bytes) -> bytes:
@@ -134,10 +150,29 @@ class SSERelay(RelayBase):
                     self.content_events += 1
                     self.text_bytes += b - a
                     return data if pre_out is None else pre_out + text + suf_out  # type: ignore[operator]
+        if self._tr is not None:  # `_env` is never set while translating: one test here, on the block path
+            return self._translated(data)
         out = self._block(data)
         # the envelope's path only while nothing is held over and the relay is open: one test per event above
         self._env = self._envelope if not self._buf and not self._closed else None
         return out
+
+    def _translated(self, data: bytes) -> bytes:
+        """`feed` of a translated stream: an ordinary token of the learnt envelope is handed to the translation
+        as its text alone (the same checks as the envelope's path above), anything else goes the block path."""
+        tok = self._tok
+        if tok is not None and not self._buf and not self._closed:
+            pre, suf, a, n_suf, _ = tok
+            b = len(data) - n_suf
+            if a <= b and data[:a] == pre and data[b:] == suf:
+                text = data[a:b]
+                if not text.partition(b'"')[1] and not text.partition(b"\n")[1]:
+                    out = self._tr.token(text)  # type: ignore[union-attr]
+                    if out is not None:
+                        self.content_events += 1
+                        self.text_bytes += b - a
+                        return out
+        return self._block(data)
 
     def _block(self, data: bytes) -> bytes:
         if self._closed:
@@ -169,7 +204,7 @@ class SSERelay(RelayBase):
             )
         if (
             shaped
-            and not block.partition(b"[DONE]")[1]
+            and not block.partition(DONE_DATA)[1]
             and not has_usage(block)  # `"usage": null` on every chunk (LMDeploy, vLLM) stays on the fast path
             and not block.partition(self._error_mark)[1]
             and not (self._finish_errors and self._saw_finish)
@@ -192,6 +227,8 @@ class SSERelay(RelayBase):
                 block = block.replace(old, new)
             if not self.output_started:
                 self.output_started = has_output(block)
+            if self._tr is not None:
+                return self._translate_block(raw, block, n)
             # learnt from the first output on: the stream's first token is the envelope's first example (an
             # event learnt before any output would put a role-only or empty event's shape on the fast path)
             if self.output_started and n == 1 and not finish and self._learns < _MAX_LEARNS and not self._buf:
@@ -200,30 +237,80 @@ class SSERelay(RelayBase):
             return block
         return self._slow(block)
 
-    def _learn(self, raw: bytes, out: bytes) -> None:
+    def _translate_block(self, raw: bytes, block: bytes, n: int) -> bytes:
+        """A block of ordinary events (counted already) for a translated stream: each event of the token
+        envelope handed over as its text, the others as they are (`block`: with the swaps; `raw`: without);
+        an event that is not taken so is learnt from (up to `_MAX_LEARNS` a stream: `created` ticks)."""
+        tr: ChatTranslation = self._tr  # type: ignore[assignment]
+        if n == 1:  # `_translated` tried the token path already
+            out = tr.feed(block)
+            if self._learns < _MAX_LEARNS:
+                self._learns += 1
+                self._learn_token(raw)
+            return out
+        raws = raw.split(b"\n\n")
+        outs = raws if block is raw else block.split(b"\n\n")  # the swaps hold no blank line: events match
+        parts: list[bytes] = []
+        for i in range(n):
+            ev = raws[i]
+            tok = self._tok
+            if tok is not None:
+                pre, _, a, n_suf, suf = tok
+                b = len(ev) + 2 - n_suf
+                if a <= b and ev[:a] == pre and ev[b:] == suf:
+                    text = ev[a:b]
+                    if not text.partition(b'"')[1]:  # one event a line: no line break in it
+                        got = tr.token(text)
+                        if got is not None:
+                            parts.append(got)
+                            continue
+            parts.append(tr.feed(outs[i] + b"\n\n"))
+            if self._learns < _MAX_LEARNS:
+                self._learns += 1
+                self._learn_token(ev + b"\n\n")
+        return b"".join(parts)
+
+    def _learn(self, raw: bytes, out: bytes) -> bool:
         """Remember the envelope of `raw`, one ordinary event relayed as `out`, when it has exactly one text
-        string and no swap of the model or field names could reach into the text."""
-        spans = [m.span(1) for m in TEXT.finditer(raw)]
-        if len(spans) != 1:
-            return
-        a, b = spans[0]
-        pre, suf, text = raw[:a], raw[b:], raw[a:b]
-        if text.find(b'"') >= 0 or text.find(b"\n") >= 0 or text.find(b"\r") >= 0 or text[-1:] == b"\\":
-            return
+        string and no swap of the model or field names could reach into the text (True)."""
+        found = text_envelope(raw)
+        if found is None:
+            return False
+        pre, text, suf = found
         swaps = self._replacements + self._finish_renames
         for old, _ in swaps:  # a loop, not any(genexpr): once a stream, but every stream
             n = len(old)
             if _straddles_near(old, pre[-n:], suf[:n]):
-                return
+                return False
         pre_out, suf_out = pre, suf
         for old, new in swaps:
             pre_out, suf_out = pre_out.replace(old, new), suf_out.replace(old, new)
         if pre_out + text + suf_out != out:  # swaps that feed one another: not for the envelope
-            return
+            return False
         if pre_out == pre and suf_out == suf:
             self._envelope = (pre, suf, None, None, len(pre), len(suf))
         else:
             self._envelope = (pre, suf, pre_out, suf_out, len(pre), len(suf))
+        return True
+
+    def _learn_token(self, event: bytes) -> None:
+        """Learn a translated stream's token envelope from `event` (one whole event, `data: {...}` and its
+        blank line) when it is an ordinary token (parsed here: once per event learnt from) with one text
+        string that no swap of the model or field names could reach into."""
+        found = text_envelope(event)
+        if found is None:
+            return
+        pre, _, suf = found
+        for old, _new in self._replacements + self._finish_renames:
+            n = len(old)
+            if _straddles_near(old, pre[-n:], suf[:n]):
+                return
+        try:
+            obj = orjson.loads(event[6:])
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(obj, dict) and plain_text(obj) is not None:
+            self._tok = (pre, suf, len(pre), len(suf), suf[:-2])
 
     def _scan(self, block: bytes) -> None:
         """Count the text of a block the cheap way cannot; learn the shape of its last event from it."""
@@ -240,24 +327,25 @@ class SSERelay(RelayBase):
     # -- everything special ------------------------------------------------------------------------
     def _slow(self, block: bytes) -> bytes:
         out: list[bytes] = []
+        tr = self._tr
         for raw in block.split(b"\n\n"):
             if self._closed:
                 break
             payload = data_of(raw)
             if payload is None:
                 continue  # blank, comment (": ping"), or an event with no data
-            if payload == b"[DONE]":
+            if payload == DONE_DATA:
                 self.done = True
                 self._closed = True
-                out.append(DONE)
+                out.append(self._done_out())
                 break
             ev = self._event(payload)
             if ev:
-                out.append(ev)
-        joined = b"".join(out)
-        if not self.output_started and joined:
-            self.output_started = has_output(joined)
-        return joined
+                if not self.output_started and not self._closed:  # read in OpenAI's events, before translating
+                    self.output_started = has_output(ev)
+                # a failure (`_closed`) is in the client's API already (`_fail`)
+                out.append(ev if tr is None or self._closed else tr.feed(ev))
+        return b"".join(out)
 
     def _has_finish_error(self, payload: bytes) -> bool:
         for f in self._finish_errors:  # noqa: SIM110  # a loop, not any(genexpr): no generator per event
@@ -325,7 +413,7 @@ class SSERelay(RelayBase):
         payload = data_of(rest)
         if payload is None:
             return b""
-        if payload != b"[DONE]":
+        if payload != DONE_DATA:
             try:
                 orjson.loads(payload)
             except orjson.JSONDecodeError:
@@ -337,7 +425,7 @@ class SSERelay(RelayBase):
     def _end(self) -> bytes:
         if self.done or self._saw_finish:
             self._closed = True
-            return DONE
+            return self._done_out()
         return self._fail(StreamInterrupted("the engine's stream ended before the answer was complete"))
 
     def finish(self) -> bytes:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from llm_gateway.dialects import openai as chat
 from llm_gateway.dialects import ops
 from llm_gateway.dialects.anthropic import exchange as messages
-from llm_gateway.dialects.anthropic.response import error_answer
 from llm_gateway.dialects.responses import exchange as responses
 from llm_gateway.http.asgi import Handler, PrefixRoute, Routes
+from llm_gateway.wire.anthropic import error_answer
 
 MODEL_PREFIXES = ("/v1/models/", "/models/")
 

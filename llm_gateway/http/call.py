@@ -257,46 +257,22 @@ class CallExchange:
     """Base of the exchanges that answer in another API's shape over a `Call` (Anthropic's, the Responses
     API's): the status, the request headers and the disconnect watch are the call's own.
 
-    Their streams can be written from the upstream connection's callback too (`direct_writer`, the
-    relay's push mode): each relayed chunk is translated (`_now`) and written by the call's own chunk
-    writer. When that cannot be done at once (the client's socket is full, or the translation must wait
-    for something first) the translation is kept with its chunk, and the `write` or `end` that the relay
-    then makes with that chunk sends it, instead of translating the chunk a second time."""
+    A stream of theirs is translated by the stream relay itself (`translation()`, wire/chat_events.py), so
+    what the relay writes is the client's already: it goes out as it is, from the upstream connection's
+    callback too (`direct_writer`, the relay's push mode), and a chunk the client's socket could not take
+    is kept once, by the relay. What the service writes itself before a relay exists (a queued stream's
+    comments, its failure) is OpenAI SSE, and the exchange translates that."""
 
-    __slots__ = ("_call", "_unsent", "rid")
+    __slots__ = ("_call", "_relayed", "rid")
 
     def __init__(self, call: Call) -> None:
         self._call = call
         self.rid = call.rid
-        self._unsent: tuple[bytes, bytes] | None = None  # (a relayed chunk, its translation not yet sent)
-
-    def _now(self, data: bytes) -> tuple[bytes, bool]:
-        """A relayed chunk's translation, and whether it may be written from the connection's callback."""
-        raise NotImplementedError
+        self._relayed = False  # the stream's translation is the relay's: writes are the client's bytes
 
     def direct_writer(self) -> Callable[[bytes], bool] | None:
-        """Translate and write a relayed chunk now (True), or keep its translation for the `write` or `end`
-        of that chunk that follows (False); None when the call has no chunk writer of its own."""
-        direct = self._call.direct_writer()
-        if direct is None:
-            return None
-
-        def write_now(data: bytes) -> bool:
-            out, ready = self._now(data)
-            if ready and (not out or direct(out)):
-                return True
-            self._unsent = (data, out)
-            return False
-
-        return write_now
-
-    def _take_unsent(self, data: bytes) -> tuple[bytes, bytes]:
-        """(the kept translation of the chunk `data` begins with, the rest of `data`); (b"", data) if none."""
-        unsent = self._unsent
-        if unsent is None or not data.startswith(unsent[0]):
-            return b"", data
-        self._unsent = None
-        return unsent[1], data[len(unsent[0]) :]
+        """The call's own chunk writer (None when it has none): the relay's writes need no translating here."""
+        return self._call.direct_writer()
 
     @property
     def status(self) -> int:

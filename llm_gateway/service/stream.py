@@ -5,11 +5,13 @@ transparency and quota headers), then each engine chunk through the adapter's re
 engine's shapes) straight to the client, the first generated output timed as TTFT and the gaps after
 it batched into the inter-token histogram, a failure after the first byte ended in the client's
 dialect, the attempt told how the stream ended, and the usage (the engine's, or estimated from what was
-relayed) recorded for billing. It is the hottest loop of the gateway: per event one read, one feed,
-one write (bench/: CPU per relayed event). The head leaves with the engine's first chunk when that came
-with the engine's headers, and the stream's last part with its end: one send each, not two. Once the
-engine's `[DONE]` is relayed the client's answer is ended at once; the rest of the engine's body (its
-chunked terminator) is read after, to keep the connection for the next request.
+relayed) recorded for billing. A client of another API (Anthropic's Messages, the Responses API) gets the
+stream translated by the relay itself (its exchange's `translation()`, wire/chat_events.py): what the
+relay returns is the client's bytes, written as they are. It is the hottest loop of the gateway: per event
+one read, one feed, one write (bench/: CPU per relayed event). The head leaves with the engine's first
+chunk when that came with the engine's headers, and the stream's last part with its end: one send each,
+not two. Once the engine's `[DONE]` is relayed the client's answer is ended at once; the rest of the
+engine's body (its chunked terminator) is read after, to keep the connection for the next request.
 
 Where the key's limits count tokens, the stream is held to its reservation (`Job.output_cap`: the engine
 was asked for no more): should the engine send more content events than that, the relay ends it there
@@ -27,17 +29,20 @@ from collections.abc import Callable
 
 from llm_gateway.adapters.base import Adapter, StreamRelay
 from llm_gateway.adapters.relay_base import usage_or_estimate
-from llm_gateway.errors import DONE, GatewayError
+from llm_gateway.errors import GatewayError
 from llm_gateway.exchange import DirectWriter
 from llm_gateway.observability.metrics import Metrics, observe, observe_many
 from llm_gateway.routing.attempt import Attempt
 from llm_gateway.service.request import Job
 from llm_gateway.types import CallContext, Capability, Usage
 from llm_gateway.upstream.base import PushResponse, UpstreamResponse
+from llm_gateway.wire.chat_events import Translating
 
 #: push mode's two capabilities, on the engine's response and on the client's exchange (checked once per type)
 _PUSHES: Capability[PushResponse] = Capability(PushResponse)
 _WRITES_DIRECTLY: Capability[DirectWriter] = Capability(DirectWriter)
+#: a client of another API, whose stream the relay translates (checked once per exchange type)
+_TRANSLATES: Capability[Translating] = Capability(Translating)
 
 
 async def relay_stream(
@@ -46,11 +51,11 @@ async def relay_stream(
     """Answer with the engine's stream `resp`, relayed event by event in the client's dialect, and tell the
     attempt how it ended (its slot is the caller's to release); returns the usage."""
     call, rec, dep = job.call, job.rec, attempt.deployment
-    relay, cut = _relay_for(dep.backend.adapter, ctx)
-    prompt_estimate = job.info.prompt_tokens
-    rec.live = lambda: (prompt_estimate, relay.completion_estimate())  # read by the ledger's crash checkpoint
     if job.native is not None:
         job.native.answer_natively(ctx.native_api is not None)
+    relay, cut = _relay_for(dep.backend.adapter, ctx, call)
+    prompt_estimate = job.info.prompt_tokens
+    rec.live = lambda: (prompt_estimate, relay.completion_estimate())  # read by the ledger's crash checkpoint
     headers = job.answered(attempt)
     headers += [
         (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -193,9 +198,14 @@ async def relay_stream(
     return relay.usage
 
 
-def _relay_for(adapter: Adapter, ctx: CallContext) -> tuple[StreamRelay, Callable[[GatewayError], bytes]]:
-    """The call's relay, and how a failure after the first byte reaches the client in its dialect."""
+def _relay_for(adapter: Adapter, ctx: CallContext, call: object) -> tuple[StreamRelay, Callable[[GatewayError], bytes]]:
+    """The call's relay, and how a failure after the first byte reaches the client in its dialect: the
+    engine's own API's relay, or OpenAI's, translated for a client of another API (`Translating`)."""
     if ctx.native_api is not None:
-        relay = adapter.native_relay(ctx.native_api, ctx)
-        return relay, relay.fail
-    return adapter.relay(ctx), lambda e: e.sse_event() + DONE
+        native = adapter.native_relay(ctx.native_api, ctx)
+        return native, native.fail
+    relay = adapter.relay(ctx)
+    translating = _TRANSLATES.of(call)
+    if translating is not None and (tr := translating.translation()) is not None:
+        relay.translate(tr)
+    return relay, relay.fail

@@ -1,32 +1,77 @@
-"""Reading the gateway's own OpenAI SSE stream (what the service writes) event by event.
+"""The gateway's OpenAI chat stream as events, for the translations into other APIs' streams.
 
-The stream translations (Anthropic's events, the Responses API's events) get the service's writes
-as they come; `ChatEvents.feed` returns the events completed so far, holding a partial event until the
-rest arrives, and `parse_event` parses one once: its JSON object, or `[DONE]` as the `DONE` marker;
-what is not JSON (nothing the relays pass) says nothing.
+The gateway answers every generation in OpenAI's chat dialect (its hub: N engines and M client APIs
+make N + M translators, not N x M), and a client of another API (Anthropic's Messages, the Responses
+API) gets that stream translated. The translation is a `ChatTranslation` that the engine's stream relay
+drives event by event, so nothing is written as OpenAI SSE only to be read back: the relay hands over
+the engine's events as bytes once (`feed`, each parsed there once), the chunks it parsed or made itself
+as objects (`event`), the end (`end`) and a failure as the gateway's error (`fail`), and, for the
+commonest event, an ordinary token (`plain_text`) whose shape it has learnt (adapters/sse_relay.py,
+the one envelope learner), only its text as the engine escaped it (`token`). Its output is the client's
+bytes, which the service writes as they are.
 
-The token events of a stream differ only in their text, so a translation may learn their bytes around
-the text from one it parsed (`token_envelope`) and then take the next one's text without
-parsing it (`text_in`): the text is copied as the engine escaped it, checked to be a valid JSON string.
+`ChatEvents` splits OpenAI SSE bytes into whole events (holding a partial one until the rest arrives),
+and `parse_event` parses one: its JSON object, or `[DONE]` as the `DONE` marker; what is not JSON says
+nothing. Both are what a translation's `feed` uses, for the relay's bytes and for what the service
+writes itself before a relay exists (a queued stream's comments and its failure: service/queue_progress).
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any, Final
+from typing import Any, Final, Protocol, runtime_checkable
 
 import orjson
 
-DONE: Final = "[DONE]"
+from llm_gateway.errors import GatewayError
+from llm_gateway.wire.sse_bytes import DONE_DATA, data_of
+
+DONE: Final = "[DONE]"  # `parse_event`'s marker for the end-of-stream event (whose bytes are errors.DONE)
 
 
-def data_of(raw: bytes) -> bytes | None:
-    """The data of one SSE event (its `data:` lines joined), or None where it has none."""
-    raw = raw.strip(b"\n")
-    if raw.startswith(b"data: ") and raw.find(b"\n") < 0:  # `find`: see adapters/sse_relay.py
-        return raw[6:]
-    parts = [line[5:].removeprefix(b" ") for line in raw.split(b"\n") if line.startswith(b"data:")]
-    return b"\n".join(parts) if parts else None
+class ChatTranslation(Protocol):
+    """One stream's translation of the gateway's OpenAI chat stream into another API's events, each method
+    returning the client's bytes for it (possibly none); nothing once it has ended or failed."""
+
+    @property
+    def done(self) -> bool:
+        """The translation has sent its last event (the end, or an error)."""
+        ...
+
+    def feed(self, data: bytes) -> bytes:
+        """OpenAI SSE events as the engine sent them (a partial one held until the rest comes)."""
+        ...
+
+    def event(self, obj: dict[str, Any]) -> bytes:
+        """One chat chunk, parsed or made by the relay."""
+        ...
+
+    def token(self, text: bytes) -> bytes | None:
+        """An ordinary token (one choice, its delta only a `content` string: `plain_text`), given as that
+        string's inside as sent (no quote, no line break; escapes as the engine wrote them); None when the
+        translation cannot take it so (then its event is `feed` whole)."""
+        ...
+
+    def end(self) -> bytes:
+        """The chat stream's `[DONE]`."""
+        ...
+
+    def fail(self, err: GatewayError) -> bytes:
+        """The stream failed after its first byte: the API's error event, and nothing after it."""
+        ...
+
+    def finish(self) -> bytes:
+        """The service's end of the stream: the closing events, unless they (or an error) went out."""
+        ...
+
+
+@runtime_checkable
+class Translating(Protocol):
+    """A client exchange whose client speaks another API than OpenAI's: the stream relay translates for it."""
+
+    def translation(self) -> ChatTranslation | None:
+        """The stream's translation, for the relay to drive from its first chunk (None: no translation, the
+        engine answers in the client's API itself); what the relay writes after is the client's bytes."""
+        ...
 
 
 def parse_event(raw: bytes) -> dict[str, Any] | str | None:
@@ -34,7 +79,7 @@ def parse_event(raw: bytes) -> dict[str, Any] | str | None:
     payload = data_of(raw)
     if payload is None:
         return None
-    if payload == b"[DONE]":
+    if payload == DONE_DATA:
         return DONE
     try:
         obj = orjson.loads(payload)
@@ -63,8 +108,6 @@ class ChatEvents:
         return buf[:end].split(b"\n\n")
 
 
-# the `content` string of a chat chunk, and the text inside it (escapes included, as sent)
-_CONTENT = re.compile(rb'"content": ?"((?:[^"\\]|\\.)*)"')
 _CHOICE_KEYS = frozenset(("index", "delta", "logprobs", "finish_reason"))
 
 
@@ -84,41 +127,3 @@ def plain_text(obj: dict[str, Any]) -> str | None:
         return None
     text = delta["content"]
     return text if isinstance(text, str) and text else None
-
-
-def text_envelope(event: bytes, text: str) -> tuple[bytes, bytes] | None:
-    """The bytes of `event` (one whole SSE event, as `ChatEvents.feed` gives it) before and after its one
-    `content` string's text, when that string is `text`; None when there is not exactly one such string."""
-    spans = [m.span(1) for m in _CONTENT.finditer(event)]
-    if len(spans) != 1:
-        return None
-    a, b = spans[0]
-    try:
-        same = orjson.loads(b'"' + event[a:b] + b'"') == text
-    except orjson.JSONDecodeError:
-        return None
-    return (event[:a], event[b:]) if same else None
-
-
-def token_envelope(event: bytes, obj: dict[str, Any]) -> tuple[bytes, bytes] | None:
-    """`text_envelope` of `event` (parsed: `obj`) when it is a plain token (`plain_text`), else None."""
-    text = plain_text(obj)
-    return text_envelope(event, text) if text is not None else None
-
-
-def text_in(data: bytes, before: bytes, after: bytes) -> tuple[bytes, str] | None:
-    """The text of `data`, as sent (a valid JSON string's inside, escapes included) and decoded, when `data`
-    is `before` + a non-empty text with no quote + `after`; None otherwise (parse it)."""
-    if not (data.startswith(before) and data.endswith(after)):
-        return None
-    a, b = len(before), len(data) - len(after)
-    if a >= b:
-        return None
-    text = data[a:b]
-    if text.find(b'"') >= 0:
-        return None
-    try:  # escapes, control characters, UTF-8: what parsing the whole event would have refused
-        decoded = orjson.loads(b'"' + text + b'"')
-    except orjson.JSONDecodeError:
-        return None
-    return text, decoded

@@ -1,19 +1,22 @@
 """What the SSE relays read in an event's bytes without parsing it (sse_relay.py uses them per block):
 whether it carries generated output, how many bytes of text it carries, whether it carries usage, its
-data lines; and the usage of a parsed chunk. Markers are matched in both JSON styles engines send: compact
+data lines (`data_of`, the one reader of them), the envelope around its one text (`text_envelope`, the
+one learner of it); and the usage of a parsed chunk. Markers are matched in both JSON styles engines send: compact
 (pydantic, orjson, Go, nlohmann) and json.dumps' spaced one (TabbyAPI, LMDeploy).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
+from llm_gateway.errors import DONE
 from llm_gateway.types import Usage
 
 __all__ = [
+    "DONE_DATA",
     "TEXT",
     "both_spacings",
     "both_spacings_of_pairs",
@@ -22,8 +25,13 @@ __all__ = [
     "has_usage",
     "json_str",
     "text_bytes",
+    "text_envelope",
     "usage_from",
 ]
+
+
+#: the data of the end-of-stream event (`errors.DONE`, the one definition of it)
+DONE_DATA: Final = DONE[6:-2]
 
 
 def usage_from(obj: dict[str, Any]) -> Usage | None:
@@ -69,6 +77,21 @@ def text_bytes(data: bytes) -> int:
     return sum(m.end(1) - m.start(1) for m in TEXT.finditer(data))
 
 
+def text_envelope(event: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """The envelope learner: (the bytes before, the text, the bytes after) of one event with exactly one string
+    that carries generated text, when another event of the same envelope can be told by comparing its ends (its
+    text has no quote, line break or CR, and does not end in a backslash); None otherwise. The relays' token
+    path (adapters/sse_relay.py) matches later events against it; a translated stream's token path as well."""
+    spans = [m.span(1) for m in TEXT.finditer(event)]
+    if len(spans) != 1:
+        return None
+    a, b = spans[0]
+    text = event[a:b]
+    if text.find(b'"') >= 0 or text.find(b"\n") >= 0 or text.find(b"\r") >= 0 or text[-1:] == b"\\":
+        return None
+    return event[:a], text, event[b:]
+
+
 #: each adapter's finish markers with json.dumps' spaced variants added, made once (a relay is made per stream;
 #: the markers are the adapter's, a handful per config)
 _SPACED: dict[tuple[bytes, ...], tuple[bytes, ...]] = {}
@@ -98,6 +121,7 @@ def has_usage(data: bytes) -> bool:
 
 
 def data_of(raw: bytes) -> bytes | None:
+    """The data of one SSE event (its `data:` lines joined), or None where it has none."""
     raw = raw.strip(b"\n")
     if not raw:
         return None

@@ -61,10 +61,21 @@ def test_counts_are_per_request_keyed_without_line_numbers_and_diffed_by_functio
 
 def _run(tmp_path: Path, **kw: Any) -> dict[str, Any]:
     a = argparse.Namespace(
-        gateway_dir=str(BENCH.parent), requests=30, warmup=5, tokens=0, tpot_ms=1.0, new_connections=False
+        gateway_dir=str(BENCH.parent),
+        requests=30,
+        warmup=5,
+        tokens=0,
+        tpot_ms=1.0,
+        new_connections=False,
+        dialect="chat",
     )
     vars(a).update(kw)
     return opcounts.run(a)
+
+
+def test_a_dialect_run_counts_its_translated_streams(tmp_path: Path) -> None:
+    names = {name for _path, name in opcounts.per_function(_run(tmp_path, requests=5, tokens=8, dialect="messages"))}
+    assert {"StreamTranslator.token", "SSERelay.feed", "AnthropicExchange.translation"} <= names
 
 
 def test_a_real_run_counts_the_gateways_request_path_and_repeats(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llm_gateway.dialects.anthropic.request import to_chat
-from llm_gateway.dialects.anthropic.response import error_answer, error_type_of, message_bytes, to_message
+from llm_gateway.dialects.anthropic.response import message_bytes, to_message
 from llm_gateway.dialects.anthropic.stream import StreamTranslator
 from llm_gateway.errors import (
     AuthenticationFailed,
@@ -29,6 +29,7 @@ from llm_gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from llm_gateway.wire.anthropic import error_answer, error_type_of
 
 # -- requests ----------------------------------------------------------------------------------------------
 

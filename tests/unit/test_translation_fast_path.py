@@ -1,11 +1,14 @@
-"""The streamed translations' fast paths. The token path (wire/chat_events.text_in): once a text block or
-item is open, a chat token event shaped like the last one parsed becomes its Anthropic `text_delta` or
-Responses `output_text.delta` without being parsed. It must say exactly what parsing would have said: for
-any sequence of chat events (texts with quotes, escapes, control characters, non-ASCII; reasoning, tool
-calls, finishes, usage; compact or spaced JSON; a `created` that changes), the events a client parses
-are the same with the fast path and without it (`_MAX_LEARNS = 0`). The push path (CallExchange's
-`direct_writer`): a chunk translated in the connection's callback that the socket could not take is sent
-once, by the relay's next write or end of it, never translated twice."""
+"""The translated streams: the relay drives the translation (wire/chat_events.ChatTranslation) with the
+engine's events, and an ordinary token whose envelope the relay has learnt (adapters/sse_relay.py) is handed
+over as its text alone, which becomes its Anthropic `text_delta` or Responses `output_text.delta` without
+being parsed. Nothing is written as OpenAI SSE to be read back. It must say exactly what the translation of
+the chat stream says: for any stream an engine sends (texts with quotes, escapes, control characters,
+non-ASCII; reasoning, tool calls, finishes, usage, an in-band error; compact or spaced JSON; a `created`
+that changes; the model name swapped or not), split anyhow, the events a client parses, and what the relay
+counts, are the same with the token path, without it (`_MAX_LEARNS = 0`: every event parsed by the
+translation), and as the chat client's OpenAI SSE fed to the translation afterwards (the way before). The
+exchanges write the relay's output as it is (one buffer: the relay's), and translate only what the service
+writes itself before a relay exists (a queued stream's comments and failure)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from llm_gateway.dialects.anthropic import stream as anthropic_stream
+from llm_gateway.adapters import sse_relay
+from llm_gateway.adapters.sse_relay import SSERelay
 from llm_gateway.dialects.anthropic.exchange import AnthropicExchange
 from llm_gateway.dialects.anthropic.request import to_chat
 from llm_gateway.dialects.anthropic.stream import StreamTranslator
@@ -29,7 +33,9 @@ from llm_gateway.dialects.responses import stream as responses_stream
 from llm_gateway.dialects.responses.exchange import ResponsesExchange
 from llm_gateway.dialects.responses.request import parse
 from llm_gateway.dialects.responses.stream import ResponsesStream
-from llm_gateway.wire.chat_events import plain_text, text_in
+from llm_gateway.errors import DONE, EngineErrorAnswer, Overloaded
+from llm_gateway.types import CallContext
+from llm_gateway.wire.chat_events import ChatTranslation, plain_text
 
 TOKEN = b'data: {"id":"c1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"content":"TEXT"},"logprobs":null,"finish_reason":null}]}\n\n'  # noqa: E501
 
@@ -47,46 +53,62 @@ def frames(raw: bytes) -> list[tuple[str, Any]]:
     return out
 
 
+def ctx(public: str = "m") -> CallContext:
+    return CallContext("chat", public, "m", True, True, "req-1")
+
+
+def relay(public: str = "m") -> SSERelay:
+    return SSERelay(ctx(public), lambda obj: EngineErrorAnswer("the engine failed: " + str(obj["error"]), status=502))
+
+
+def translated(tr: ChatTranslation, public: str = "m") -> SSERelay:
+    r = relay(public)
+    r.translate(tr)
+    return r
+
+
+def anthropic() -> StreamTranslator:
+    return StreamTranslator((), 3)
+
+
+def responses() -> ResponsesStream:
+    return ResponsesStream(parse({"model": "m", "input": "hi", "stream": True}), "resp_1")
+
+
 def test_a_learnt_token_is_copied_as_the_engine_escaped_it() -> None:
-    t = StreamTranslator((), 3)
-    assert frames(t.feed(token(b"a") + token(b"b")))[-1][1]["delta"]["text"] == "b"  # "a" parsed, "b" not
-    assert t._env is not None
-    out = t.feed(token(b"caf\\u00e9 \\n"))
-    # parsing would have written the text back as orjson does ("café \n"): the escapes as sent show the fast path
+    t = anthropic()
+    r = translated(t)
+    assert frames(r.feed(token(b"a")) + r.feed(token(b"b")))[-1][1]["delta"]["text"] == "b"
+    assert r._tok is not None  # learnt from "a" (the first output): "b" was handed over as its text
+    out = r.feed(token(b"caf\\u00e9 \\n"))
+    # parsing would have written the text back as orjson does ("café \n"): the escapes as sent show the token path
     head = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta",'
     assert out == head + b'"text":"caf\\u00e9 \\n"}}\n\n'
     assert frames(out)[0][1]["delta"]["text"] == "café \n"
 
-    r = ResponsesStream(parse({"model": "m", "input": "hi", "stream": True}), "resp_1")
+    s = responses()
+    r = translated(s)
     r.feed(token(b"a"))
     out = r.feed(token(b"caf\\u00e9"))
     assert b'"delta":"caf\\u00e9","logprobs":[]}' in out
     r.feed(b"data: [DONE]\n\n")
-    assert r.response["output"][0]["content"][0]["text"] == "acafé" and r.turn["content"] == "acafé"
+    assert s.response["output"][0]["content"][0]["text"] == "acafé" and s.turn["content"] == "acafé"
 
 
-def test_tokens_parsed_for_their_text_do_not_use_up_the_shapes_a_stream_may_learn() -> None:
-    # code output: many tokens with a quote go the parsed way; the shape learnt stays the one learnt, so a
-    # later change of shape (`created` ticks each second) is still learnt and taken unparsed
-    t = StreamTranslator((), 3)
-    r = ResponsesStream(parse({"model": "m", "input": "hi", "stream": True}), "resp_1")
-    later = token(b"b").replace(b'"created":7', b'"created":8')
-    for tr in (t, r):
+@pytest.mark.parametrize("text", [b"bad \\x escape", b"raw \x01 control", b"\xff\xfe not utf-8", b"cut \\"])
+def test_what_parsing_would_refuse_is_not_taken_as_a_token(text: bytes) -> None:
+    for tr in (anthropic(), responses()):
+        tr.feed(token(b"a"))  # a text block or item open
+        assert tr.token(text) is None
+
+
+def test_a_token_with_no_text_open_is_parsed() -> None:
+    for tr in (anthropic(), responses()):
+        assert tr.token(b"a") is None  # nothing open yet: the message/response and its block/item start first
         tr.feed(token(b"a"))
-        for _ in range(40):
-            tr.feed(token(b'\\"q\\"'))
-        tr.feed(later)
-        assert tr._env is not None and tr._env[0] == later.split(b'"b"')[0] + b'"'
-        assert b"caf\\u00e9" in tr.feed(later.replace(b'"b"', b'"caf\\u00e9"'))  # unparsed: escapes as sent
-
-
-@pytest.mark.parametrize(
-    "text",
-    [b'say \\"hi\\"', b"bad \\x escape", b"raw \x01 control", b"cut \\", b"\xff\xfe not utf-8", b""],
-)
-def test_what_parsing_would_refuse_or_treat_apart_is_not_taken_unparsed(text: bytes) -> None:
-    before, after = TOKEN.split(b"TEXT")
-    assert text_in(token(text), before, after) is None
+        assert tr.token(b"b") is not None
+        tr.feed(token(b"").replace(b'"content":""', b'"reasoning_content":"r"'))  # a thinking block now
+        assert tr.token(b"c") is None
 
 
 def _chunk(delta: dict[str, Any], **choice: Any) -> dict[str, Any]:
@@ -103,12 +125,23 @@ def test_only_a_chunk_of_nothing_but_text_is_a_token_to_learn() -> None:
     assert plain_text({"id": "c", "choices": [_chunk({"content": "x"})["choices"][0]] * 2}) is None
 
 
+def test_a_reasoning_envelope_is_no_token_envelope() -> None:
+    # the relay's envelope learner takes any one-text event; only an ordinary token's is a token envelope
+    t = anthropic()
+    r = translated(t)
+    reasoning = token(b"r").replace(b'"content"', b'"reasoning_content"')
+    r.feed(reasoning)
+    r.feed(reasoning)
+    assert r._learns == 2 and r._tok is None
+    assert [n for n, _ in frames(r.feed(reasoning))] == ["event: content_block_delta"]
+
+
 # -- the equivalence -----------------------------------------------------------------------------------
 texts = st.text(alphabet=st.characters(codec="utf-8", categories=None), min_size=0, max_size=8) | st.sampled_from(
     ["a", " the", '"', "\\", "\n", "é", "\u2028", "\x00", "}", '"},{"content":"x']
 )
 TEXTS = ["text", "text", "text", "text_finish", "text_logprobs", "text_reasoning"]
-kinds = st.sampled_from([*TEXTS, "reasoning", "tool", "role", "finish", "usage", "empty"])
+kinds = st.sampled_from([*TEXTS, "reasoning", "tool", "role", "finish", "usage", "empty", "error"])
 events_st = st.lists(st.tuples(kinds, texts, st.booleans(), st.booleans()), min_size=1, max_size=25)
 
 
@@ -147,50 +180,76 @@ def chat_event(kind: str, text: str, spaced: bool, tick: bool, n: int) -> bytes:
     return b"data: " + body + b"\n\n"
 
 
+ERROR = b'data: {"error":{"message":"boom","type":"server_error"}}\n\n'
+
+
 def wire(evs: list[tuple[str, str, bool, bool]]) -> list[bytes]:
-    return [chat_event(k, t, sp, tick, i) for i, (k, t, sp, tick) in enumerate(evs)] + [b"data: [DONE]\n\n"]
+    out = []
+    for i, (k, t, sp, tick) in enumerate(evs):
+        if k == "error":  # an in-band engine error: the stream's last event
+            return [*out, ERROR]
+        out.append(chat_event(k, t, sp, tick, i))
+    return [*out, b"data: [DONE]\n\n"]
 
 
-def anthropic_run(writes: list[bytes]) -> list[tuple[str, Any]]:
-    t = StreamTranslator((), 3)
-    return frames(b"".join(t.feed(w) for w in writes) + t.finish())
+_IDS = [itertools.count()]
 
 
-def responses_run(writes: list[bytes], monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, Any]], Any, Any]:
-    ids = itertools.count()
-    for module in (responses_stream, responses_response):  # item ids: the same in both runs
-        monkeypatch.setattr(module, "new_id", lambda prefix: f"{prefix}{next(ids)}")
-    s = ResponsesStream(parse({"model": "m", "input": "hi", "stream": True}), "resp_1")
-    out = frames(b"".join(s.feed(w) for w in writes) + s.finish())
+def _stable(out: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     for _, obj in out:  # the clock, not the translation
         if isinstance(obj.get("response"), dict):
             obj["response"].pop("created_at", None)
-    s.response.pop("created_at", None)
-    return out, s.response, s.turn
+    return out
+
+
+def run(make: Callable[[], ChatTranslation], writes: list[bytes], how: str, public: str) -> tuple[Any, ...]:
+    """The client's frames and what the relay counted, for the stream `writes` relayed and translated `how`."""
+    _IDS[0] = itertools.count()
+    tr = make()
+    if how == "chat":  # the chat client's OpenAI SSE, fed to the translation afterwards
+        r = relay(public)
+        chat = b"".join(r.feed(w) for w in writes) + r.finish()
+        raw = tr.feed(chat) + tr.finish()
+    else:
+        r = translated(tr, public)
+        parts = []
+        for w in writes:
+            parts.append(r.feed(w))
+            # the translation ends only with the relay: its last part is never written from the callback
+            assert not tr.done or r.done or r.error is not None
+        raw = b"".join(parts) + r.finish() + tr.finish()
+    err = None if r.error is None else r.error.message
+    return _stable(frames(raw)), r.content_events, r.text_bytes, r.done, err, r.output_started
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(evs=events_st)
+@given(evs=events_st, public=st.sampled_from(["m", "public-m"]))
 # a token with its finish after another finish: learnt, its finish would be lost
-@example(evs=[("text", "a", False, False), *[("text_finish", "b", False, False), ("finish", "", False, False)] * 2][:4])
-@example(evs=[("text", "a", False, False), *[("text_reasoning", c, False, False) for c in "bb"]])  # reasoning lost?
-def test_the_fast_path_says_what_parsing_says(
-    evs: list[tuple[str, str, bool, bool]], monkeypatch: pytest.MonkeyPatch
+@example(
+    evs=[("text", "a", False, False), *[("text_finish", "b", False, False), ("finish", "", False, False)] * 2][:4],
+    public="m",
+)
+@example(evs=[("text", "a", False, False), *[("text_reasoning", c, False, False) for c in "bb"]], public="m")
+@example(evs=[("text", "a", False, False), ("text", "b", False, False), ("error", "", False, False)], public="m")
+def test_the_token_path_says_what_parsing_says(
+    evs: list[tuple[str, str, bool, bool]], public: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    for module in (responses_stream, responses_response):  # item ids: the same in every run
+        monkeypatch.setattr(module, "new_id", lambda prefix: f"{prefix}{next(_IDS[0])}")
     events = wire(evs)
     whole = b"".join(events)
     for writes in (
-        events,  # one event a write, as the relay writes a token
+        events,  # one event a read, as an engine sends a token
         [b"".join(events[i : i + 2]) for i in range(0, len(events), 2)],  # two events in one read
         [whole[i : i + 37] for i in range(0, len(whole), 37)],  # cut anywhere: partial events held
     ):
-        fast_a, fast_r = anthropic_run(writes), responses_run(writes, monkeypatch)
-        with monkeypatch.context() as m:
-            m.setattr(anthropic_stream, "_MAX_LEARNS", 0)
-            m.setattr(responses_stream, "_MAX_LEARNS", 0)
-            slow_a, slow_r = anthropic_run(writes), responses_run(writes, monkeypatch)
-        assert fast_a == slow_a
-        assert fast_r == slow_r
+        for make in (anthropic, responses):
+            fast = run(make, writes, "translated", public)
+            with monkeypatch.context() as m:
+                m.setattr(sse_relay, "_MAX_LEARNS", 0)
+                parsed = run(make, writes, "translated", public)
+            before = run(make, writes, "chat", public)
+            assert fast == parsed == before
 
 
 # -- written from the connection's callback (the relay's push mode) ----------------------------------------
@@ -247,44 +306,110 @@ def _texts(raw: bytes) -> str:
     return out
 
 
+def test_tokens_coalesced_in_one_read_are_handed_over_one_by_one() -> None:
+    for tr in (anthropic(), responses()):
+        r = translated(tr, "public-m")  # the model name swapped: the envelope is the engine's bytes'
+        r.feed(token(b"a"))
+        r.feed(token(b"b") + token(b"c"))  # learnt from "b": taken apart, parsed
+        # parsing would write the texts back as orjson does ("d", "e"): the escapes as sent show the token path
+        out = r.feed(token(b"\\u0064") + token(b"\\u0065") + token(b'\\"q\\"'))
+        assert out.count(b"\\u0064") == out.count(b"\\u0065") == 1
+        assert [d for _, d in frames(out)][2]["delta"] in ('"q"', {"type": "text_delta", "text": '"q"'})
+        assert r.content_events == 6
+
+
 @pytest.mark.parametrize("make", [_anthropic, _responses])
-def test_a_chunk_the_socket_refused_is_sent_once_by_the_write_that_follows(make: Callable[[], Any]) -> None:
+def test_the_relays_writes_go_out_as_they_are_once_each(make: Callable[[], Any]) -> None:
     ex, call = make()
+    asyncio.run(ex.start(200, []))  # started early: a queued stream
+    asyncio.run(ex.write(b": queued position=1\n\n"))  # the service's own writes are OpenAI SSE: translated
+    r = translated(ex.translation())
     write_now = ex.direct_writer()
     assert write_now is not None
-    asyncio.run(ex.start(200, []))
-    assert write_now(token(b"a")) and write_now(token(b"b"))
+    assert write_now(r.feed(token(b"a"))) and write_now(r.feed(token(b"b")))
     call.refuse = True
-    kept = token(b"c")
-    assert not write_now(kept)  # translated, kept: the relay writes this chunk itself next
+    kept = r.feed(token(b"c"))
+    assert not write_now(kept)  # the relay keeps it and writes it itself next: nothing to re-match here
     call.refuse = False
     asyncio.run(ex.write(kept))
-    assert write_now(token(b"d"))
-    asyncio.run(ex.end(b"data: [DONE]\n\n"))
+    assert write_now(r.feed(token(b"d")))
+    last = r.feed(b"data: [DONE]\n\n")
+    assert r.done  # so the relay writes the last part with the end, never from the callback
+    asyncio.run(ex.end(last))
     assert _texts(b"".join(call.sent)) == "abcd"  # each once, in order
 
 
 @pytest.mark.parametrize("make", [_anthropic, _responses])
-def test_a_refused_chunk_ended_with_more_is_sent_once_before_the_rest(make: Callable[[], Any]) -> None:
+def test_a_queued_streams_failure_is_the_clients_error_event(make: Callable[[], Any]) -> None:
     ex, call = make()
-    write_now = ex.direct_writer()
-    assert write_now is not None
     asyncio.run(ex.start(200, []))
-    assert write_now(token(b"a"))
-    call.refuse = True
-    kept = token(b"b")
-    assert not write_now(kept)
-    asyncio.run(ex.end(kept + token(b"c") + b"data: [DONE]\n\n"))  # the relay's end: kept parts joined
-    assert _texts(b"".join(call.sent)) == "abc"
+    asyncio.run(ex.write(Overloaded("the queue is full").sse_event() + DONE))  # service/queue_progress.fail
+    asyncio.run(ex.end())
+    name, obj = frames(b"".join(call.sent))[-1]
+    if isinstance(ex, AnthropicExchange):
+        assert (name, obj["error"]["type"]) == ("event: error", "overloaded_error")
+    else:
+        assert name == "event: response.failed" and "queue_full" in obj["response"]["error"]["message"]
 
 
-def test_the_responses_last_event_waits_for_the_async_path() -> None:
+def test_the_responses_last_event_waits_for_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
     ex, call = _responses()
-    write_now = ex.direct_writer()
-    assert write_now is not None
+    saved: list[int] = []
+
+    async def save(self: ResponsesExchange, resp: Any, turn: Any) -> bool:
+        saved.append(len(call.sent))
+        return True
+
+    monkeypatch.setattr(ResponsesExchange, "_save", save)
+    r = translated(ex.translation())
     asyncio.run(ex.start(200, []))
-    assert write_now(token(b"a"))
-    done = b"data: [DONE]\n\n"
-    assert not write_now(done) and not any(b"response.completed" in s for s in call.sent)  # the store first
-    asyncio.run(ex.end(done))
-    assert b"response.completed" in call.sent[-1] and _texts(b"".join(call.sent)) == "a"
+    write_now = ex.direct_writer()
+    assert write_now is not None and write_now(r.feed(token(b"a")))
+    last = r.feed(b"data: [DONE]\n\n")
+    assert r.done and b"response.completed" in last
+    asyncio.run(ex.end(last))
+    assert saved == [1] and b"response.completed" in call.sent[-1] and _texts(b"".join(call.sent)) == "a"
+
+
+# -- Ollama: its relay makes the chunks, handed to the translation as objects ---------------------------------
+OLLAMA_LINES = [
+    b'{"model":"tiny","message":{"role":"assistant","content":"","thinking":"hmm"},"done":false}\n',
+    b'{"model":"tiny","message":{"role":"assistant","content":" llama"},"done":false}\n',
+    b'{"model":"tiny","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f",'
+    b'"arguments":{"city":"Rome"}}}]},"done":false}\n',
+    b'{"model":"tiny","message":{"role":"assistant","content":""},"done_reason":"stop","done":true,'
+    b'"prompt_eval_count":34,"eval_count":5}\n',
+]
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        OLLAMA_LINES,
+        [*OLLAMA_LINES[1:2], b'{"error":"the model crashed"}\n'],  # an error line mid-stream
+        OLLAMA_LINES[:2],  # the body ends without `done`
+        [b"".join(OLLAMA_LINES)],  # all in one read
+    ],
+)
+@pytest.mark.parametrize("make", [anthropic, responses])
+def test_an_ollama_stream_translated_by_objects_says_what_its_chat_stream_says(
+    lines: list[bytes], make: Callable[[], ChatTranslation], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llm_gateway.adapters.ollama import OllamaAdapter
+    from llm_gateway.types import BackendInfo
+
+    for module in (responses_stream, responses_response):
+        monkeypatch.setattr(module, "new_id", lambda prefix: f"{prefix}{next(_IDS[0])}")
+    got = []
+    for how in ("translated", "chat"):
+        _IDS[0] = itertools.count()
+        relay = OllamaAdapter(BackendInfo("ollama-a", "http://127.0.0.1:11434")).relay(ctx())
+        tr = make()
+        if how == "translated":
+            relay.translate(tr)
+            raw = b"".join(relay.feed(line) for line in lines) + relay.finish() + tr.finish()
+        else:
+            chat = b"".join(relay.feed(line) for line in lines) + relay.finish()
+            raw = tr.feed(chat) + tr.finish()
+        got.append((_stable(frames(raw)), relay.usage, relay.content_events, relay.error is None))
+    assert got[0] == got[1]

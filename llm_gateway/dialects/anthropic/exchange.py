@@ -8,14 +8,15 @@ serves Messages faithfully itself (its adapter's `native_apis`) gets that body, 
 already Anthropic's; any other gets the chat translation. The service says which before it answers
 (`answer_natively`), per request, as failover may cross both kinds. The dialect is applied at the
 service's own seam: `AnthropicExchange` implements `ClientExchange` over the real `Call` and passes a
-native answer through, or translates what the service answers (a whole OpenAI chat completion, or
-OpenAI SSE written chunk by chunk) into Anthropic's message and event stream. Errors raised before
-the answer starts are rendered in Anthropic's envelope by the app (asgi.py's `DIALECTS`), the chat
-fields they name as Messages' own (`ingress.error_names`: `stop` is `stop_sequences`...), errors after
-it by the native relay or the stream translation. The request's model is recorded as soon as the body
-parsed, so that a 400 of its translation is counted under it. count_tokens counts by the engine (natively
-where it serves that too). Keys come as `x-api-key` or `Authorization: Bearer`; `anthropic-version`
-and `anthropic-beta` are accepted whatever their value.
+native answer through, or translates what the service answers into Anthropic's message and event stream: a
+whole OpenAI chat completion here, a stream by the relay, which drives the stream's translation
+(`translation()`: dialects/anthropic/stream.py) with the engine's events as it reads them. Errors raised
+before the answer starts are rendered in Anthropic's envelope by the app (asgi.py's `DIALECTS`), the chat
+fields they name as Messages' own (`ingress.error_names`: `stop` is `stop_sequences`...), errors after it
+by the native relay or the stream translation. The request's model is recorded as soon as the body parsed,
+so that a 400 of its translation is counted under it. count_tokens counts by the engine (natively where it
+serves that too). Keys come as `x-api-key` or `Authorization: Bearer`; `anthropic-version` and
+`anthropic-beta` are accepted whatever their value.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class AnthropicExchange(CallExchange):
 
     def answer_natively(self, native: bool) -> None:
         self._native = native
+        if native:
+            self._stream = None  # a translation begun for a queued stream's comments: the engine's bytes now
 
     async def respond(self, status: int, body: bytes, headers: Headers, content_type: bytes = JSON) -> None:
         if 200 <= status < 300 and content_type == JSON and not self._native:
@@ -68,31 +71,36 @@ class AnthropicExchange(CallExchange):
         await self._call.respond(status, body, headers, content_type)
 
     async def start(self, status: int, headers: Headers, *, hold: bool = False) -> None:
-        if not self._native:
+        if not self._native and self._stream is None:
             self._stream = StreamTranslator(self._req.stop_sequences, self._req.prompt_estimate)
         headers.append((b"request-id", self.rid.encode()))
-        # a translated first part can be empty: then the head would wait for the next one
-        await self._call.start(status, headers, hold=hold and self._native)
+        await self._call.start(status, headers, hold=hold)
 
-    def _now(self, data: bytes) -> tuple[bytes, bool]:
-        stream = self._stream
-        return (data if stream is None else stream.feed(data)), True  # None: a native answer, already Anthropic's
+    def translation(self) -> StreamTranslator | None:
+        """The stream's translation, for the relay to drive (None: the engine answers natively): from now on
+        what is written is Anthropic's already."""
+        if self._native:
+            return None
+        if self._stream is None:
+            self._stream = StreamTranslator(self._req.stop_sequences, self._req.prompt_estimate)
+        self._relayed = True
+        return self._stream
 
     async def write(self, data: bytes) -> None:
-        out, data = self._take_unsent(data)
+        stream = self._stream
+        if stream is not None and not self._relayed:  # the service's own OpenAI SSE (a queued stream's)
+            data = stream.feed(data)
         if data:
-            out += data if self._stream is None else self._stream.feed(data)  # native: already Anthropic's
-        if out:
-            await self._call.write(out)
+            await self._call.write(data)
 
     async def end(self, data: bytes = b"") -> None:
-        out, data = self._take_unsent(data)
-        if self._stream is None:
-            await self._call.end(out + data)
+        stream = self._stream
+        if stream is None:  # native: Anthropic's already
+            await self._call.end(data)
             return
-        if data:
-            out += self._stream.feed(data)
-        await self._call.end(out + self._stream.finish())
+        if data and not self._relayed:
+            data = stream.feed(data)
+        await self._call.end(data + stream.finish())
 
 
 async def messages(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:

@@ -1,4 +1,4 @@
-"""OpenAI answers in Anthropic's shapes: a whole chat completion -> a message; errors -> Anthropic's envelope.
+"""OpenAI answers in Anthropic's shapes: a whole chat completion -> a message.
 
 A message: `id` "msg_" + the engine's completion id, `type` message, `role` assistant, `model` (the
 public model, as the chat answer has it), `content` blocks in Anthropic's order (thinking from the
@@ -9,102 +9,22 @@ the engine says which of the client's stop sequences matched (vLLM `stop_reason`
 (input_tokens without the engine's cached prompt tokens, which are cache_read_input_tokens, as
 Anthropic counts them).
 
-Errors: `{"type": "error", "error": {"type", "message"}, "request_id"}` with Anthropic's statuses: 400
-invalid_request_error, 401 authentication_error, 403 permission_error, 404 not_found_error, 413
-request_too_large, 429 rate_limit_error, 529 overloaded_error for the gateway's "cannot take it now"
-errors (queue full, no healthy backend, unavailable, an engine that is busy), 504 timeout_error, and
-api_error for the other server-side failures (their status kept: 500, 502).
+The message id, the usage object and the error envelope (rendered by the app for errors before the
+answer: `routes.py`) are Anthropic's wire facts, shared with the native pass-through: wire/anthropic.py.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import orjson
 
-from llm_gateway.errors import EngineErrorAnswer, GatewayError, NoHealthyBackend, Overloaded, ServiceUnavailable
+from llm_gateway.wire.anthropic import anthropic_usage, message_id, tool_use_id
 
 REASONING_KEYS = ("reasoning_content", "reasoning")  # the gateway's configured name is one of these
-OVERLOADED = 529
-
-
-# -- errors ----------------------------------------------------------------------------------------------
-
-
-def error_status(e: GatewayError) -> tuple[int, str]:
-    """The HTTP status and Anthropic error type for a gateway error."""
-    if isinstance(e, (Overloaded, NoHealthyBackend, ServiceUnavailable)) or (
-        isinstance(e, EngineErrorAnswer) and e.busy
-    ):
-        return OVERLOADED, "overloaded_error"
-    s = e.status
-    if s == 401:
-        return s, "authentication_error"
-    if s == 403:
-        return s, "permission_error"
-    if s == 404:
-        return s, "not_found_error"
-    if s == 413:
-        return s, "request_too_large"
-    if s == 429:
-        return s, "rate_limit_error"
-    if s == 503:
-        return OVERLOADED, "overloaded_error"
-    if s == 504:
-        return s, "timeout_error"
-    if 400 <= s < 500:
-        return s, "invalid_request_error"
-    return s, "api_error"
-
-
-def envelope(etype: str, message: str, rid: str | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "error", "error": {"type": etype, "message": message}}
-    if rid is not None:
-        out["request_id"] = rid
-    return out
-
-
-def error_answer(e: GatewayError, rid: str) -> tuple[int, bytes]:
-    """(status, body) of the Anthropic answer to a gateway error."""
-    status, etype = error_status(e)
-    return status, orjson.dumps(envelope(etype, e.message, rid))
-
-
-_OVERLOADED_CODES = frozenset({"queue_full", "no_healthy_backend", "service_unavailable"})
-_BY_CODE = {
-    "invalid_api_key": "authentication_error",
-    "model_not_allowed": "permission_error",
-    "model_not_found": "not_found_error",
-    "not_found": "not_found_error",
-    "request_too_large": "request_too_large",
-    "rate_limit_exceeded": "rate_limit_error",
-    "upstream_timeout": "timeout_error",
-}
-
-
-def error_type_of(err: dict[str, Any]) -> str:
-    """The Anthropic error type for the `error` object of an OpenAI envelope (a stream's error event,
-    where no status is left to go by)."""
-    code, etype = err.get("code"), err.get("type")
-    if code in _OVERLOADED_CODES or etype in ("server_overloaded", "service_unavailable"):
-        return "overloaded_error"
-    if isinstance(code, str) and code in _BY_CODE:
-        return _BY_CODE[code]
-    if etype in ("requests", "tokens"):
-        return "rate_limit_error"
-    if etype in ("invalid_request_error", "permission_error"):
-        return str(etype)
-    return "api_error"
 
 
 # -- whole answers ---------------------------------------------------------------------------------------
-
-
-def message_id(engine_id: Any) -> str:
-    if isinstance(engine_id, str) and engine_id:
-        return "msg_" + engine_id.removeprefix("chatcmpl-")
-    return "msg_" + os.urandom(12).hex()
 
 
 def stop_reason(finish: Any, tools: bool, matched: Any, stops: tuple[str, ...]) -> tuple[str, str | None]:
@@ -124,24 +44,6 @@ def matched_stop(choice: dict[str, Any]) -> Any:
     """Which stop string ended the generation, where the engine says (vLLM, SGLang)."""
     m = choice.get("stop_reason")
     return m if m is not None else choice.get("matched_stop")
-
-
-def usage(u: Any) -> dict[str, int]:
-    """Anthropic usage for an OpenAI usage object: cached prompt tokens are cache reads."""
-    prompt = completion = cached = 0
-    if isinstance(u, dict):
-        p, c = u.get("prompt_tokens"), u.get("completion_tokens")
-        prompt = p if isinstance(p, int) else 0
-        completion = c if isinstance(c, int) else 0
-        details = u.get("prompt_tokens_details")
-        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-            cached = min(details["cached_tokens"], prompt)
-    return {
-        "input_tokens": prompt - cached,
-        "output_tokens": completion,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-    }
 
 
 def tool_input(arguments: Any) -> dict[str, Any]:
@@ -194,7 +96,7 @@ def to_message(obj: dict[str, Any], stops: tuple[str, ...]) -> dict[str, Any]:
             content.append(
                 {
                     "type": "tool_use",
-                    "id": tid if isinstance(tid, str) and tid else "toolu_" + os.urandom(12).hex(),
+                    "id": tid if isinstance(tid, str) and tid else tool_use_id(),
                     "name": str(fn.get("name") or ""),
                     "input": tool_input(fn.get("arguments")),
                 }
@@ -209,7 +111,7 @@ def to_message(obj: dict[str, Any], stops: tuple[str, ...]) -> dict[str, Any]:
         "content": content,
         "stop_reason": reason,
         "stop_sequence": seq,
-        "usage": usage(obj.get("usage")),
+        "usage": anthropic_usage(obj.get("usage")),
     }
 
 

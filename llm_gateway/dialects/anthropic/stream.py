@@ -7,10 +7,14 @@ the engine's reasoning, `text_delta`, `input_json_delta` for a tool call's argum
 engine's real input and output counts) and `message_stop`. A block ends when output of another kind
 starts. An error event in the OpenAI stream (the engine failed after the first byte) becomes
 Anthropic's `event: error` with its envelope, and nothing follows it. Frames are
-`event: NAME\\ndata: JSON\\n\\n`. Each OpenAI event is parsed once; the service writes whole events
-(a partial one is held until the rest comes). Once a text block is open, a token event shaped like the
-last one parsed (chat_events.text_in) becomes its `text_delta` without being parsed: the text as the
-engine escaped it, between the frame's own bytes.
+`event: NAME\\ndata: JSON\\n\\n`.
+
+The stream relay drives it (`wire/chat_events.ChatTranslation`): the engine's events as it passes them
+(`feed`: bytes, each event parsed once here), the chunks it parsed or made itself (`event`), its end
+(`end`) or its failure (`fail`: the gateway's error, typed by wire/anthropic.py), and an ordinary token
+whose shape it has learnt (`token`): its text as the engine escaped it, which becomes the open text
+block's `text_delta` between the frame's own bytes, unparsed. Nothing reaches it as OpenAI SSE that was
+written only to be read back here.
 """
 
 from __future__ import annotations
@@ -19,39 +23,39 @@ from typing import Any
 
 import orjson
 
-from llm_gateway.dialects.anthropic.response import (
-    REASONING_KEYS,
+from llm_gateway.dialects.anthropic.response import REASONING_KEYS, matched_stop, stop_reason
+from llm_gateway.errors import GatewayError
+from llm_gateway.wire.anthropic import (
+    PING,
+    STOP,
+    anthropic_usage,
     envelope,
+    error_frame,
     error_type_of,
-    matched_stop,
+    frame,
     message_id,
-    stop_reason,
-    usage,
+    tool_use_id,
 )
-from llm_gateway.wire.chat_events import ChatEvents, parse_event, text_in, token_envelope
+from llm_gateway.wire.chat_events import ChatEvents, parse_event
 
-PING = b'event: ping\ndata: {"type":"ping"}\n\n'
-STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
-_TEXT_DELTA_END = b'"}}\n\n'  # what `frame` writes after a text_delta's text
-_MAX_LEARNS = 16  # token envelopes learnt per stream (again when one changes, as `created` does each second)
-
-
-def frame(name: bytes, obj: dict[str, Any]) -> bytes:
-    return b"event: " + name + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+#: what `frame` writes before and after a text_delta's text (the block's index in the head)
+_TEXT_DELTA_HEAD = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":"'
+)
+_TEXT_DELTA_END = b'"}}\n\n'
 
 
 class StreamTranslator:
-    """One stream's translation: `feed()` each write of the service, `finish()` at its end."""
+    """One stream's translation (a `ChatTranslation`): the relay's events in, Anthropic's frames out."""
 
     __slots__ = (
         "_blocks",
         "_deltas",
         "_done",
-        "_env",
         "_events",
         "_finish",
+        "_head",
         "_index",
-        "_learns",
         "_matched",
         "_open",
         "_started",
@@ -77,49 +81,56 @@ class StreamTranslator:
         self._finish: Any = None
         self._matched: Any = None
         self._usage: Any = None
-        #: a token event's bytes before and after its text, the frame's bytes before it, and the block index
-        self._env: tuple[bytes, bytes, bytes, int] | None = None
-        self._learns = 0
+        #: the open text block's `text_delta` frame up to its text (made when the block starts)
+        self._head = b""
 
     @property
     def done(self) -> bool:
         return self._done
 
     def feed(self, data: bytes) -> bytes:
+        """OpenAI SSE events (a partial one is held until the rest comes), each parsed once."""
         if self._done:
             return b""
         out: list[bytes] = []
-        env = self._env
         for raw in self._events.feed(data):
             if self._done:
                 break
-            if env is not None and self._index == env[3]:  # that text block is still the open one
-                got = text_in(raw, env[0], env[1])
-                if got is not None:  # a token like the last one parsed: its text_delta, unparsed
-                    self._deltas += 1
-                    out.append(env[2] + got[0] + _TEXT_DELTA_END)
-                    continue
             ev = parse_event(raw)  # the relay passes only JSON events: nothing else can be told to the client
             if ev is None:
                 continue
-            if not isinstance(ev, dict):  # DONE
-                out.append(self._end())
-                continue
-            out.append(self._event(ev))
-            if self._open == "text" and self._learns < _MAX_LEARNS and self._learn(raw, ev):
-                env = self._env
+            out.append(self._event(ev) if isinstance(ev, dict) else self._end())
         return b"".join(out)
 
-    def _learn(self, event: bytes, obj: dict[str, Any]) -> bool:
-        """Learn the shape of `event` if it is a plain token (its text now in the open text block)."""
-        found = token_envelope(event, obj)
-        env = self._env
-        if found is None or (env is not None and env[3] == self._index and env[:2] == found):
-            return False  # not a token, or the shape already known (a token parsed for its text: a quote)
-        self._learns += 1
-        head = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d' % self._index
-        self._env = (*found, head + b',"delta":{"type":"text_delta","text":"', self._index)
-        return True
+    def event(self, obj: dict[str, Any]) -> bytes:
+        """One chat chunk the relay parsed or made."""
+        return b"" if self._done else self._event(obj)
+
+    def token(self, text: bytes) -> bytes | None:
+        """An ordinary token (`wire.chat_events.plain_text`), its text as sent: the open text block's
+        `text_delta`, copied as the engine escaped it; None where it must be parsed (no text block open,
+        or a text that is not a valid JSON string's inside)."""
+        if self._open != "text":
+            return None
+        if not text:
+            return b""  # no text: no delta, as parsing says
+        try:  # escapes, control characters, UTF-8: what parsing the whole event would have refused
+            orjson.loads(b'"' + text + b'"')
+        except orjson.JSONDecodeError:
+            return None
+        self._deltas += 1
+        return self._head + text + _TEXT_DELTA_END
+
+    def end(self) -> bytes:
+        """The chat stream's `[DONE]`: the closing events."""
+        return b"" if self._done else self._end()
+
+    def fail(self, err: GatewayError) -> bytes:
+        """The stream failed after its first byte: Anthropic's error event, and nothing after it."""
+        if self._done:
+            return b""
+        self._done = True
+        return error_frame(err)
 
     def finish(self) -> bytes:
         """At the end of the service's stream: the closing events, unless they (or an error) went out."""
@@ -172,12 +183,7 @@ class StreamTranslator:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {
-                "input_tokens": self.estimate,
-                "output_tokens": 0,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
-            },
+            "usage": anthropic_usage({"prompt_tokens": self.estimate, "completion_tokens": 0}),  # the estimate
         }
         return frame(b"message_start", {"type": "message_start", "message": message}) + PING
 
@@ -200,6 +206,8 @@ class StreamTranslator:
         out = b""
         if self._open != kind:
             out = self._begin(kind, {"type": "text", "text": ""} if kind == "text" else _THINKING_BLOCK)
+            if kind == "text":
+                self._head = _TEXT_DELTA_HEAD % self._index
         self._deltas += 1
         return out + self._block_delta(delta)
 
@@ -218,7 +226,7 @@ class StreamTranslator:
                 "tool_use",
                 {
                     "type": "tool_use",
-                    "id": tid if isinstance(tid, str) and tid else message_id(None).replace("msg_", "toolu_", 1),
+                    "id": tid if isinstance(tid, str) and tid else tool_use_id(),
                     "name": str(fn.get("name") or ""),
                     "input": {},
                 },
@@ -238,7 +246,7 @@ class StreamTranslator:
         self._done = True
         reason, seq = stop_reason(self._finish, bool(self._tools), self._matched, self._stops)
         if self._usage is not None:
-            u: dict[str, int] = usage(self._usage)
+            u: dict[str, int] = anthropic_usage(self._usage)
         else:  # the engine sent no count: the estimates
             u = {"input_tokens": self.estimate, "output_tokens": self._deltas}
         md = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": u}

@@ -5,8 +5,9 @@ The request is translated into an OpenAI chat body (`ingress.responses_request`)
 conversation of `previous_response_id` (if any) is put before its input, and handed to the same
 `GenerationService.handle` as `/v1/chat/completions`: keys, limits, routing, retries, failover,
 metrics and usage accounting are exactly the chat path's. `ResponsesExchange` implements
-`ClientExchange` over the real `Call` and translates what the service answers (a whole chat
-completion, or chat SSE chunk by chunk) into a Response object or the Responses event stream.
+`ClientExchange` over the real `Call` and translates what the service answers into a Response object
+(a whole chat completion, here) or the Responses event stream (by the relay, which drives the stream's
+translation, `translation()`: dialects/responses/stream.py, with the engine's events as it reads them).
 Errors are OpenAI's envelope (the app's default rendering). Engines that serve `/v1/responses`
 themselves are still spoken to in chat: the gateway owns the stored responses and their chaining,
 which an engine's own store (one per engine process) could not share across replicas.
@@ -91,37 +92,40 @@ class ResponsesExchange(CallExchange):
         await self._call.respond(status, body, headers, content_type)
 
     async def start(self, status: int, headers: Headers, *, hold: bool = False) -> None:
-        self._stream = ResponsesStream(self._req, self.id)
-        await self._call.start(status, headers)  # a translated first part can be empty: the head goes now
+        if self._stream is None:
+            self._stream = ResponsesStream(self._req, self.id)
+        await self._call.start(status, headers, hold=hold)
 
-    def _now(self, data: bytes) -> tuple[bytes, bool]:
-        stream = self._stream
-        assert stream is not None, "a relayed chunk before start()"
-        out = stream.feed(data)
-        return out, stream.terminal is None  # the last event waits for the Response to be stored
+    def translation(self) -> ResponsesStream:
+        """The stream's translation, for the relay to drive: from now on what is written is the Responses
+        API's already. The relay ends it only with its own end (`[DONE]` or a failure, `relay.done` or
+        `relay.error` set), whose last part the relay never writes from the connection's callback: so the
+        Response is stored (`write`, `end`) before its last event goes out."""
+        if self._stream is None:
+            self._stream = ResponsesStream(self._req, self.id)
+        self._relayed = True
+        return self._stream
 
     async def write(self, data: bytes) -> None:
         stream = self._stream
         assert stream is not None, "write() before start()"
-        out, data = self._take_unsent(data)
-        if data:
-            out += stream.feed(data)
+        if not self._relayed:  # the service's own OpenAI SSE (a queued stream's)
+            data = stream.feed(data)
         if stream.terminal is not None and stream.terminal != "response.failed":
             await self._save(stream.response, stream.turn)  # before the last event: chaining finds it
-        if out:
-            await self._call.write(out)
+        if data:
+            await self._call.write(data)
 
     async def end(self, data: bytes = b"") -> None:
         stream = self._stream
         if stream is None:
             await self._call.end()
             return
-        out, data = self._take_unsent(data)
-        if data:
-            out += stream.feed(data)
+        if data and not self._relayed:
+            data = stream.feed(data)
         if stream.terminal is not None and stream.terminal != "response.failed":
             await self._save(stream.response, stream.turn)  # before the last event: chaining finds it
-        await self._call.end(out + stream.finish())
+        await self._call.end(data + stream.finish())
 
     async def _save(self, resp: dict[str, Any], turn: dict[str, Any]) -> bool:
         """Store the finished response (when asked); False if the store failed."""

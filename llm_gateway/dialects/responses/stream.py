@@ -13,8 +13,11 @@ engine failed after the first byte) becomes `response.failed` with the error, an
 Every event has a `sequence_number`. Frames are `event: TYPE\\ndata: JSON\\n\\n`.
 Fragments of a tool call whose item has closed (an engine interleaving two calls) cannot be put
 back into a closed item: they are dropped from the stream, as Anthropic's translation does.
-Once a text item is open, a token event shaped like the last one parsed (chat_events.text_in) becomes
-its `response.output_text.delta` without being parsed: the text as the engine escaped it.
+The stream relay drives it (`wire/chat_events.ChatTranslation`): the engine's events as it passes them
+(`feed`: bytes, each event parsed once here), the chunks it parsed or made itself (`event`), its end
+(`end`) or its failure (`fail`: the gateway's error), and an ordinary token whose shape it has learnt
+(`token`): once a text item is open, its text becomes the item's `response.output_text.delta`, copied as
+the engine escaped it, unparsed.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from llm_gateway.dialects.responses.response import (
     token_logprobs,
     usage,
 )
-from llm_gateway.wire.chat_events import ChatEvents, parse_event, text_in, token_envelope
+from llm_gateway.errors import GatewayError
+from llm_gateway.wire.chat_events import ChatEvents, parse_event
 
 #: the codes a Response's `error` may carry (openai-python types/responses/response_error.py)
 _ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded"})
@@ -44,28 +48,25 @@ _ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded"})
 
 _TEXT_DELTA_HEAD = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":'
 _TEXT_DELTA_END = b'","logprobs":[]}\n\n'  # what `_frame` writes after a text delta without logprobs
-_MAX_LEARNS = 16  # token envelopes learnt per stream (again when one changes, as `created` does each second)
 
 
 class ResponsesStream:
-    """One stream's translation: `feed()` each write of the service, `finish()` at its end. Once
-    `terminal` is set, `response` is the final Response object and `turn` the assistant's chat
-    message (the stored conversation's next turn)."""
+    """One stream's translation (a `ChatTranslation`). Once `terminal` is set, `response` is the final
+    Response object and `turn` the assistant's chat message (the stored conversation's next turn)."""
 
     __slots__ = (
         "_calls",
         "_deltas",
-        "_env",
         "_events",
         "_finish",
         "_item",
         "_kind",
-        "_learns",
         "_seq",
         "_started",
         "_text",
         "_tool",
         "_usage",
+        "_where",
         "estimate",
         "response",
         "terminal",
@@ -88,48 +89,58 @@ class ResponsesStream:
         self._deltas = 0
         self._finish: Any = None
         self._usage: Any = None
-        #: a token event's bytes before and after its text, the delta frame's bytes between its sequence
-        #: number and its text, and the text item they belong to
-        self._env: tuple[bytes, bytes, bytes, dict[str, Any]] | None = None
-        self._learns = 0
+        #: the open text item's delta frame between its sequence number and its text (made when it opens)
+        self._where = b""
+
+    @property
+    def done(self) -> bool:
+        return self.terminal is not None
 
     def feed(self, data: bytes) -> bytes:
+        """OpenAI SSE events (a partial one is held until the rest comes), each parsed once."""
         if self.terminal is not None:
             return b""
         out: list[bytes] = []
-        env = self._env
         for raw in self._events.feed(data):
             if self.terminal is not None:
                 break
-            if env is not None and self._kind == "text" and self._item is env[3]:
-                got = text_in(raw, env[0], env[1])
-                if got is not None:  # a token like the last one parsed: its output_text.delta, unparsed
-                    self._text.append(got[1])
-                    self._deltas += 1
-                    self._seq += 1
-                    out.append(_TEXT_DELTA_HEAD + b"%d" % (self._seq - 1) + env[2] + got[0] + _TEXT_DELTA_END)
-                    continue
             ev = parse_event(raw)
             if ev is None:
                 continue
-            if not isinstance(ev, dict):  # DONE
-                out.append(self._end())
-                continue
-            out.append(self._event(ev))
-            if self._kind == "text" and self._learns < _MAX_LEARNS and self._learn(raw, ev):
-                env = self._env
+            out.append(self._event(ev) if isinstance(ev, dict) else self._end())
         return b"".join(out)
 
-    def _learn(self, event: bytes, obj: dict[str, Any]) -> bool:
-        """Learn the shape of `event` if it is a plain token (its text now in the open text item)."""
-        found = token_envelope(event, obj)
-        env = self._env
-        if found is None or (env is not None and env[3] is self._item and env[:2] == found):
-            return False  # not a token, or the shape already known (a token parsed for its text: a quote)
-        self._learns += 1
-        where = b',"item_id":%b,"output_index":%d' % (orjson.dumps(self._item["id"]), len(self.response["output"]))
-        self._env = (*found, where + b',"content_index":0,"delta":"', self._item)
-        return True
+    def event(self, obj: dict[str, Any]) -> bytes:
+        """One chat chunk the relay parsed or made."""
+        return b"" if self.terminal is not None else self._event(obj)
+
+    def token(self, text: bytes) -> bytes | None:
+        """An ordinary token (`wire.chat_events.plain_text`), its text as sent: the open text item's
+        `output_text.delta`, copied as the engine escaped it; None where it must be parsed (no text item
+        open, or a text that is not a valid JSON string's inside)."""
+        if self._kind != "text":
+            return None
+        if not text:
+            return b""  # no text: no delta, as parsing says
+        try:
+            decoded = orjson.loads(b'"' + text + b'"')
+        except orjson.JSONDecodeError:
+            return None
+        self._text.append(decoded)
+        self._deltas += 1
+        seq = self._seq
+        self._seq = seq + 1
+        return _TEXT_DELTA_HEAD + b"%d" % seq + self._where + text + _TEXT_DELTA_END
+
+    def end(self) -> bytes:
+        """The chat stream's `[DONE]`: the last items' ends and `response.completed` (or `.incomplete`)."""
+        return b"" if self.terminal is not None else self._end()
+
+    def fail(self, err: GatewayError) -> bytes:
+        """The stream failed after its first byte: `response.failed`, and nothing after it."""
+        if self.terminal is not None:
+            return b""
+        return self._error(err.code, err.message)
 
     def finish(self) -> bytes:
         """At the end of the service's stream: the end, or a failure if the stream never said it ended."""
@@ -157,13 +168,7 @@ class ResponsesStream:
         err = obj.get("error")
         if err is not None and "choices" not in obj:
             e = err if isinstance(err, dict) else {"message": str(err)}
-            code = e.get(
-                "code"
-            )  # the Response's error codes are OpenAI's fixed set: the gateway's code goes in the text
-            message = str(e.get("message") or "the stream failed")
-            if isinstance(code, str) and code and code not in _ERROR_CODES:
-                message, code = f"{message} ({code})", "server_error"
-            return self._failed(code if isinstance(code, str) and code else "server_error", message)
+            return self._error(e.get("code"), str(e.get("message") or "the stream failed"))
         out = b"" if self._started else self._start(obj)
         if obj.get("usage") is not None:
             self._usage = obj["usage"]
@@ -191,7 +196,14 @@ class ResponsesStream:
             self._finish = fr
         return out
 
-    def _where(self) -> dict[str, Any]:
+    def _error(self, code: Any, message: str) -> bytes:
+        """`response.failed` for an error of the gateway's: the Response's error codes are OpenAI's fixed
+        set, so any other code goes in the text."""
+        if isinstance(code, str) and code and code not in _ERROR_CODES:
+            message, code = f"{message} ({code})", "server_error"
+        return self._failed(code if isinstance(code, str) and code else "server_error", message)
+
+    def _at(self) -> dict[str, Any]:
         return {"item_id": self._item["id"], "output_index": len(self.response["output"])}
 
     def _open(self, kind: str, item: dict[str, Any], part: dict[str, Any] | None) -> bytes:
@@ -199,7 +211,7 @@ class ResponsesStream:
         self._kind, self._item, self._text = kind, item, []
         out += self._frame("response.output_item.added", {"output_index": len(self.response["output"]), "item": item})
         if part is not None:
-            out += self._frame("response.content_part.added", {**self._where(), "content_index": 0, "part": part})
+            out += self._frame("response.content_part.added", {**self._at(), "content_index": 0, "part": part})
         return out
 
     def _reasoning(self, r: str) -> bytes:
@@ -209,19 +221,23 @@ class ResponsesStream:
             out = self._open("reasoning", item, {"type": "reasoning_text", "text": ""})
         self._text.append(r)
         self._deltas += 1
-        return out + self._frame("response.reasoning_text.delta", {**self._where(), "content_index": 0, "delta": r})
+        return out + self._frame("response.reasoning_text.delta", {**self._at(), "content_index": 0, "delta": r})
 
     def _output_text(self, text: str, logprobs: Any) -> bytes:
         out = b""
         if self._kind != "text":
             out = self._open("text", message_item([], status="in_progress"), text_part(""))
+            self._where = b',"item_id":%b,"output_index":%d,"content_index":0,"delta":"' % (
+                orjson.dumps(self._item["id"]),
+                len(self.response["output"]),
+            )
         self._text.append(text)
         self._deltas += 1
         lp = token_logprobs(logprobs.get("content") if isinstance(logprobs, dict) else None)
         if lp:
             self._item.setdefault("_logprobs", []).extend(lp)
         return out + self._frame(
-            "response.output_text.delta", {**self._where(), "content_index": 0, "delta": text, "logprobs": lp}
+            "response.output_text.delta", {**self._at(), "content_index": 0, "delta": text, "logprobs": lp}
         )
 
     def _call(self, tc: dict[str, Any]) -> bytes:
@@ -241,7 +257,7 @@ class ResponsesStream:
         if isinstance(args, str) and args:
             self._text.append(args)
             self._deltas += 1
-            out += self._frame("response.function_call_arguments.delta", {**self._where(), "delta": args})
+            out += self._frame("response.function_call_arguments.delta", {**self._at(), "delta": args})
         return out
 
     def _close(self, status: str = "completed") -> bytes:
@@ -250,7 +266,7 @@ class ResponsesStream:
         if kind is None:
             return b""
         text = "".join(self._text)
-        where = self._where()
+        where = self._at()
         item = self._item
         out = b""
         if kind == "reasoning":
