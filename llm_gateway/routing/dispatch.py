@@ -133,6 +133,10 @@ def _refused(message: str, reason: str, deps: list[Deployment]) -> Overloaded:
     return Overloaded(message, headers={"retry-after": str(wait), REJECT_REASON_HEADER: reason})
 
 
+#: the strategies that place a request by its session (routing/session_key.py)
+SESSION_STRATEGIES = frozenset(("prefix_affinity", "cache_aware"))
+
+
 class Dispatcher:
     def __init__(self, routing: RoutingConfig, metrics: Metrics, rng: random.Random | None = None) -> None:
         self.cfg = routing
@@ -234,8 +238,10 @@ class Dispatcher:
         deadline = time.monotonic() + cfg.retry_budget_s
         route, info, who = job.route, job.info, job.who
         ticket = ticket_for(who, priority_rank(who, job.asked_priority), job.budget)
-        session = job.session()
         groups = [route] + [r for f in route.cfg.fallbacks if (r := table.resolve(f)) is not None]
+        # the session key is read only where a strategy uses it (five headers and two body fields otherwise)
+        uses = route.cfg.strategy in SESSION_STRATEGIES or any(g.cfg.strategy in SESSION_STRATEGIES for g in groups[1:])
+        session = job.session() if uses else None
         last: GatewayError | None = None
         tried: set[int] = set()
         first_choice: Deployment | None = None
