@@ -27,15 +27,18 @@ from llm_gateway.dialects.routes import ROUTES
 from llm_gateway.errors import ServiceUnavailable
 from llm_gateway.http.asgi import GatewayApp
 from llm_gateway.routing.prober import Prober
+from llm_gateway.service.batch_runner import Batches
 from llm_gateway.service.pipeline import GenerationService
 from llm_gateway.service.reload import ConfigWatcher
 from llm_gateway.service.runtime import Gateway
 from llm_gateway.settings import GatewayConfig
+from llm_gateway.settings.server import DB_FILE
 from llm_gateway.upstream.base import UpstreamClient
 
 if TYPE_CHECKING:
     from llm_gateway.admin.refresh import KeyRefresher
     from llm_gateway.admin.server import AdminServer
+    from llm_gateway.state.batches import BatchStore
     from llm_gateway.state.database import Database
     from llm_gateway.state.responses import ResponseStore
     from llm_gateway.state.usage import UsageStore
@@ -88,6 +91,11 @@ def create_app(
 
         return ResponseStore(await open_database())
 
+    async def open_batches() -> BatchStore:
+        from llm_gateway.state.batches import BatchStore
+
+        return BatchStore(await open_database())
+
     refresher: KeyRefresher | None = None
     admin_server: AdminServer | None = None
     admin_app = None
@@ -129,6 +137,8 @@ def create_app(
             usage = gw.runtime.config.usage
             await _restore_budgets(gw, open_usage)
             gw.usage.start(open_usage, Path(gw.server.data_dir, SPOOL_DIR) if usage.spool else None)
+        if batches is not None and _has_database(gw.runtime.config):
+            batches.runner.start()  # the batches this database holds resume (a new one starts it otherwise)
         if admin_app is not None and gw.server.admin_port is not None:
             from llm_gateway.admin.server import AdminServer
 
@@ -153,6 +163,8 @@ def create_app(
             await admin_server.aclose()
         if refresher is not None:
             await refresher.aclose()
+        if batches is not None:
+            await batches.runner.aclose()  # its lines in flight are given back for the next start to take
         await gw.usage.aclose()  # the last rows of the ledger, before the database closes
         await stored.aclose()
         if database is not None:
@@ -160,7 +172,9 @@ def create_app(
         await gw.aclose()
 
     stored = StoredResponses(open_responses)
-    context = HandlerContext(GenerationService(gw), gw.server, gw.metrics, int(time.time()), stored)
+    service = GenerationService(gw)
+    batches = Batches(open_batches, gw, service) if config.batches.enabled else None
+    context = HandlerContext(service, gw.server, gw.metrics, int(time.time()), stored, batches)
     app = GatewayApp(
         gw,
         ROUTES,
@@ -170,6 +184,12 @@ def create_app(
         admin=admin_app if gw.server.admin_port is None else None,
     )
     return app
+
+
+def _has_database(config: GatewayConfig) -> bool:
+    """A shared database is configured, or the embedded one exists already: a database that may hold batches to
+    resume. A gateway that never kept anything does not create one at start."""
+    return config.database.url is not None or Path(config.server.data_dir, DB_FILE).exists()
 
 
 async def _restore_budgets(gw: Gateway, open_usage: Callable[[], Awaitable[UsageStore]]) -> None:
