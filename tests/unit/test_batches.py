@@ -248,7 +248,12 @@ async def test_an_input_file_with_bad_lines_fails_the_batch_with_their_line_numb
         b = await create_batch(client, b"\n".join(lines))
         assert b["status"] == "failed" and b["failed_at"] is not None
         got = [(e["line"], e["code"]) for e in b["errors"]["data"]]
-        assert got == [(2, "invalid_json_line"), (3, "invalid_url"), (4, "duplicate_custom_id"), (5, "missing_required_parameter")]
+        assert got == [
+            (2, "invalid_json_line"),
+            (3, "invalid_url"),
+            (4, "duplicate_custom_id"),
+            (5, "missing_required_parameter"),
+        ]
         assert (await client.get(f"/v1/batches/{b['id']}")).json()["status"] == "failed"
     assert up.calls == []
 
