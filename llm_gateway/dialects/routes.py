@@ -5,7 +5,7 @@ dispatches by it and knows no route by name.
 
 from __future__ import annotations
 
-from llm_gateway.dialects import batches, files, ops
+from llm_gateway.dialects import batches, files, ops, tokenize
 from llm_gateway.dialects import openai as chat
 from llm_gateway.dialects.anthropic import exchange as messages
 from llm_gateway.dialects.anthropic.response import error_answer
@@ -27,6 +27,8 @@ def _exact() -> dict[tuple[str, str], Handler]:
         r[("GET", prefix + "/files")] = files.list_files
         r[("POST", prefix + "/batches")] = batches.create
         r[("GET", prefix + "/batches")] = batches.list_batches
+    r[("POST", "/tokenize")] = tokenize.tokenize  # vLLM's and llama-server's paths: no /v1
+    r[("POST", "/detokenize")] = tokenize.detokenize
     r[("GET", "/healthz")] = ops.healthz
     r[("GET", "/readyz")] = ops.readyz
     r[("GET", "/metrics")] = ops.metrics

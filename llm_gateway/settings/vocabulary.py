@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 EngineKind = Literal["llama-server", "vllm", "sglang", "ollama", "tabbyapi", "lmdeploy", "openai"]
 WeightFormat = Literal["gguf", "exl2", "exl3", "awq", "gptq", "fp8", "safetensors"]
-Capability = Literal["chat", "completions", "embeddings", "tools", "vision", "json_schema"]
+Capability = Literal["chat", "completions", "embeddings", "tools", "vision", "json_schema", "tokenize"]
 PriorityClass = Literal["interactive", "default", "batch"]
 #: the queue rank of each class: higher goes first
 PRIORITY_RANKS: dict[str, int] = {"interactive": 2, "default": 1, "batch": 0}
