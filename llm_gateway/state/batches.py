@@ -309,6 +309,15 @@ class BatchStore:
         return True
 
 
+async def delete_owned(conn: AsyncConnection, owner: str) -> int:
+    """Delete everything of the Batch API a key owns (its files, its batches and their lines), in the caller's
+    transaction (the admin store's deletion of the key); the number of files deleted."""
+    mine = sa.select(batches.c.id).where(batches.c.owner == owner)
+    await conn.execute(batch_lines.delete().where(batch_lines.c.batch_id.in_(mine.scalar_subquery())))
+    await conn.execute(batches.delete().where(batches.c.owner == owner))
+    return int((await conn.execute(batch_files.delete().where(batch_files.c.owner == owner))).rowcount)
+
+
 async def _insert_file(conn: AsyncConnection, f: FileRow, content: bytes) -> None:
     await conn.execute(
         batch_files.insert().values(

@@ -102,3 +102,17 @@ async def test_an_expired_batch_ends_its_pending_lines_and_refuses_late_results(
     err = await store.content(row["error_file_id"], "kc_alice")
     assert err is not None
     assert [orjson.loads(x)["error"]["code"] for x in err.splitlines()] == ["batch_expired"] * 3
+
+
+async def test_deleting_a_key_deletes_its_batches_and_files_only(store: BatchStore) -> None:
+    from llm_gateway.state.batches import FileRow, delete_owned
+
+    await make_batch(store, 3)
+    await store.save_file(FileRow("file-a", "kc_alice", "batch", "a.jsonl", 2, 1), b"{}")
+    await store.save_file(FileRow("file-b", "kc_bob", "batch", "b.jsonl", 2, 1), b"{}")
+    async with store.db.begin() as conn:
+        assert await delete_owned(conn, "kc_alice") == 1
+    assert await store.batch("batch_1", "kc_alice") is None
+    assert await store.claim("batch_1", "rep", 10, NOW_MS, LEASE_MS) == []  # its lines are gone too
+    assert await store.file("file-a", "kc_alice") is None
+    assert await store.file("file-b", "kc_bob") is not None
