@@ -14,6 +14,7 @@ Batches belong to the key that created them; another key's batch is a 404.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from typing import Any
@@ -151,7 +152,8 @@ async def create(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
     content = await store.content(f.id, who.id) if f is not None and f.purpose == "batch" else None
     if content is None:
         raise not_found(f"No such File object of purpose 'batch': {file_id[:128]}", param="input_file_id")
-    lines, errors, model = read_lines(content, endpoint, cfg.max_lines)
+    # up to batches.max_file_bytes of JSON: parsed off the event loop, which keeps serving meanwhile
+    lines, errors, model = await asyncio.to_thread(read_lines, content, endpoint, cfg.max_lines)
     from llm_gateway.state.batches import new_id  # with the store: SQLAlchemy is loaded by then
 
     now = int(time.time())

@@ -221,7 +221,7 @@ class BatchRunner:
             if status in PASSING and c.attempts < cfg.max_attempts:
                 retry_at = int((time.time() + cfg.retry_after_s) * 1000)
                 await store.release(b.id, c.line, self.replica, retry_at)
-            elif not await store.record(b.id, c.line, self.replica, status, rid, body.decode()):
+            elif not await store.record(b.id, c.line, self.replica, status, rid, body.decode("utf-8", "replace")):
                 log.info("batch %s line %d: its lease was lost; this result is dropped", b.id, c.line)
         except GatewayError as e:  # not recorded: the lease lapses and the line is redone
             log.warning("batch %s line %d not recorded: %s", b.id, c.line, e.message)

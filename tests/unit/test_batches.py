@@ -327,3 +327,27 @@ async def test_batches_off_is_a_404(gateway: Callable[..., Any]) -> None:
     async with gateway(FakeUpstream(), CONFIG.replace("batches: {", "batches: {enabled: false, ")) as (client, _):
         assert (await upload(client, jsonl(1))).status_code == 404
         assert (await client.get("/v1/batches")).status_code == 404
+
+
+async def test_batch_lines_wait_behind_interactive_work_for_a_slot(gateway: Callable[..., Any]) -> None:
+    """One engine slot: the lines queue for it in the batch class, and a request of the key's own class that arrives
+    meanwhile is given the next free slot before them."""
+    order: list[str] = []
+
+    async def engine(method: str, url: str, headers: Any, body: bytes | None) -> FakeAnswer:
+        order.append(orjson.loads(body or b"{}")["messages"][0]["content"])
+        await asyncio.sleep(0.2)
+        return FakeAnswer.json(answer())
+
+    text = CONFIG.replace('url: "http://engine.test"', 'url: "http://engine.test", max_concurrency: 1')
+    async with gateway(FakeUpstream({("POST", CHAT): engine}), text) as (client, _):
+        b = await create_batch(client, jsonl(3))
+        deadline = time.monotonic() + 10
+        while not order and time.monotonic() < deadline:  # the first line holds the one slot, two wait for it
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        live = {"model": "m", "messages": [{"role": "user", "content": "interactive"}]}
+        r = await client.post("/v1/chat/completions", json=live)
+        assert r.status_code == 200
+        await until_status(client, b["id"], "completed")
+    assert order[0] == "line 0" and order[1] == "interactive", order
