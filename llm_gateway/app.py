@@ -5,7 +5,10 @@ the app (no module-level state), started on lifespan startup (probes, config wat
 metrics port; the database of stored responses when first needed) and closed on shutdown (after
 uvicorn has drained requests in flight). With admin keys configured (`admin.keys`) it also builds the
 admin API (llm_gateway/admin, FastAPI, imported only then), mounted under /admin or served alone on
-`server.admin_port`, and the task that keeps the runtime keys in memory in step with the database.
+`server.admin_port`, and the task that keeps the runtime keys in memory in step with the database. With
+`batches.enabled` (the default) it builds the Batch API's store and runner (service/batch_runner.py): the runner
+starts with the gateway when there is a database that may hold batches to resume (`database.url`, or the SQLite
+file exists), else with the first file or batch, and stops before the database closes.
 """
 
 from __future__ import annotations
