@@ -5,7 +5,10 @@ the app (no module-level state), started on lifespan startup (probes, config wat
 metrics port; the database of stored responses when first needed) and closed on shutdown (after
 uvicorn has drained requests in flight). With admin keys configured (`admin.keys`) it also builds the
 admin API (llm_gateway/admin, FastAPI, imported only then), mounted under /admin or served alone on
-`server.admin_port`, and the task that keeps the runtime keys in memory in step with the database.
+`server.admin_port`, and the task that keeps the runtime keys in memory in step with the database. With
+`batches.enabled` (the default) it builds the Batch API's store and runner (service/batch_runner.py): the runner
+starts with the gateway when there is a database that may hold batches to resume (`database.url`, or the SQLite
+file exists), else with the first file or batch, and stops before the database closes.
 """
 
 from __future__ import annotations
@@ -28,15 +31,18 @@ from llm_gateway.dialects.routes import ROUTES
 from llm_gateway.errors import ServiceUnavailable
 from llm_gateway.http.asgi import GatewayApp
 from llm_gateway.routing.prober import Prober
+from llm_gateway.service.batch_runner import Batches
 from llm_gateway.service.pipeline import GenerationService
 from llm_gateway.service.reload import ConfigWatcher
 from llm_gateway.service.runtime import Gateway
 from llm_gateway.settings import GatewayConfig
+from llm_gateway.settings.server import DB_FILE
 from llm_gateway.upstream.base import UpstreamClient
 
 if TYPE_CHECKING:
     from llm_gateway.admin.refresh import KeyRefresher
     from llm_gateway.admin.server import AdminServer
+    from llm_gateway.state.batches import BatchStore
     from llm_gateway.state.database import Database
     from llm_gateway.state.responses import ResponseStore
     from llm_gateway.state.usage import UsageStore
@@ -89,6 +95,11 @@ def create_app(
 
         return ResponseStore(await open_database())
 
+    async def open_batches() -> BatchStore:
+        from llm_gateway.state.batches import BatchStore
+
+        return BatchStore(await open_database())
+
     refresher: KeyRefresher | None = None
     admin_server: AdminServer | None = None
     admin_app = None
@@ -128,6 +139,8 @@ def create_app(
             usage = gw.runtime.config.usage
             await _restore_budgets(gw, open_usage)
             gw.usage.start(open_usage, Path(gw.server.data_dir, SPOOL_DIR) if usage.spool else None)
+        if batches is not None and _has_database(gw.runtime.config):
+            batches.runner.start()  # the batches this database holds resume (a new one starts it otherwise)
         if admin_app is not None and gw.server.admin_port is not None:
             from llm_gateway.admin.server import AdminServer
 
@@ -152,6 +165,8 @@ def create_app(
             await admin_server.aclose()
         if refresher is not None:
             await refresher.aclose()
+        if batches is not None:
+            await batches.runner.aclose()  # its lines in flight are given back for the next start to take
         await gw.usage.aclose()  # the last rows of the ledger, before the database closes
         await stored.aclose()
         if database is not None:
@@ -159,7 +174,9 @@ def create_app(
         await gw.aclose()
 
     stored = StoredResponses(open_responses)
-    context = HandlerContext(GenerationService(gw), gw.server, gw.metrics, int(time.time()), stored)
+    service = GenerationService(gw)
+    batches = Batches(open_batches, gw, service) if config.batches.enabled else None
+    context = HandlerContext(service, gw.server, gw.metrics, int(time.time()), stored, batches)
     app = GatewayApp(
         gw,
         ROUTES,
@@ -169,6 +186,12 @@ def create_app(
         admin=admin_app if gw.server.admin_port is None else None,
     )
     return app
+
+
+def _has_database(config: GatewayConfig) -> bool:
+    """A shared database is configured, or the embedded one exists already: a database that may hold batches to
+    resume. A gateway that never kept anything does not create one at start."""
+    return config.database.url is not None or Path(config.server.data_dir, DB_FILE).exists()
 
 
 async def _restore_budgets(gw: Gateway, open_usage: Callable[[], Awaitable[UsageStore]]) -> None:

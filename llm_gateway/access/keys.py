@@ -181,6 +181,19 @@ class Authenticator:
             raise AuthenticationFailed("This API key has expired.", code="expired_api_key")
         return rk.principal
 
+    def principal_by_id(self, key_id: str) -> Principal | None:
+        """The live key whose id this is (a config key, or a runtime key that has not expired), for work done
+        later on the key's behalf (a batch's lines); None when no such key is live now."""
+        if not self.enabled:
+            return ANONYMOUS if key_id == ANONYMOUS.id else None
+        for _, p in self._by_digest.values():
+            if p.id == key_id:
+                return p
+        for rk in self._runtime.values():
+            if rk.principal.id == key_id and rk.expires_at > time.time():
+                return rk.principal
+        return None
+
     @property
     def runtime_keys(self) -> Mapping[bytes, RuntimeKey]:
         return self._runtime

@@ -15,6 +15,7 @@ from llm_gateway.adapters.openai_generic import GenericOpenAIAdapter
 from llm_gateway.adapters.sglang import SGLangAdapter
 from llm_gateway.adapters.tabbyapi import TabbyAPIAdapter
 from llm_gateway.adapters.tgi import TGIAdapter
+from llm_gateway.adapters.tokenize import TOKENIZING_KINDS
 from llm_gateway.adapters.trtllm import TRTLLMAdapter
 from llm_gateway.adapters.vllm import VLLMAdapter
 from llm_gateway.types import BackendInfo
@@ -50,7 +51,8 @@ def formats_for(kind: str) -> frozenset[str] | None:
 
 
 def unsupported_capabilities(kind: str) -> frozenset[str]:
-    return ADAPTERS[kind].unsupported_capabilities
+    tokens = frozenset() if kind in TOKENIZING_KINDS else frozenset({"tokenize"})  # adapters/tokenize.py
+    return ADAPTERS[kind].unsupported_capabilities | tokens
 
 
 def schedules_by_priority(kind: str) -> bool:

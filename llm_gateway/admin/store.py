@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from llm_gateway.state.batches import delete_owned
 from llm_gateway.state.database import Database
 from llm_gateway.state.tables import api_keys, api_keys_revision, audit_log, responses
 
@@ -161,7 +162,7 @@ class KeyStore:
         return key
 
     async def delete(self, name: str, at: int, actor: str) -> bool:
-        """Delete the key and the stored responses it owns; False when there is no such key."""
+        """Delete the key and the stored responses, batches and files it owns; False when there is no such key."""
         query = api_keys.delete().where(api_keys.c.name == name).returning(*api_keys.c)
         try:
             async with self.db.begin() as conn:
@@ -171,7 +172,9 @@ class KeyStore:
                     raise _NoSuchKey
                 key = _key(row)
                 gone = await conn.execute(responses.delete().where(responses.c.owner == key.id))
-                await _audit(conn, at, actor, "key.delete", key, {"stored_responses_deleted": gone.rowcount})
+                files = await delete_owned(conn, key.id)  # its batches and files go with it too
+                changes = {"stored_responses_deleted": gone.rowcount, "batch_files_deleted": files}
+                await _audit(conn, at, actor, "key.delete", key, changes)
         except _NoSuchKey:
             return False
         return True

@@ -27,6 +27,7 @@ from llm_gateway.service.runtime import Runtime
 from llm_gateway.settings import ServerConfig
 
 if TYPE_CHECKING:
+    from llm_gateway.service.batch_runner import Batches
     from llm_gateway.state.responses import ResponseStore
 
 REOPEN_AFTER_S = 5.0
@@ -79,6 +80,7 @@ class HandlerContext:
     metrics: Metrics
     started_at: int
     responses: StoredResponses
+    batches: Batches | None = None  # the Batch API's store and runner (None: batches.enabled is false)
 
 
 def authenticate(call: Call, rec: RequestRecord, rt: Runtime) -> Principal:

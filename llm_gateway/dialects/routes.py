@@ -5,8 +5,8 @@ dispatches by it and knows no route by name.
 
 from __future__ import annotations
 
+from llm_gateway.dialects import batches, files, ops, tokenize
 from llm_gateway.dialects import openai as chat
-from llm_gateway.dialects import ops
 from llm_gateway.dialects.anthropic import exchange as messages
 from llm_gateway.dialects.responses import exchange as responses
 from llm_gateway.http.asgi import Handler, PrefixRoute, Routes
@@ -23,6 +23,12 @@ def _exact() -> dict[tuple[str, str], Handler]:
         r[("POST", prefix + "/embeddings")] = chat.embeddings
         r[("GET", prefix + "/models")] = chat.list_models
         r[("POST", prefix + "/responses")] = responses.create
+        r[("POST", prefix + "/files")] = files.upload
+        r[("GET", prefix + "/files")] = files.list_files
+        r[("POST", prefix + "/batches")] = batches.create
+        r[("GET", prefix + "/batches")] = batches.list_batches
+    r[("POST", "/tokenize")] = tokenize.tokenize  # vLLM's and llama-server's paths: no /v1
+    r[("POST", "/detokenize")] = tokenize.detokenize
     r[("GET", "/healthz")] = ops.healthz
     r[("GET", "/readyz")] = ops.readyz
     r[("GET", "/metrics")] = ops.metrics
@@ -40,6 +46,11 @@ ROUTES = Routes(
         # /v1/responses/{id}/input_items serves GET only; /v1/responses/{id} GET and DELETE
         PrefixRoute(responses.PREFIXES, {"GET": responses.retrieve}, suffix="/input_items"),
         PrefixRoute(responses.PREFIXES, {"GET": responses.retrieve, "DELETE": responses.delete}),
+        # /v1/files/{id}/content GET; /v1/files/{id} GET and DELETE; /v1/batches/{id}/cancel POST; /v1/batches/{id}
+        PrefixRoute(files.FILE_PREFIXES, {"GET": files.retrieve}, suffix="/content"),
+        PrefixRoute(files.FILE_PREFIXES, {"GET": files.retrieve, "DELETE": files.delete}),
+        PrefixRoute(batches.BATCH_PREFIXES, {"POST": batches.cancel}, suffix="/cancel"),
+        PrefixRoute(batches.BATCH_PREFIXES, {"GET": batches.retrieve}),
     ),
     renderers={"/v1/messages": error_answer, "/v1/messages/count_tokens": error_answer},
 )

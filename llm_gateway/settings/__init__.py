@@ -31,7 +31,14 @@ from llm_gateway.settings.gateway import (
     RoutingConfig,
     Timeouts,
 )
-from llm_gateway.settings.server import DATABASE_SCHEMES, CorsConfig, DatabaseConfig, ServerConfig, UsageConfig
+from llm_gateway.settings.server import (
+    DATABASE_SCHEMES,
+    BatchesConfig,
+    CorsConfig,
+    DatabaseConfig,
+    ServerConfig,
+    UsageConfig,
+)
 from llm_gateway.settings.vocabulary import (
     PRIORITY_RANKS,
     Capability,
@@ -50,6 +57,7 @@ __all__ = [
     "AffinityConfig",
     "AuthConfig",
     "BackendConfig",
+    "BatchesConfig",
     "Budget",
     "Capability",
     "CorsConfig",

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from llm_gateway.settings.vocabulary import Strict
+from llm_gateway.settings.vocabulary import PriorityClass, Strict
 
 
 class CorsConfig(Strict):
@@ -134,6 +134,7 @@ class UsageConfig(Strict):
 
 
 DATABASE_SCHEMES = ("postgresql+asyncpg", "sqlite+aiosqlite")
+DB_FILE = "llm-gateway.db"  # the embedded database's file, under server.data_dir
 
 
 class DatabaseConfig(Strict):
@@ -160,3 +161,25 @@ class DatabaseConfig(Strict):
         if v is not None and v.get_secret_value().partition("://")[0] not in DATABASE_SCHEMES:
             raise ValueError("must start with postgresql+asyncpg:// (a shared Postgres) or sqlite+aiosqlite://")
         return v
+
+
+class BatchesConfig(Strict):
+    """OpenAI's Batch API (`/v1/files`, `/v1/batches`): files and batch state in the gateway's database, each
+    line run through the same request path as live traffic by a runner in every replica."""
+
+    enabled: bool = Field(True, description="serve /v1/files and /v1/batches and run batches")
+    max_file_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest JSONL a client may upload")
+    max_lines: int = Field(50_000, ge=1, description="most requests one batch may hold")
+    concurrency: int = Field(8, ge=1, description="lines of one batch in flight at once, across replicas")
+    priority: PriorityClass = Field(
+        "batch", description="the queue class batch lines run in (a key's own class can only lower it)"
+    )
+    max_attempts: int = Field(
+        5, ge=1, description="a line refused for a passing reason (429, 5xx) is retried up to this many times"
+    )
+    retry_after_s: float = Field(5.0, gt=0, description="how long such a line waits before it is tried again")
+    lease_s: float = Field(
+        60.0, gt=0, description="a claimed line's lease; renewed while it runs, redone by any replica once it lapses"
+    )
+    poll_s: float = Field(1.0, gt=0, description="how often the runner looks for work it was not told about")
+    max_window_s: float = Field(7 * 86400.0, gt=0, description="the longest completion_window a batch may ask")

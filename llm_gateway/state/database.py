@@ -53,13 +53,13 @@ from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 from llm_gateway.access.keys import config_key_id
 from llm_gateway.errors import DatabaseUnavailable
 from llm_gateway.settings import DATABASE_SCHEMES, GatewayConfig
+from llm_gateway.settings.server import DB_FILE
 from llm_gateway.state.driver_errors import translated
 from llm_gateway.state.migrations import MIGRATIONS_DIR
 from llm_gateway.state.sqlite_writer import Rows, SqliteWriter, sqlite_pragmas
 
 log = logging.getLogger("gateway.state")
 
-DB_FILE = "llm-gateway.db"
 #: the Postgres advisory lock the replicas take to migrate one at a time (a fixed 64-bit number)
 MIGRATION_LOCK = int.from_bytes(hashlib.sha256(b"llm-gateway/migrations").digest()[:8], "big", signed=True)
 #: the client gives up on a statement this long after the server should have cancelled it

@@ -130,3 +130,68 @@ usage_ledger = sa.Table(
     sa.Index("ix_usage_ledger_at_ms", "at_ms"),
     sa.Index("ix_usage_ledger_key_at_ms", "key", "at_ms"),
 )
+
+# the Batch API's files (state/batches.py): an uploaded JSONL (purpose "batch") or a batch's output or error file
+# ("batch_output"), its body in the row, so that every replica serves and runs every file (no shared disk)
+batch_files = sa.Table(
+    "batch_files",
+    metadata,
+    sa.Column("id", sa.String(), primary_key=True),  # "file-..."
+    sa.Column("owner", sa.String(), nullable=False),  # the API key's id: nobody else may read it
+    sa.Column("purpose", sa.String(), nullable=False),
+    sa.Column("filename", sa.String(), nullable=False),
+    sa.Column("bytes", sa.BigInteger(), nullable=False),
+    sa.Column("created_at", sa.BigInteger(), nullable=False),  # unix seconds
+    sa.Column("content", sa.LargeBinary(), nullable=False),
+    sa.Index("ix_batch_files_owner_created_at", "owner", "created_at"),
+)
+
+# one batch: its OpenAI fields; the counts are kept here once it ended (while it runs they come from its lines)
+batches = sa.Table(
+    "batches",
+    metadata,
+    sa.Column("id", sa.String(), primary_key=True),  # "batch_..."
+    sa.Column("owner", sa.String(), nullable=False),
+    sa.Column("endpoint", sa.String(), nullable=False),
+    sa.Column("input_file_id", sa.String(), nullable=False),
+    sa.Column("completion_window", sa.String(), nullable=False),
+    sa.Column("status", sa.String(), nullable=False),
+    sa.Column("model", sa.String(), nullable=True),
+    sa.Column("created_at", sa.BigInteger(), nullable=False),
+    sa.Column("expires_at", sa.BigInteger(), nullable=False),
+    sa.Column("in_progress_at", sa.BigInteger(), nullable=True),
+    sa.Column("finalizing_at", sa.BigInteger(), nullable=True),
+    sa.Column("completed_at", sa.BigInteger(), nullable=True),
+    sa.Column("failed_at", sa.BigInteger(), nullable=True),
+    sa.Column("expired_at", sa.BigInteger(), nullable=True),
+    sa.Column("cancelling_at", sa.BigInteger(), nullable=True),
+    sa.Column("cancelled_at", sa.BigInteger(), nullable=True),
+    sa.Column("output_file_id", sa.String(), nullable=True),
+    sa.Column("error_file_id", sa.String(), nullable=True),
+    sa.Column("errors", JsonText(), nullable=True),  # [{code, line, message, param}]: why it failed validation
+    sa.Column("batch_metadata", JsonText(), nullable=True),  # the client's `metadata`
+    sa.Column("total", sa.Integer(), nullable=False),
+    sa.Column("completed", sa.Integer(), nullable=False),
+    sa.Column("failed", sa.Integer(), nullable=False),
+    sa.Index("ix_batches_owner_created_at", "owner", "created_at"),
+    sa.Index("ix_batches_status", "status"),
+)
+
+# each request of a batch, claimed by one replica at a time (a lease: `lease_owner` until `lease_until`), and its
+# result, written in the same statement that ends the line: a line is done with its result, or it is redone
+batch_lines = sa.Table(
+    "batch_lines",
+    metadata,
+    sa.Column("batch_id", sa.String(), primary_key=True),
+    sa.Column("line", sa.Integer(), primary_key=True, autoincrement=False),  # 1-based, as in the input file
+    sa.Column("custom_id", sa.String(), nullable=False),
+    sa.Column("body", sa.Text(), nullable=False),  # the request body, JSON text as the client sent it
+    sa.Column("state", sa.String(), nullable=False),  # pending, done (2xx), failed, expired, cancelled
+    sa.Column("lease_owner", sa.String(), nullable=True),  # the replica running it
+    sa.Column("lease_until", sa.BigInteger(), nullable=False),  # unix ms; a pending line is free once it passed
+    sa.Column("attempts", sa.Integer(), nullable=False),
+    sa.Column("status_code", sa.Integer(), nullable=True),
+    sa.Column("request_id", sa.String(), nullable=True),
+    sa.Column("response", sa.Text(), nullable=True),  # the answer's JSON body, as the service answered it
+    sa.Index("ix_batch_lines_batch_id_state", "batch_id", "state"),
+)

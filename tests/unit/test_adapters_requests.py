@@ -58,8 +58,9 @@ def test_registry_formats_and_capabilities():
     assert formats_for("llama-server") == frozenset({"gguf"})
     assert formats_for("tabbyapi") == frozenset({"exl2", "exl3"})
     assert formats_for("openai") is None
-    assert unsupported_capabilities("lmdeploy") == frozenset({"embeddings"})
+    assert unsupported_capabilities("lmdeploy") == frozenset({"embeddings", "tokenize"})  # no /tokenize route
     assert unsupported_capabilities("vllm") == frozenset()
+    assert unsupported_capabilities("llama-server") == frozenset()
 
 
 def test_engines_that_report_load_are_flagged():
