@@ -167,11 +167,16 @@ def _utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
+#: the blanks a floor leaves out; each one byte in UTF-8, and no byte of a multi-byte character is one
+_BLANKS = b" \n\t\r"
+
+
 def _bounds(text: str) -> tuple[int, int]:
     """(`min_tokens(text)`, its UTF-8 bytes: at most one token each)."""
-    size = _utf8_size(text)
-    blanks = text.count(" ") + text.count("\n") + text.count("\t") + text.count("\r")  # no genexpr: once per message
-    return (size - blanks) // FLOOR_BYTES_PER_TOKEN, size
+    # its UTF-8 bytes once (a copy for ASCII), and the non-blank ones in one pass: four str.count()s were four
+    # passes, the largest cost of reading an agent's 74 KB request (issue 36)
+    data = text.encode("utf-8", "surrogatepass")
+    return len(data.translate(None, _BLANKS)) // FLOOR_BYTES_PER_TOKEN, len(data)
 
 
 def min_tokens(text: str) -> int:
