@@ -30,6 +30,7 @@ ceiling is ambiguous: prompt_count.py then asks the engine for the exact count.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +53,8 @@ class RequestInfo:
     prompt_tokens: int  # estimate
     max_tokens: int | None
     affinity_text: str
-    #: a lower bound of the prompt's tokens (of the largest prompt of a batch); 0 when the request asks
-    #: the engine to cut its prompt (`truncate_prompt_tokens`)
-    prompt_floor: int = 0
+    #: `prompt_floor` as far as summed (see there)
+    floor_summed: int = 0
     #: an upper bound of the prompt's tokens (chat); None where the gateway cannot count the prompt exactly
     #: (other endpoints, or a request asking the engine to cut its prompt): decided on the floor alone
     prompt_ceiling: int | None = None
@@ -64,6 +64,23 @@ class RequestInfo:
     #: how many completions of up to `max_tokens` each the request generates: `n` (or completions'
     #: `best_of`, the larger) times the prompts of a completions batch; what a reservation multiplies
     choices: int = 1
+    #: the texts whose floors `prompt_floor` has yet to add (chat): a pass over every byte of the prompt,
+    #: done only where a window is near enough for the floor to matter (issue 36: most of reading a 74 KB
+    #: agent request was this pass, and a window above the ceiling never needs it)
+    floor_texts: Sequence[str] = ()
+
+    @property
+    def prompt_floor(self) -> int:
+        """A lower bound of the prompt's tokens (of the largest prompt of a batch); 0 when the request asks
+        the engine to cut its prompt (`truncate_prompt_tokens`). Never above `prompt_ceiling`."""
+        if self.floor_texts:
+            self.floor_summed += sum(_bounds(t)[0] for t in self.floor_texts)
+            self.floor_texts = ()
+        return self.floor_summed
+
+    @prompt_floor.setter
+    def prompt_floor(self, value: int) -> None:
+        self.floor_summed, self.floor_texts = value, ()
 
 
 def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
@@ -101,8 +118,10 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
         raise InvalidRequest("'max_tokens' must be a non-negative integer", param="max_tokens")
     ceiling: int | None = None
+    texts: list[str] = []
     if endpoint == "chat":
-        chars, affinity, floor, ceiling = _messages(value, needs)
+        chars, affinity, texts, ceiling = _messages(value, needs)
+        floor = 0
         tools = body.get("tools") or body.get("functions")
         if tools:
             needs.add("tools")
@@ -119,7 +138,7 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
     else:
         chars, affinity, floor = _text_size(value, "input"), "", _largest_floor(value)
     if body.get("truncate_prompt_tokens") is not None:
-        floor, ceiling = 0, None  # vLLM cuts the prompt to fit: its length is no reason to refuse
+        floor, ceiling, texts = 0, None, []  # vLLM cuts the prompt to fit: its length is no reason to refuse
     choices = max(_count(body.get("n")), _count(body.get("best_of")))
     if endpoint == "completions" and isinstance(value, list) and value and not isinstance(value[0], int):
         choices *= len(value)  # a batch of prompts (strings or token lists): each one gets its completions
@@ -135,6 +154,7 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
         floor,
         ceiling,
         choices=choices,
+        floor_texts=texts,
     )
 
 
@@ -196,11 +216,12 @@ def _largest_floor(value: Any) -> int:
     return 0
 
 
-def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int]:
-    """(typical characters, affinity text, floor, ceiling) of chat messages."""
+def _messages(messages: Any, needs: set[str]) -> tuple[int, str, list[str], int]:
+    """(typical characters, affinity text, the texts the floor counts, ceiling) of chat messages."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty array", param="messages")
-    chars = floor = 0
+    chars = 0
+    texts: list[str] = []
     ceiling = CEILING_BASE + CEILING_PER_MESSAGE * len(messages)
     head: list[str] = []
     for i, m in enumerate(messages):
@@ -213,9 +234,8 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int]:
         content = m.get("content")
         if isinstance(content, str):
             chars += len(content)
-            low, size = _bounds(content)
-            floor += low
-            ceiling += size
+            texts.append(content)
+            ceiling += _utf8_size(content)
             if len(head) < 4:
                 head.append(content)
         elif isinstance(content, list):
@@ -229,9 +249,8 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int]:
                     ceiling += CEILING_PER_IMAGE
                 elif isinstance(part.get("text"), str):
                     chars += len(part["text"])
-                    low, size = _bounds(part["text"])
-                    floor += low
-                    ceiling += size
+                    texts.append(part["text"])
+                    ceiling += _utf8_size(part["text"])
                     if len(head) < 4:
                         head.append(part["text"])
                 else:  # audio, files, ...: their JSON, which holds more bytes than their tokens
@@ -242,7 +261,7 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int]:
             size = _other_fields_size(m)
             chars += size
             ceiling += size
-    return chars, "\x00".join(head), floor, ceiling
+    return chars, "\x00".join(head), texts, ceiling
 
 
 def _other_fields_size(message: dict[str, Any]) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -22,6 +23,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from llm_gateway.candidates import fits
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.ingress.anthropic_request import to_chat
 from llm_gateway.ingress.responses_request import parse
@@ -167,3 +169,61 @@ def test_the_agent_request_translates_as_before() -> None:
     assert (msgs.prompt_estimate, resp.prompt_estimate) == (16905, 17199)
     for body in (msgs.body, resp.chat_body([])):
         assert hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16] == "4cb4595eaf3dd424"
+
+
+def _floor_reference(body: dict[str, Any]) -> int:
+    """The chat floor as read_request summed it before it was lazy: every text's floor, at once."""
+    total = 0
+    for m in body["messages"]:
+        content = m.get("content")
+        texts = [content] if isinstance(content, str) else []
+        if isinstance(content, list):
+            texts = [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+            texts = [t for p, t in zip(content, texts, strict=False) if p.get("type") not in ("image_url",)]
+        total += sum(_bounds_reference(t)[0] for t in texts)
+    return total
+
+
+_IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+FLOOR_BODIES = [
+    _agent("chat"),
+    {"model": "m", "messages": [{"role": "user", "content": "word " * 400}]},
+    {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 90}, _IMAGE]}]},
+    {"model": "m", "messages": [{"role": "system", "content": "é" * 50}, {"role": "user", "content": "漢" * 30}]},
+]
+
+
+@pytest.mark.parametrize("body", FLOOR_BODIES)
+def test_the_floor_summed_on_first_read_is_the_floor_summed_at_once(body: dict[str, Any]) -> None:
+    info = read_request("chat", body)
+    assert info.floor_texts  # not summed yet: reading the request did not pass over every byte
+    assert info.prompt_floor == _floor_reference(body) and not info.floor_texts
+    assert info.prompt_floor <= (info.prompt_ceiling or 0)
+    truncated = read_request("chat", {**body, "truncate_prompt_tokens": 10})
+    assert truncated.prompt_floor == 0 and truncated.prompt_ceiling is None
+
+
+def _deployment(window: int | None, counts_output: bool = True) -> Any:
+    adapter = SimpleNamespace(window_counts_output=counts_output)
+    return SimpleNamespace(context_length=window, model="m", backend=SimpleNamespace(adapter=adapter))
+
+
+@pytest.mark.parametrize("body", FLOOR_BODIES)
+@pytest.mark.parametrize("counts_output", [True, False])
+def test_the_fit_check_decides_as_on_the_floor_and_sums_it_only_near_the_window(
+    body: dict[str, Any], counts_output: bool
+) -> None:
+    body = {**body, "max_tokens": 64}
+    probe = read_request("chat", body)
+    floor, ceiling = _floor_reference(body), probe.prompt_ceiling or 0
+    out = 64 if counts_output else 0
+    windows = {None, 1, floor + out - 1, floor + out, floor + out + 1, (floor + ceiling) // 2, ceiling + out - 1}
+    for window in windows | {ceiling + out, ceiling + out + 1, 131072}:
+        info = read_request("chat", body)
+        assert fits(_deployment(window, counts_output), info) is (window is None or floor + out <= window)
+        far = window is None or window >= ceiling + out
+        assert bool(info.floor_texts) is far  # the floor was summed only where the window is below the ceiling
+    exact = read_request("chat", body)
+    exact.prompt_exact = {"m": floor + 10}  # the engine's count, where it was asked, decides
+    assert fits(_deployment(floor + 10 + out, counts_output), exact)
+    assert not fits(_deployment(floor + 9 + out, counts_output), exact)
