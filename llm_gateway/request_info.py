@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -67,7 +67,7 @@ class RequestInfo:
     #: the texts whose floors `prompt_floor` has yet to add (chat): a pass over every byte of the prompt,
     #: done only where a window is near enough for the floor to matter (issue 36: most of reading a 74 KB
     #: agent request was this pass, and a window above the ceiling never needs it)
-    floor_texts: Sequence[str] = ()
+    floor_texts: Sequence[str] = field(default=(), repr=False)
 
     @property
     def prompt_floor(self) -> int:
