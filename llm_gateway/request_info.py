@@ -222,6 +222,7 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, list[str], int]
         raise InvalidRequest("'messages' must be a non-empty array", param="messages")
     chars = 0
     texts: list[str] = []
+    as_json: list[Any] = []  # the other fields that are not strings (tool calls), measured as JSON at the end
     ceiling = CEILING_BASE + CEILING_PER_MESSAGE * len(messages)
     head: list[str] = []
     for i, m in enumerate(messages):
@@ -258,19 +259,27 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, list[str], int]
         elif content is not None and role != "assistant":
             raise InvalidRequest(f"messages[{i}].content must be a string or an array", param=f"messages[{i}].content")
         if len(m) > 2:  # name, tool_calls, tool_call_id, reasoning_content...: rendered by templates too
-            size = _other_fields_size(m)
+            size = _other_fields_size(m, as_json)
             chars += size
             ceiling += size
+    if as_json:  # their JSON bytes, in one encoding: a list's is theirs, n - 1 commas and its brackets
+        size = len(orjson.dumps(as_json)) - len(as_json) - 1
+        chars += size
+        ceiling += size
     return chars, "\x00".join(head), texts, ceiling
 
 
-def _other_fields_size(message: dict[str, Any]) -> int:
-    """The bytes of a message's fields besides its role and content (strings as text, the rest as JSON)."""
+def _other_fields_size(message: dict[str, Any], as_json: list[Any]) -> int:
+    """The bytes of a message's fields besides its role and content: of strings, their text; the rest are
+    added to `as_json`, measured as JSON."""
     size = 0
     for k, v in message.items():
         if k in ("role", "content") or v is None:
             continue
-        size += _utf8_size(v) if isinstance(v, str) else len(orjson.dumps(v))
+        if isinstance(v, str):
+            size += _utf8_size(v)
+        else:
+            as_json.append(v)
     return size
 
 

@@ -286,7 +286,6 @@ def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], s
                 fn["parameters"] = params if isinstance(params, dict) else as_obj(params, f"tools.{j}.parameters")
             if t.get("strict") is not None:
                 fn["strict"] = as_bool(t["strict"], f"tools.{j}.strict")
-            seen.chars += len(orjson.dumps(fn))
             tools.append({"type": "function", "function": fn})
             echo["tools"].append(
                 {
@@ -299,6 +298,8 @@ def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], s
             )
     if tools:
         options["tools"] = tools
+        # each function's JSON bytes, in one encoding: a list's is theirs, n - 1 commas and its brackets
+        seen.chars += len(orjson.dumps([t["function"] for t in tools])) - len(tools) - 1
     echo["tool_choice"] = "auto"
     choice = req.get("tool_choice")
     if choice is not None:

@@ -227,3 +227,49 @@ def test_the_fit_check_decides_as_on_the_floor_and_sums_it_only_near_the_window(
     exact.prompt_exact = {"m": floor + 10}  # the engine's count, where it was asked, decides
     assert fits(_deployment(floor + 10 + out, counts_output), exact)
     assert not fits(_deployment(floor + 9 + out, counts_output), exact)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.lists(_JSON, min_size=1, max_size=8))
+@example([{"name": 'a "quoted"\n\\ é', "arguments": "{}"}, [1, 2.5, None]])
+def test_values_measured_in_one_encoding_are_the_sum_of_their_encodings(values: list[Any]) -> None:
+    # what read_request and the Responses tools rely on: a list's JSON is its items', commas and brackets
+    assert len(orjson.dumps(values)) - len(values) - 1 == sum(len(orjson.dumps(v)) for v in values)
+
+
+def _other_fields_reference(m: dict[str, Any]) -> int:
+    """read_request's measure of a message's other fields before it encoded them together."""
+    size = 0
+    for k, v in m.items():
+        if k in ("role", "content") or v is None:
+            continue
+        size += len(v.encode("utf-8", "surrogatepass")) if isinstance(v, str) else len(orjson.dumps(v))
+    return size
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        _agent("chat")["messages"],
+        [
+            {"role": "user", "content": "q", "name": "ünïcode"},
+            {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": '{"a": "\\"x\\""}'}},
+            {"role": "assistant", "content": "", "tool_calls": [], "reasoning_content": "thought"},
+            {"role": "tool", "content": "r", "tool_call_id": "c", "extra": {"k": [1, 2.5, True, None]}},
+        ],
+    ],
+)
+def test_a_messages_other_fields_count_as_before(messages: list[dict[str, Any]]) -> None:
+    plain = read_request(
+        "chat", {"model": "m", "messages": [{"role": m["role"], "content": m["content"]} for m in messages]}
+    )
+    info = read_request("chat", {"model": "m", "messages": messages})
+    other = sum(_other_fields_reference(m) for m in messages if len(m) > 2)
+    assert info.prompt_ceiling == (plain.prompt_ceiling or 0) + other
+    assert info.prompt_tokens - plain.prompt_tokens in (other // 4, other // 4 + 1)  # chars // 4 + 1 each
