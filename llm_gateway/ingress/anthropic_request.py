@@ -249,25 +249,20 @@ def _assistant(blocks: list[Any], param: str, seen: PromptChars) -> dict[str, An
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, b in enumerate(blocks):
-        if not isinstance(b, dict):
-            as_obj(b, f"{param}.content.{j}")
+        b = b if isinstance(b, dict) else as_obj(b, f"{param}.content.{j}")
         t = b.get("type")
         if t == "text":
             text = b.get("text")
-            if not isinstance(text, str):
-                as_str(text, f"{param}.content.{j}.text")
+            text = text if isinstance(text, str) else as_str(text, f"{param}.content.{j}.text")
             seen.chars += len(text)
             texts.append(text)
         elif t == "tool_use":
             args_in, call_id, name = b.get("input"), b.get("id"), b.get("name")
-            if not isinstance(args_in, dict):
-                as_obj(args_in, f"{param}.content.{j}.input")
+            args_in = args_in if isinstance(args_in, dict) else as_obj(args_in, f"{param}.content.{j}.input")
             args = orjson.dumps(args_in).decode()
             seen.chars += len(args)
-            if not isinstance(call_id, str):
-                as_str(call_id, f"{param}.content.{j}.id")
-            if not isinstance(name, str):
-                as_str(name, f"{param}.content.{j}.name")
+            call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"{param}.content.{j}.id")
+            name = name if isinstance(name, str) else as_str(name, f"{param}.content.{j}.name")
             calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": args}})
         elif t in ("thinking", "redacted_thinking"):
             continue  # earlier turns' reasoning is not part of the context (Anthropic drops it too)
@@ -285,13 +280,11 @@ def _user(blocks: list[Any], param: str, out: list[dict[str, Any]], seen: Prompt
     """`param`: the message's path (its blocks are `{param}.content.{j}`)."""
     parts: list[dict[str, Any]] = []
     for j, b in enumerate(blocks):
-        if not isinstance(b, dict):
-            as_obj(b, f"{param}.content.{j}")
+        b = b if isinstance(b, dict) else as_obj(b, f"{param}.content.{j}")
         t = b.get("type")
         if t == "text":
             text = b.get("text")
-            if not isinstance(text, str):
-                as_str(text, f"{param}.content.{j}.text")
+            text = text if isinstance(text, str) else as_str(text, f"{param}.content.{j}.text")
             seen.chars += len(text)
             parts.append({"type": "text", "text": text})
             continue
@@ -364,8 +357,7 @@ def _document(b: dict[str, Any], p: str, seen: PromptChars) -> str:
 def _tool_result_text(b: dict[str, Any], param: str, j: int, out: list[dict[str, Any]], seen: PromptChars) -> None:
     """`_tool_result` of a result whose content is a string, with the paths built for their errors only."""
     tid, text, err = b.get("tool_use_id"), b["content"], b.get("is_error")
-    if not isinstance(tid, str):
-        as_str(tid, f"{param}.content.{j}.tool_use_id")
+    tid = tid if isinstance(tid, str) else as_str(tid, f"{param}.content.{j}.tool_use_id")
     if err is not None and as_bool(err, f"{param}.content.{j}.is_error"):
         text = "Error: " + text
     seen.chars += len(text) + 16
