@@ -73,10 +73,9 @@ def tool(t: Any, p: str, seen: PromptChars) -> dict[str, Any]:
         seen.chars += len(desc)
     if t.get("strict") is not None:
         fn["strict"] = as_bool(t["strict"], f"{p}.strict")
-    for k, hint in TOOL_HINTS.items():
-        v = t.get(k)
-        if v is not None:
-            check_hint(v, f"{p}.{k}", hint)
+    if not t.keys().isdisjoint(TOOL_HINTS):  # usually none: then no loop over the hints
+        for k, hint in TOOL_HINTS.items():
+            check_hint(t.get(k), f"{p}.{k}", hint)
     seen.chars += len(name) + len(orjson.dumps(fn["parameters"]))
     return {"type": "function", "function": fn}
 
