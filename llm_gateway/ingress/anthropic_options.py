@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.ingress.field_checks import (
     Hint,
@@ -76,7 +74,7 @@ def tool(t: Any, p: str, seen: PromptChars) -> dict[str, Any]:
     if not t.keys().isdisjoint(TOOL_HINTS):  # usually none: then no loop over the hints
         for k, hint in TOOL_HINTS.items():
             check_hint(t.get(k), f"{p}.{k}", hint)
-    seen.chars += len(name) + len(orjson.dumps(fn["parameters"]))
+    seen.chars += len(name)  # and its schema's JSON bytes: the caller encodes all the tools' schemas at once
     return {"type": "function", "function": fn}
 
 

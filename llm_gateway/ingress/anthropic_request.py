@@ -152,6 +152,8 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
         tools = [tool(t, f"tools.{j}", seen) for j, t in enumerate(as_list(req["tools"], "tools"))]
         if tools:
             body["tools"] = tools
+            # the schemas' JSON bytes in one encoding: a list's is theirs, n - 1 commas and its brackets
+            seen.chars += len(orjson.dumps([t["function"]["parameters"] for t in tools])) - len(tools) - 1
     if req.get("tool_choice") is not None:
         tool_choice(req["tool_choice"], body)
     if req.get("thinking") is not None:
