@@ -11,7 +11,8 @@ from typing import Any
 
 # rows of the per-proxy table, in the order of the table; direct last (the floor)
 PROXIES = (
-    ("gateway", "this gateway, every feature on"),
+    ("gateway", "this gateway as a team runs it (budgets, ledger, fair queuing, admin, metrics)"),
+    ("gateway-minimal", "this gateway, minimal (keys with limits, least-load, metrics)"),
     ("smg", "SGLang/Shepherd model gateway `smg` (Rust)"),
     ("aiohttp", "aiohttp server + client, bare (no features)"),
     ("naive", "FastAPI + httpx as usually written"),
@@ -32,10 +33,13 @@ def _v(s: dict[str, Any], scn: str, *keys: str) -> float | None:
 METRICS: tuple[tuple[str, str, tuple[str, ...], bool, bool, int], ...] = (
     ("CPU µs / request (c64)", "ns_c64", ("cpu_us_per_req",), False, True, 0),
     ("CPU µs / streamed event (st64_c16)", "st64_c16", ("cpu_us_per_chunk",), False, True, 1),
+    ("CPU µs / 74 KB agent request (ag_c64)", "ag_c64", ("cpu_us_per_req",), False, True, 0),
+    ("CPU µs / 74 KB agent stream (agst_c16)", "agst_c16", ("cpu_us_per_req",), False, True, 0),
     ("CPU µs / streamed token, marginal (st_split)", "st_split", ("cpu_us_per_token",), False, True, 1),
     ("CPU µs / stream, fixed (st_split)", "st_split", ("cpu_us_per_stream_fixed",), False, True, 0),
     ("req/s at c64", "ns_c64", ("rps",), False, False, 0),
     ("added p99 at c1, ms", "ns_c1", ("p99",), True, True, 2),
+    ("added p99 at c1, 74 KB agent request, ms", "ag_c1", ("p99",), True, True, 2),
     ("frontier req/s, p99 < 1 ms", "frontier", ("best_rps", "1"), False, False, 0),
     ("frontier req/s, p99 < 5 ms", "frontier", ("best_rps", "5"), False, False, 0),
     ("frontier req/s, p99 < 10 ms", "frontier", ("best_rps", "10"), False, False, 0),
@@ -96,7 +100,7 @@ def render(data: dict[str, Any]) -> list[str]:
     scns = set(cfg.get("scenarios", ()))
     peers = set(cfg.get("targets", ())) & set(RATIO_TO)
     if not scns & {"frontier", "pace20_c16", "stall20", "rss_plateau", "st_split"} and not (
-        peers and scns & {"ns_c1", "ns_c64", "st64_c16"}
+        peers and scns & {"ns_c1", "ns_c64", "st64_c16", "ag_c1", "ag_c64", "agst_c16"}
     ):
         return []  # neither a board scenario nor a peer to compare the gateway with
     res = data.get("results", {})

@@ -329,11 +329,13 @@ async def reap_idle(keepalive_s: float) -> None:
             c.t.close()
 
 
+# a coding agent's model window (128k): with 8,192 the agent-sized request (~18k tokens estimated, bounds 4.5k to
+# 74k) was ambiguous for the window, and the gateway asked the engine's /tokenize (404 here) on every request
 MODELS = http_response(
     json.dumps(
         {
             "object": "list",
-            "data": [{"id": MODEL, "object": "model", "created": CREATED, "owned_by": "fake", "max_model_len": 8192}],
+            "data": [{"id": MODEL, "object": "model", "created": CREATED, "owned_by": "fake", "max_model_len": 131072}],
         }
     ).encode()
 )

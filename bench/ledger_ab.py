@@ -9,6 +9,10 @@ drift hits them alike; the table gives medians over rounds and each variant's ra
     bench/.venv... python bench/ledger_ab.py --variant off=minimal --variant on=ledger --rounds 3
     git worktree add /tmp/base <rev>
     python bench/ledger_ab.py --variant old=ledger@/tmp/base --variant new=ledger --rounds 3
+    python bench/ledger_ab.py --variant old=team@/tmp/base --variant new=team --request messages   # agent-sized
+
+`--request chat|messages|responses` sends agent_request.py's 74 KB coding-agent request in that API instead of
+request.json (direct's c1 floor, the engine alone, is then measured with the chat one).
 
 A variant is `label=profile[@checkout]`: profile is one of targets.PROFILES (`minimal`: today's bench config;
 `ledger`: minimal + `usage: {ledger: true}` on the embedded SQLite, spool on; `team`: as a team runs it),
@@ -28,18 +32,20 @@ import tempfile
 import time
 from pathlib import Path
 
+import agent_request
 import cpu_idle
 import procstat as ps
 import targets as tg
 from run_context import LOAD_CPU, PROXY_CPU
 from smoke_checks import post
+from stream_client import PATHS
 
 NICE = -10
 
 
-def wrk(url: str, conc: int, dur: float) -> dict:
+def wrk(url: str, conc: int, dur: float, body: Path | None = None) -> dict:
     argv = ["nice", "-n", str(NICE), "taskset", "-c", LOAD_CPU, "wrk", "-t1", f"-c{conc}", f"-d{round(dur)}s"]
-    argv += ["--timeout=10s", "-s", str(tg.BENCH / "post.lua"), url, "--", str(tg.BENCH / "request.json")]
+    argv += ["--timeout=10s", "-s", str(tg.BENCH / "post.lua"), url, "--", str(body or tg.BENCH / "request.json")]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=dur + 60, env=tg.target_env()).stdout
     line = next((x for x in out.splitlines() if x.startswith("WRKJSON ")), None)
     if line is None:
@@ -68,12 +74,12 @@ def start_gateway(profile: str, checkout: Path | None, engines: list[str], work:
     raise RuntimeError(f"gateway not ready; see {data / 'gateway.log'}")
 
 
-def measure(proc: ps.Proc, base: str, concs: list[int], dur: float) -> dict:
-    wrk(base + "/v1/chat/completions", 16, 1)  # warm-up, not recorded
+def measure(proc: ps.Proc, url: str, concs: list[int], dur: float, body: Path | None = None) -> dict:
+    wrk(url, 16, 1, body)  # warm-up, not recorded
     out = {}
     for c in concs:
         cpu0 = ps.tree_cpu_s(proc.pid)
-        r = wrk(base + "/v1/chat/completions", c, dur)
+        r = wrk(url, c, dur, body)
         cpu = ps.tree_cpu_s(proc.pid) - cpu0
         errors = sum(v for k, v in r.items() if k.startswith("err_"))
         out[f"c{c}"] = {
@@ -94,6 +100,12 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--conc", default="1,64")
     ap.add_argument("--out", type=Path, default=None, help="JSON of every measurement")
+    ap.add_argument(
+        "--request",
+        choices=("small", *agent_request.DIALECTS),
+        default="small",
+        help="what wrk sends: request.json (small), or agent_request.py's 74 KB agent request in that API",
+    )
     a = ap.parse_args()
     variants = []
     for v in a.variant:
@@ -104,6 +116,9 @@ def main() -> int:
         variants.append((label, profile, Path(checkout) if checkout else None))
     concs = [int(c) for c in a.conc.split(",")]
     work = Path(tempfile.mkdtemp(prefix="ledger-ab-"))
+    agent = {} if a.request == "small" else agent_request.write(work / "agent")
+    body = agent.get(a.request)
+    path = PATHS.get(a.request, PATHS["chat"])
     runs: dict[str, list[dict]] = {label: [] for label, _, _ in variants}
     direct: list[float] = []
     with contextlib.ExitStack() as held:
@@ -121,12 +136,12 @@ def main() -> int:
             raise RuntimeError("the fake engine did not start")
         engines = [f"http://127.0.0.1:{p}" for p in ports]
         for rnd in range(a.rounds):
-            d = wrk(engines[0] + "/v1/chat/completions", 1, a.duration)
+            d = wrk(engines[0] + "/v1/chat/completions", 1, a.duration, agent.get("chat"))
             direct.append(d["p99_us"] / 1e3)
             for label, profile, checkout in variants if rnd % 2 == 0 else list(reversed(variants)):
                 proc, base = start_gateway(profile, checkout, engines, work)
                 try:
-                    m = measure(proc, base, concs, a.duration)
+                    m = measure(proc, base + path, concs, a.duration, body)
                 finally:
                     proc.stop()
                 runs[label].append(m)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import targets as tg
 from run_context import BENCH, Ctx
@@ -35,9 +36,10 @@ def _result(r: dict, errors: int, extra: dict, latencies: tuple[str, ...]) -> di
     }
 
 
-def run_wrk(ctx: Ctx, url: str, conc: int, dur: float) -> dict:
+def run_wrk(ctx: Ctx, url: str, conc: int, dur: float, body: Path | None = None) -> dict:
+    """wrk POSTing `body` (a JSON file sent as it is; request.json when None) with the bench key as Bearer."""
     argv = ["wrk", "-t1", f"-c{conc}", f"-d{max(1, round(dur))}s", "--timeout=10s", "-s", str(BENCH / "post.lua")]
-    argv += [url, "--", str(BENCH / "request.json")]
+    argv += [url, "--", str(body or BENCH / "request.json")]
     out = subprocess.run(
         ctx.load_cmd(argv), capture_output=True, text=True, timeout=dur + 60, env=tg.target_env()
     ).stdout
@@ -45,9 +47,14 @@ def run_wrk(ctx: Ctx, url: str, conc: int, dur: float) -> dict:
     return _result(w, sum(w[k] for k in w if k.startswith("err_")), {}, ("p50", "p90", "p99"))
 
 
-def run_stream(ctx: Ctx, url: str, conc: int, dur: float, tokens: int, dialect: str = "chat") -> dict:
-    argv = [tg.PROJECT_PY, str(BENCH / "stream_client.py"), url, "--body", str(BENCH / "request.json")]
+def run_stream(
+    ctx: Ctx, url: str, conc: int, dur: float, tokens: int, dialect: str = "chat", body: Path | None = None
+) -> dict:
+    """stream_client.py: request.json translated to `dialect`, or `body`, a request already in `dialect`."""
+    argv = [tg.PROJECT_PY, str(BENCH / "stream_client.py"), url, "--body", str(body or BENCH / "request.json")]
     argv += ["-c", str(conc), "-d", str(dur), "--tokens", str(tokens), "--dialect", dialect]
+    if body is not None:
+        argv.append("--native-body")
     argv += ["--expect-deltas", str(tokens)]  # the engine sends exactly `tokens` tokens: fewer deltas = broken
     p = subprocess.run(ctx.load_cmd(argv), capture_output=True, text=True, timeout=dur + 120, env=tg.target_env())
     s = _result_line(p.stdout, "STREAMJSON", "stream client", p.stdout + p.stderr)

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import agent_report
 import board_report
 
-COLUMNS = ("gateway", "direct", "smg", "aiohttp", "naive", "litellm")
+COLUMNS = ("gateway", "gateway-minimal", "direct", "smg", "aiohttp", "naive", "litellm")
 # the streaming scenarios of each dialect (same engine stream, tokens and concurrency), chat first: the base
 DIALECTS = (
     ("st64_c16", "chat completions", "/v1/chat/completions"),
@@ -110,9 +111,12 @@ def render(data: dict) -> str:
     lines = [
         *board_report.render(data),  # ratios first: the gateway against smg, bare aiohttp, LiteLLM, naive
         *_dialects(data),
+        *agent_report.render(data),
         f"**llm-gateway bench**, {data.get('date', '?')}: ns = non-streaming chat (wrk), st64 = streaming 64 tokens "
         f"at 1 ms/token (aiohttp client), cN = N concurrent connections, {cfg.get('duration', '?'):g} s per scenario; "
         f"target on CPU 0, engine + load on CPU 1; CPU idle: {board_report.cpu_idle(cfg)}. "
+        "gateway = as a team runs it (budgets, usage ledger, fair queuing, admin API, metrics), gateway-minimal = "
+        "keys with limits, least-load, metrics; agent-sized rows: the table above. "
         "xX = how many times better the gateway is than X on that line.",
         "",
         "| " + " | ".join(header) + " |",
@@ -121,7 +125,7 @@ def render(data: dict) -> str:
     g = res.get("gateway", {})
     for row in ROWS:
         scn = row.label.split()[0]
-        if scn in ("ns_c1", "ns_c64", "st64_c16", "rss_idle", "rss_1k") and scn not in scns:
+        if scn != "errors" and scn not in scns:
             continue
         gv = row.get(g, direct) if g else None
         met = "-"
@@ -221,7 +225,7 @@ def _dialects(data: dict) -> list[str]:
             f"| {fmt(m.get('cpu_us_per_req'), 0)} | {fmt(m.get('rps'), 0)} | {fmt(m.get('ttft_p50'), 2)} "
             f"| {m.get('errors', 0)} |"
         )
-    others = [c for c in data.get("config", {}).get("targets", ()) if c != "gateway"]
+    others = [c for c in data.get("config", {}).get("targets", ()) if c not in agent_report.GATEWAYS]
     gw_only = [s for s, _, _ in DIALECTS[1:] if s in scns]
     if others:
         lines.append(

@@ -33,7 +33,8 @@ import targets as tg
 from run_context import (
     BENCH,
     DEFAULT_SCENARIOS,
-    GATEWAY_ONLY,
+    DIALECT_RATIOS,
+    GATEWAYS,
     LOAD_CPU,
     ORDER,
     RESULTS,
@@ -161,7 +162,7 @@ def main() -> int:
     for x in names:
         if x not in TARGETS:
             ap.error(f"unknown target {x!r}")
-    if any(s in GATEWAY_ONLY for s in scenarios) and "st64_c16" not in scenarios:
+    if any(s in DIALECT_RATIOS for s in scenarios) and "st64_c16" not in scenarios:
         scenarios.append("st64_c16")  # their ratio to chat completions needs chat measured in the same run
         print("bench: st64_c16 added: the dialect ratios compare against chat from the same run", flush=True)
     scenarios = [s for s in ORDER if s in scenarios]
@@ -220,7 +221,8 @@ def main() -> int:
                 print(f"[{time.time() - t_start:4.0f}s] {name}: skipped, {skipped[name]}", flush=True)
                 continue
             print(f"[{time.time() - t_start:4.0f}s] {name}", flush=True)
-            if a.profile == "cprofile" and name == "gateway":  # one gateway process (one pstats file) per scenario
+            # one gateway process (one pstats file) per scenario; gateway-minimal runs unprofiled
+            if a.profile == "cprofile" and name == "gateway":
                 merged: dict = {"target": name, "scenarios": {}}
                 for scn in per_target:
                     r = bench_target(ctx, name, [scn])
@@ -230,7 +232,7 @@ def main() -> int:
             else:
                 data["results"][name] = bench_target(ctx, name, per_target)
             out.write_text(json.dumps(data, indent=1))
-        if "streams" in scenarios and "gateway" in names:
+        if "streams" in scenarios and any(g in names for g in GATEWAYS):
             print(f"[{time.time() - t_start:4.0f}s] streams.py (gateway)", flush=True)
             data["streams"] = run_streams(ctx)
     finally:

@@ -10,6 +10,7 @@ import json
 import resource
 import subprocess
 import time
+from pathlib import Path
 
 import procstat as ps
 import report
@@ -17,9 +18,11 @@ import stream_client as sc
 import targets as tg
 from load_generators import run_stream, run_wrk
 from run_context import (
+    AGENT,
     BENCH,
     DIALECT,
     GATEWAY_ONLY,
+    GATEWAYS,
     LOAD,
     LOAD_CPU,
     PROXY_CPU,
@@ -29,11 +32,19 @@ from run_context import (
     Ctx,
 )
 from run_profiling import finish_profile, start_profile
-from smoke_checks import dialect_smoke
+from smoke_checks import body_smoke, dialect_smoke
 
 
 def measure(
-    ctx: Ctx, name: str, kind: str, url: str, conc: int, pid: int | None, sampler: ps.Sampler | None, dialect: str
+    ctx: Ctx,
+    name: str,
+    kind: str,
+    url: str,
+    conc: int,
+    pid: int | None,
+    sampler: ps.Sampler | None,
+    dialect: str,
+    body: Path | None = None,
 ) -> dict:
     a = ctx.a
 
@@ -48,9 +59,9 @@ def measure(
     prof = start_profile(ctx, name, pid, a.duration) if pid and name == "gateway" and a.profile == "py-spy" else None
     th0 = ps.thread_cpu(ps.main_pid(pid)) if prof else {}
     if kind == "wrk":
-        r = run_wrk(ctx, url, conc, a.duration)
+        r = run_wrk(ctx, url, conc, a.duration, body)
     else:
-        r = run_stream(ctx, url, conc, a.duration, ST_TOKENS, dialect)
+        r = run_stream(ctx, url, conc, a.duration, ST_TOKENS, dialect, body)
     c1, t1, o1 = ps.cpu_times(), (ps.tree_cpu_s(pid) if pid else 0.0), own()
     w1 = ps.tree_wait_s(pid) if pid else 0.0
     if prof:
@@ -95,23 +106,25 @@ def load_scenario(ctx: Ctx, name: str, scn: str, base: str, pid: int | None, sam
     kind, conc = LOAD[scn]
     dialect = DIALECT.get(scn, "chat")
     url = base + sc.PATHS[dialect]
-    if scn in GATEWAY_ONLY and name != "gateway":
+    body = ctx.agent_bodies[dialect] if scn in AGENT else None
+    if scn in GATEWAY_ONLY and name not in GATEWAYS:
         why = f"gateway only: {name} is not set up to serve {GATEWAY_ONLY[scn]} in this bench"
         print(f"    {scn:>9}: skipped, {why}", flush=True)
         return {"skipped": why}
-    if dialect != "chat":
-        why = dialect_smoke(url, dialect)
-        if why:  # e.g. the endpoint is not there (yet): say so instead of timing a stream of 404s
-            print(f"    {scn:>9}: unavailable, {why}", flush=True)
-            return {"unavailable": why}
+    why = dialect_smoke(url, dialect) if dialect != "chat" else None
+    if body is not None and not why:
+        why = body_smoke(url, body)
+    if why:  # e.g. the endpoint is not there (yet): say so instead of timing a stream of 404s
+        print(f"    {scn:>9}: unavailable, {why}", flush=True)
+        return {"unavailable": why}
     if a.warmup > 0:  # the same load, unrecorded: lazy imports, pools grown to this concurrency
         if kind == "wrk":
-            run_wrk(ctx, url, conc, a.warmup)
+            run_wrk(ctx, url, conc, a.warmup, body)
         else:
-            run_stream(ctx, url, conc, a.warmup, ST_TOKENS, dialect)
+            run_stream(ctx, url, conc, a.warmup, ST_TOKENS, dialect, body)
     best: dict | None = None
     for tries in range(1, a.retries + 2):  # re-measure (bounded) while other processes got in the way
-        r = measure(ctx, name, kind, url, conc, pid, sampler, dialect)
+        r = measure(ctx, name, kind, url, conc, pid, sampler, dialect, body)
         r["tries"] = tries
         if best is None or (r["p99"] < best["p99"] if floor else r["noise_pct"] < best["noise_pct"]):
             best = r

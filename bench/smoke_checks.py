@@ -1,7 +1,8 @@
 """The requests that check a target answers before it is measured: `post` (one chat completion from
 request.json), `smoke` (a whole and a streamed answer) and `dialect_smoke` (one short stream in
 Anthropic's or OpenAI Responses' dialect, checked as the stream client checks one, so that a missing
-endpoint is reported instead of timing a stream of 404s).
+endpoint is reported instead of timing a stream of 404s) and `body_smoke` (one whole answer to a request
+file, e.g. the agent-sized request, before it is timed).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import procstat as ps
 import stream_client as sc
@@ -48,6 +50,26 @@ def dialect_smoke(url: str, dialect: str, tokens: int = 8) -> str | None:
     if status != 200 or kind or sse.deltas != tokens:
         got = f"{kind or 'ok'}, {sse.deltas} token deltas for {tokens}"
         return f"POST {path} answered {status} ({got}): {raw[-200:].decode(errors='replace')}"
+    return None
+
+
+def body_smoke(url: str, body: Path) -> str | None:
+    """One POST of the request file `body` as it is (whole answer, Bearer key): None if it answers 200 with
+    JSON, else why not (so a body the target refuses is reported instead of timed)."""
+    hdrs = {"Content-Type": "application/json", "Authorization": "Bearer " + tg.API_KEY}
+    path = "/" + url.split("/", 3)[3]
+    try:
+        status, raw = ps.http(url, body.read_bytes(), hdrs, 30)
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    except OSError as e:
+        return f"POST {path} ({body.name}) failed: {type(e).__name__}: {e}"
+    if status != 200:
+        return f"POST {path} ({body.name}) answered {status}: {raw[:300].decode(errors='replace')}"
+    try:
+        json.loads(raw)
+    except ValueError:
+        return f"POST {path} ({body.name}) answered 200 with no JSON: {raw[:200].decode(errors='replace')}"
     return None
 
 

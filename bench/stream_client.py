@@ -15,8 +15,10 @@ over all streams); with --stall-ms a stream whose longest gap exceeds it counts 
 rule is 10x the engine's pace).
 
 --dialect picks the API spoken (the request body is built from --body, an OpenAI chat body, with the same
-prompt, sampling and token count in each): `chat` (POST /v1/chat/completions, OpenAI SSE), `messages`
-(Anthropic's POST /v1/messages: `event: NAME` frames) or `responses` (OpenAI's POST /v1/responses).
+prompt, sampling and token count in each; with --native-body, --body is already in the dialect, e.g. one of
+agent_request.py's coding-agent requests, and only `stream` and the token limit are set): `chat` (POST
+/v1/chat/completions, OpenAI SSE), `messages` (Anthropic's POST /v1/messages: `event: NAME` frames) or
+`responses` (OpenAI's POST /v1/responses).
 
 Per stream: TTFT = first body bytes after the request was sent; total latency; SSE frames; and the
 relayed *token deltas*, counted the same way in every dialect so that "per event" compares like with
@@ -298,6 +300,8 @@ def request_headers(dialect: str, key: str) -> dict[str, str]:
 
 
 HELD_MAX_TOKENS = 4096
+#: the field each dialect's body gives the answer's token limit in
+TOKEN_FIELD = {"chat": "max_tokens", "messages": "max_tokens", "responses": "max_output_tokens"}
 
 
 def request_body(a: argparse.Namespace) -> bytes:
@@ -306,7 +310,11 @@ def request_body(a: argparse.Namespace) -> bytes:
     # a held stream runs until the harness releases it, past any max_tokens the fake engine would otherwise
     # honour; a gateway that holds streams to their reservation (budgets, tpm) cuts a stream at its max_tokens,
     # so a held stream asks for more than the hold can produce
-    body = dialect_body(chat, a.dialect, max(a.tokens, HELD_MAX_TOKENS) if a.engine_hold else a.tokens)
+    tokens = max(a.tokens, HELD_MAX_TOKENS) if a.engine_hold else a.tokens
+    if a.native_body:  # already in the dialect (bench/agent_request.py): only streamed, with the token count
+        body = {**chat, "stream": True, TOKEN_FIELD[a.dialect]: tokens}
+    else:
+        body = dialect_body(chat, a.dialect, tokens)
     if a.tpot_ms is not None:
         body["fake_tpot_ms"] = a.tpot_ms  # read by bench/fake_engine.py, passed through by the proxies
     if a.engine_hold:
@@ -381,6 +389,12 @@ def main() -> None:
     ap.add_argument("--dialect", choices=DIALECTS, default="chat", help="the API the URL speaks")
     ap.add_argument("--expect-deltas", type=int, default=0, help="a good stream has exactly this many token deltas")
     ap.add_argument("--body", help="request JSON file (model/stream/max_tokens are overridden)")
+    ap.add_argument(
+        "--native-body",
+        action="store_true",
+        help="--body is already in --dialect (e.g. bench/agent_request.py's): sent as it is but streamed, "
+        "with --tokens as its token limit; else it is a chat body translated to the dialect",
+    )
     ap.add_argument("--model")
     ap.add_argument("--tokens", type=int, default=64, help="max_tokens: the fake engine sends exactly that many")
     ap.add_argument("--tpot-ms", type=int, help="fake_tpot_ms in the body (fake engine's delay between tokens)")

@@ -13,7 +13,7 @@ import board
 import procstat as ps
 import targets as tg
 from load_generators import run_stream, run_wrk
-from run_context import BENCH, LOAD, PROXY_CPU, Ctx
+from run_context import BENCH, GATEWAYS, LOAD, PROXY_CPU, Ctx
 from run_profiling import finish_cprofile
 from scenario_runs import load_scenario, rss_1k
 from smoke_checks import post, smoke
@@ -22,7 +22,11 @@ from smoke_checks import post, smoke
 def start_target(ctx: Ctx, name: str, cmd: str, port: int, log: Path) -> tuple[ps.Proc, float]:
     if not ps.port_free(port):
         raise RuntimeError(f"port {port} already in use")
-    config = tg.write_gateway_config(ctx.dir / "gateway.yaml", [f"http://127.0.0.1:{p}" for p in ctx.engine_ports])
+    engines = [f"http://127.0.0.1:{p}" for p in ctx.engine_ports]
+    profile = GATEWAYS.get(name, "minimal")  # each gateway target its own config and data directory
+    config = tg.write_gateway_config(
+        ctx.dir / f"{name}.yaml", engines, profile=profile, data_dir=ctx.dir / f"{name}-data"
+    )
     litellm_config = tg.write_litellm_config(ctx.dir / "litellm.yaml")
     full = cmd.format(
         py=tg.PROJECT_PY,

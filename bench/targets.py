@@ -1,7 +1,10 @@
 """The targets the bench compares, and the configs it generates for them.
 
 - `direct`: the fake engine itself (no proxy): the floor every other row is compared against.
-- `gateway`: this project, started from a generated config with every feature on (below).
+- `gateway`: this project as a team runs it, from a generated config (the `team` profile below: keys with
+  budgets, the usage ledger on SQLite, fair queuing with a concurrency cap, the admin API, metrics).
+- `gateway-minimal`: this project with the `minimal` profile (keys with limits, least-load, metrics), so that
+  what the team's features cost stays visible in the same run.
 - `naive`: FastAPI + httpx as most people write it (`proxies/naive_httpx.py`, own venv).
 - `litellm`: LiteLLM's proxy, one worker, when a LiteLLM venv exists (`$LITELLM_VENV`).
 - `smg`: SGLang's / Shepherd Model Gateway (Rust, `pip install smg`, own venv `bench/.venvs/smg`): `smg launch`
@@ -84,7 +87,13 @@ def gateway_config(
                 "name": "fake-model",
                 "strategy": "least_load",
                 "deployments": [
-                    {"backend": f"engine-{i}", "model": "fake-model", "format": "safetensors"}
+                    # tools: the agent-sized request carries tool schemas and calls (a coding agent's model)
+                    {
+                        "backend": f"engine-{i}",
+                        "model": "fake-model",
+                        "format": "safetensors",
+                        "capabilities": ["chat", "completions", "tools"],
+                    }
                     for i in range(len(engine_urls))
                 ],
             }
@@ -96,7 +105,7 @@ def gateway_config(
         cfg["server"]["data_dir"] = str(data_dir)
     cfg["usage"] = {"ledger": True}
     if profile == "team":
-        key["budget"] = {"tokens": 10_000_000_000_000, "cost": 1e12, "period": "month"}
+        key["budget"] = {"tokens": 10_000_000_000_000, "cost": 9_000_000, "period": "month"}  # cost: the most allowed
         cfg["models"][0]["price"] = {"input_per_million": 0.5, "output_per_million": 1.5}
         for b in cfg["backends"]:
             b["max_concurrency"] = 32  # two deployments: c64 fills both, and bursts queue (fair queuing)
@@ -179,7 +188,7 @@ def target_command(name: str, gateway_cmd: str | None = None) -> str | None:
     direct."""
     if name == "direct":
         return None
-    if name == "gateway":
+    if name in ("gateway", "gateway-minimal"):  # the same command, each with its own generated config
         return gateway_cmd or DEFAULT_GATEWAY_CMD
     if name == "naive":
         return f"{NAIVE_VENV}/bin/python {BENCH}/proxies/naive_httpx.py"

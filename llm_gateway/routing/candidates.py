@@ -66,8 +66,13 @@ def fits(d: Deployment, info: RequestInfo) -> bool:
     if window is None:
         return True
     exact = info.prompt_exact
-    n = info.prompt_floor if exact is None else exact.get(d.model, info.prompt_floor)
-    return n + output_counted(d, info) <= window
+    out = output_counted(d, info)
+    if exact is None or d.model not in exact:
+        ceiling = info.prompt_ceiling
+        if ceiling is not None and ceiling + out <= window:
+            return True  # even the upper bound fits (the floor is below it): the floor is not summed at all
+        return info.prompt_floor + out <= window
+    return exact[d.model] + out <= window
 
 
 def explain_too_long(route: ModelRoute, deps: list[Deployment], info: RequestInfo) -> InvalidRequest:

@@ -30,7 +30,8 @@ ceiling is ambiguous: prompt_count.py then asks the engine for the exact count.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -52,9 +53,8 @@ class RequestInfo:
     prompt_tokens: int  # estimate
     max_tokens: int | None
     affinity_text: str
-    #: a lower bound of the prompt's tokens (of the largest prompt of a batch); 0 when the request asks
-    #: the engine to cut its prompt (`truncate_prompt_tokens`)
-    prompt_floor: int = 0
+    #: `prompt_floor` as far as summed (see there)
+    floor_summed: int = 0
     #: an upper bound of the prompt's tokens (chat); None where the gateway cannot count the prompt exactly
     #: (other endpoints, or a request asking the engine to cut its prompt): decided on the floor alone
     prompt_ceiling: int | None = None
@@ -71,6 +71,24 @@ class RequestInfo:
     tools_json: bytes = b""
     fresh: bool = False
     blocks: Any = None
+
+    #: the texts whose floors `prompt_floor` has yet to add (chat): a pass over every byte of the prompt,
+    #: done only where a window is near enough for the floor to matter (issue 36: most of reading a 74 KB
+    #: agent request was this pass, and a window above the ceiling never needs it)
+    floor_texts: Sequence[str] = field(default=(), repr=False)
+
+    @property
+    def prompt_floor(self) -> int:
+        """A lower bound of the prompt's tokens (of the largest prompt of a batch); 0 when the request asks
+        the engine to cut its prompt (`truncate_prompt_tokens`). Never above `prompt_ceiling`."""
+        if self.floor_texts:
+            self.floor_summed += sum(_bounds(t)[0] for t in self.floor_texts)
+            self.floor_texts = ()
+        return self.floor_summed
+
+    @prompt_floor.setter
+    def prompt_floor(self, value: int) -> None:
+        self.floor_summed, self.floor_texts = value, ()
 
 
 def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
@@ -110,8 +128,10 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
     ceiling: int | None = None
     tools_json = b""
     fresh = False
+    texts: list[str] = []
     if endpoint == "chat":
-        chars, affinity, floor, ceiling, fresh = _messages(value, needs)
+        chars, affinity, texts, ceiling, fresh = _messages(value, needs)
+        floor = 0
         tools = body.get("tools") or body.get("functions")
         if tools:
             needs.add("tools")
@@ -129,7 +149,7 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
     else:
         chars, affinity, floor = _text_size(value, "input"), "", _largest_floor(value)
     if body.get("truncate_prompt_tokens") is not None:
-        floor, ceiling = 0, None  # vLLM cuts the prompt to fit: its length is no reason to refuse
+        floor, ceiling, texts = 0, None, []  # vLLM cuts the prompt to fit: its length is no reason to refuse
     choices = max(_count(body.get("n")), _count(body.get("best_of")))
     if endpoint == "completions" and isinstance(value, list) and value and not isinstance(value[0], int):
         choices *= len(value)  # a batch of prompts (strings or token lists): each one gets its completions
@@ -148,6 +168,7 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
         conversation=value,
         tools_json=tools_json,
         fresh=fresh,
+        floor_texts=texts,
     )
 
 
@@ -180,11 +201,16 @@ def _utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
+#: the blanks a floor leaves out; each one byte in UTF-8, and no byte of a multi-byte character is one
+_BLANKS = b" \n\t\r"
+
+
 def _bounds(text: str) -> tuple[int, int]:
     """(`min_tokens(text)`, its UTF-8 bytes: at most one token each)."""
-    size = _utf8_size(text)
-    blanks = text.count(" ") + text.count("\n") + text.count("\t") + text.count("\r")  # no genexpr: once per message
-    return (size - blanks) // FLOOR_BYTES_PER_TOKEN, size
+    # its UTF-8 bytes once (a copy for ASCII), and the non-blank ones in one pass: four str.count()s were four
+    # passes, the largest cost of reading an agent's 74 KB request (issue 36)
+    data = text.encode("utf-8", "surrogatepass")
+    return len(data.translate(None, _BLANKS)) // FLOOR_BYTES_PER_TOKEN, len(data)
 
 
 def min_tokens(text: str) -> int:
@@ -204,11 +230,14 @@ def _largest_floor(value: Any) -> int:
     return 0
 
 
-def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int, bool]:
-    """(typical characters, affinity text, floor, ceiling, fresh: no assistant or tool turn) of chat messages."""
+def _messages(messages: Any, needs: set[str]) -> tuple[int, str, list[str], int, bool]:
+    """(typical characters, affinity text, the texts the floor counts, ceiling, fresh: no assistant or tool
+    turn) of chat messages."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty array", param="messages")
-    chars = floor = 0
+    chars = 0
+    texts: list[str] = []
+    as_json: list[Any] = []  # the other fields that are not strings (tool calls), measured as JSON at the end
     ceiling = CEILING_BASE + CEILING_PER_MESSAGE * len(messages)
     head: list[str] = []
     fresh = True
@@ -224,9 +253,8 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int, bool]
         content = m.get("content")
         if isinstance(content, str):
             chars += len(content)
-            low, size = _bounds(content)
-            floor += low
-            ceiling += size
+            texts.append(content)
+            ceiling += _utf8_size(content)
             if len(head) < 4:
                 head.append(content)
         elif isinstance(content, list):
@@ -240,9 +268,8 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int, bool]
                     ceiling += CEILING_PER_IMAGE
                 elif isinstance(part.get("text"), str):
                     chars += len(part["text"])
-                    low, size = _bounds(part["text"])
-                    floor += low
-                    ceiling += size
+                    texts.append(part["text"])
+                    ceiling += _utf8_size(part["text"])
                     if len(head) < 4:
                         head.append(part["text"])
                 else:  # audio, files, ...: their JSON, which holds more bytes than their tokens
@@ -250,19 +277,27 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, int, int, bool]
         elif content is not None and role != "assistant":
             raise InvalidRequest(f"messages[{i}].content must be a string or an array", param=f"messages[{i}].content")
         if len(m) > 2:  # name, tool_calls, tool_call_id, reasoning_content...: rendered by templates too
-            size = _other_fields_size(m)
+            size = _other_fields_size(m, as_json)
             chars += size
             ceiling += size
-    return chars, "\x00".join(head), floor, ceiling, fresh
+    if as_json:  # their JSON bytes, in one encoding: a list's is theirs, n - 1 commas and its brackets
+        size = len(orjson.dumps(as_json)) - len(as_json) - 1
+        chars += size
+        ceiling += size
+    return chars, "\x00".join(head), texts, ceiling, fresh
 
 
-def _other_fields_size(message: dict[str, Any]) -> int:
-    """The bytes of a message's fields besides its role and content (strings as text, the rest as JSON)."""
+def _other_fields_size(message: dict[str, Any], as_json: list[Any]) -> int:
+    """The bytes of a message's fields besides its role and content: of strings, their text; the rest are
+    added to `as_json`, measured as JSON."""
     size = 0
     for k, v in message.items():
         if k in ("role", "content") or v is None:
             continue
-        size += _utf8_size(v) if isinstance(v, str) else len(orjson.dumps(v))
+        if isinstance(v, str):
+            size += _utf8_size(v)
+        else:
+            as_json.append(v)
     return size
 
 

@@ -225,7 +225,7 @@ def test_the_floor_is_measured_every_try_and_its_lowest_p99_kept(monkeypatch: py
     p99s = iter([4.59, 0.09, 0.12, 0.5, 0.6])
     taken: list[str] = []
 
-    def fake_measure(ctx, name, kind, url, conc, pid, sampler, dialect):  # type: ignore[no-untyped-def]
+    def fake_measure(ctx, name, kind, url, conc, pid, sampler, dialect, body=None):  # type: ignore[no-untyped-def]
         taken.append(name)
         return {"rps": 1.0, "p50": 0.03, "p99": next(p99s), "errors": 0, "noise_pct": 0.0}
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from llm_gateway.adapters.registry import adapter_for
-from llm_gateway.prober import BackendProbeClient
+from llm_gateway.routing.prober import BackendProbeClient
 from llm_gateway.types import BackendInfo, ProbeResult
 from llm_gateway.upstream.aiohttp_client import AiohttpUpstream
 from tests.support.gateway_process import GatewayProcess

@@ -57,7 +57,9 @@ def test_a_string_input_with_instructions_and_sampling() -> None:
     }
     assert (req.stream, req.store) == (True, False)
     assert req.echo["metadata"] == {"team": "a"} and req.echo["instructions"] == "Be brief."
-    assert [it["type"] for it in req.items] == ["message"] and req.items[0]["id"].startswith("msg_")
+    assert req.items == []  # items are built for a stored response only (their one use)
+    stored = parse({"model": "m", "input": "Hello", "store": True})
+    assert [it["type"] for it in stored.items] == ["message"] and stored.items[0]["id"].startswith("msg_")
 
 
 def test_items_become_chat_turns_with_tool_calls_outputs_and_reasoning() -> None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from llm_gateway.dialects.field_checks import (
     Hint,
     PromptChars,
@@ -43,7 +41,8 @@ _TOOL_FIELDS = frozenset({"name", "description", "input_schema", "type", "strict
 
 
 def tool(t: Any, p: str, seen: PromptChars) -> dict[str, Any]:
-    t = as_obj(t, p)
+    # an agent sends 20-odd tools with every turn: a field's path is built for its error only
+    t = t if isinstance(t, dict) else as_obj(t, p)
     kind = t.get("type")
     if kind not in (None, "custom"):
         raise InvalidRequest(
@@ -52,21 +51,30 @@ def tool(t: Any, p: str, seen: PromptChars) -> dict[str, Any]:
             param=f"{p}.type",
             code="unsupported_parameter",
         )
-    only_fields(t, _TOOL_FIELDS, p)
-    name = as_str(t.get("name"), f"{p}.name")
+    if not t.keys() <= _TOOL_FIELDS:
+        only_fields(t, _TOOL_FIELDS, p)
+    name = t.get("name")
+    if not isinstance(name, str):
+        as_str(name, f"{p}.name")
     if not name:
         raise bad("String should have at least 1 character", f"{p}.name")
     if "input_schema" not in t:
         raise bad("Field required", f"{p}.input_schema")
-    fn: dict[str, Any] = {"name": name, "parameters": as_obj(t["input_schema"], f"{p}.input_schema")}
-    if t.get("description") is not None:
-        fn["description"] = as_str(t["description"], f"{p}.description")
-        seen.chars += len(fn["description"])
+    schema = t["input_schema"]
+    fn: dict[str, Any] = {
+        "name": name,
+        "parameters": schema if isinstance(schema, dict) else as_obj(schema, f"{p}.input_schema"),
+    }
+    desc = t.get("description")
+    if desc is not None:
+        fn["description"] = desc if isinstance(desc, str) else as_str(desc, f"{p}.description")
+        seen.chars += len(desc)
     if t.get("strict") is not None:
         fn["strict"] = as_bool(t["strict"], f"{p}.strict")
-    for k, hint in TOOL_HINTS.items():
-        check_hint(t.get(k), f"{p}.{k}", hint)
-    seen.chars += len(name) + len(orjson.dumps(fn["parameters"]))
+    if not t.keys().isdisjoint(TOOL_HINTS):  # usually none: then no loop over the hints
+        for k, hint in TOOL_HINTS.items():
+            check_hint(t.get(k), f"{p}.{k}", hint)
+    seen.chars += len(name)  # and its schema's JSON bytes: the caller encodes all the tools' schemas at once
     return {"type": "function", "function": fn}
 
 

@@ -152,6 +152,8 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
         tools = [tool(t, f"tools.{j}", seen) for j, t in enumerate(as_list(req["tools"], "tools"))]
         if tools:
             body["tools"] = tools
+            # the schemas' JSON bytes in one encoding: a list's is theirs, n - 1 commas and its brackets
+            seen.chars += len(orjson.dumps([t["function"]["parameters"] for t in tools])) - len(tools) - 1
     if req.get("tool_choice") is not None:
         tool_choice(req["tool_choice"], body)
     if req.get("thinking") is not None:
@@ -217,7 +219,8 @@ def _system(system: Any, seen: PromptChars, param: str = "system") -> str:
 
 
 def _message(m: Any, param: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
-    m = as_obj(m, param)
+    # an agent's history is dozens of turns of blocks: a field's path is built for its error only
+    m = m if isinstance(m, dict) else as_obj(m, param)
     role = m.get("role")
     if role not in ("user", "assistant", "system"):
         raise bad("Input should be 'user', 'assistant' or 'system'", f"{param}.role")
@@ -234,40 +237,39 @@ def _message(m: Any, param: str, out: list[dict[str, Any]], seen: PromptChars) -
         seen.chars += len(content)
         out.append({"role": role, "content": content})
         return
-    blocks = as_list(content, f"{param}.content")
-    if not blocks:
+    if not isinstance(content, list) or not content:
+        as_list(content, f"{param}.content")
         raise bad("List should have at least 1 item after validation, not 0", f"{param}.content")
     if role == "assistant":
-        out.append(_assistant(blocks, f"{param}.content", seen))
+        out.append(_assistant(content, param, seen))
     else:
-        _user(blocks, f"{param}.content", out, seen)
+        _user(content, param, out, seen)
 
 
 def _assistant(blocks: list[Any], param: str, seen: PromptChars) -> dict[str, Any]:
+    """`param`: the message's path (its blocks are `{param}.content.{j}`)."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, b in enumerate(blocks):
-        p = f"{param}.{j}"
-        b = as_obj(b, p)
+        b = b if isinstance(b, dict) else as_obj(b, f"{param}.content.{j}")
         t = b.get("type")
         if t == "text":
-            text = as_str(b.get("text"), f"{p}.text")
+            text = b.get("text")
+            text = text if isinstance(text, str) else as_str(text, f"{param}.content.{j}.text")
             seen.chars += len(text)
             texts.append(text)
         elif t == "tool_use":
-            args = orjson.dumps(as_obj(b.get("input"), f"{p}.input")).decode()
+            args_in, call_id, name = b.get("input"), b.get("id"), b.get("name")
+            args_in = args_in if isinstance(args_in, dict) else as_obj(args_in, f"{param}.content.{j}.input")
+            args = orjson.dumps(args_in).decode()
             seen.chars += len(args)
-            calls.append(
-                {
-                    "id": as_str(b.get("id"), f"{p}.id"),
-                    "type": "function",
-                    "function": {"name": as_str(b.get("name"), f"{p}.name"), "arguments": args},
-                }
-            )
+            call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"{param}.content.{j}.id")
+            name = name if isinstance(name, str) else as_str(name, f"{param}.content.{j}.name")
+            calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": args}})
         elif t in ("thinking", "redacted_thinking"):
             continue  # earlier turns' reasoning is not part of the context (Anthropic drops it too)
         else:
-            raise _unsupported_block(t, p, "an assistant message")
+            raise _unsupported_block(t, f"{param}.content.{j}", "an assistant message")
     msg: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts) if texts else None}
     if calls:
         msg["tool_calls"] = calls
@@ -277,16 +279,22 @@ def _assistant(blocks: list[Any], param: str, seen: PromptChars) -> dict[str, An
 
 
 def _user(blocks: list[Any], param: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
+    """`param`: the message's path (its blocks are `{param}.content.{j}`)."""
     parts: list[dict[str, Any]] = []
     for j, b in enumerate(blocks):
-        p = f"{param}.{j}"
-        b = as_obj(b, p)
+        b = b if isinstance(b, dict) else as_obj(b, f"{param}.content.{j}")
         t = b.get("type")
         if t == "text":
-            text = as_str(b.get("text"), f"{p}.text")
+            text = b.get("text")
+            text = text if isinstance(text, str) else as_str(text, f"{param}.content.{j}.text")
             seen.chars += len(text)
             parts.append({"type": "text", "text": text})
-        elif t == "image":
+            continue
+        if t == "tool_result" and isinstance(b.get("content"), str):  # the usual result: one text
+            _tool_result_text(b, param, j, out, seen)
+            continue
+        p = f"{param}.content.{j}"
+        if t == "image":
             seen.chars += 1024
             parts.append(_image(b, p))
         elif t == "document":
@@ -346,6 +354,16 @@ def _document(b: dict[str, Any], p: str, seen: PromptChars) -> str:
         param=f"{p}.source.type",
         code="unsupported_parameter",
     )
+
+
+def _tool_result_text(b: dict[str, Any], param: str, j: int, out: list[dict[str, Any]], seen: PromptChars) -> None:
+    """`_tool_result` of a result whose content is a string, with the paths built for their errors only."""
+    tid, text, err = b.get("tool_use_id"), b["content"], b.get("is_error")
+    tid = tid if isinstance(tid, str) else as_str(tid, f"{param}.content.{j}.tool_use_id")
+    if err is not None and as_bool(err, f"{param}.content.{j}.is_error"):
+        text = "Error: " + text
+    seen.chars += len(text) + 16
+    out.append({"role": "tool", "tool_call_id": tid, "content": text})
 
 
 def _tool_result(b: dict[str, Any], p: str, out: list[dict[str, Any]], seen: PromptChars) -> None:

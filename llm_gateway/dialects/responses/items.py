@@ -63,12 +63,20 @@ def item_references(value: Any) -> list[str]:
 
 
 def input_messages(
-    value: Any, seen: PromptChars, found: Mapping[str, dict[str, Any]] | None = None, referenced: set[str] | None = None
+    value: Any,
+    seen: PromptChars,
+    found: Mapping[str, dict[str, Any]] | None = None,
+    referenced: set[str] | None = None,
+    *,
+    items_too: bool = True,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The input as chat messages and as items; `found`: the stored items its references name (by id),
-    and the ids of those it used are added to `referenced`."""
+    and the ids of those it used are added to `referenced`. `items_too` false: no items (an empty list),
+    for a response that is not stored, their one use (an agent's history is 60-odd items, each given an id)."""
     if isinstance(value, str):
         seen.chars += len(value)
+        if not items_too:
+            return [{"role": "user", "content": value}], []
         item = {
             "id": new_id("msg_"),
             "type": "message",
@@ -99,13 +107,13 @@ def input_messages(
                 reasoning = []
             messages.append(msg)
         elif kind == "function_call":
-            args = as_str(it.get("arguments"), f"{p}.arguments")
+            # each field's path is built for its error only (an agent's history has dozens of calls)
+            args, call_id, name = it.get("arguments"), it.get("call_id"), it.get("name")
+            args = args if isinstance(args, str) else as_str(args, f"{p}.arguments")
             seen.chars += len(args)
-            call = {
-                "id": as_str(it.get("call_id"), f"{p}.call_id"),
-                "type": "function",
-                "function": {"name": as_str(it.get("name"), f"{p}.name"), "arguments": args},
-            }
+            call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"{p}.call_id")
+            name = name if isinstance(name, str) else as_str(name, f"{p}.name")
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and not reasoning:
                 last.setdefault("tool_calls", []).append(call)
@@ -128,7 +136,8 @@ def input_messages(
             raise unsupported(f"'{kind}' input items are not supported by this gateway", f"{p}.type")
         else:
             raise invalid("expected an input item type.", f"{p}.type")
-        items.append(_item(it, str(kind)))
+        if items_too:
+            items.append(_item(it, str(kind)))
     return messages, items
 
 
@@ -156,15 +165,17 @@ def _message(it: dict[str, Any], p: str, seen: PromptChars) -> dict[str, Any]:
         seen.chars += len(content)
         return {"role": _ROLES[role], "content": content}
     parts: list[dict[str, Any]] = []
-    for j, raw in enumerate(as_list(content, f"{p}.content")):
-        cp = f"{p}.content.{j}"
-        part = as_obj(raw, cp)
+    for j, raw in enumerate(content if isinstance(content, list) else as_list(content, f"{p}.content")):
+        part = raw if isinstance(raw, dict) else as_obj(raw, f"{p}.content.{j}")
         t = part.get("type")
-        if t in ("input_text", "output_text"):
-            text = as_str(part.get("text"), f"{cp}.text")
+        if t in ("input_text", "output_text"):  # the usual part: its path is built for its error only
+            text = part.get("text")
+            text = text if isinstance(text, str) else as_str(text, f"{p}.content.{j}.text")
             seen.chars += len(text)
             parts.append({"type": "text", "text": text})
-        elif t == "refusal":
+            continue
+        cp = f"{p}.content.{j}"
+        if t == "refusal":
             text = as_str(part.get("refusal"), f"{cp}.refusal")
             seen.chars += len(text)
             parts.append({"type": "text", "text": text})
@@ -198,7 +209,8 @@ def _image(part: dict[str, Any], p: str) -> dict[str, Any]:
 
 
 def _tool_output(it: dict[str, Any], p: str, messages: list[dict[str, Any]], seen: PromptChars) -> None:
-    call_id = as_str(it.get("call_id"), f"{p}.call_id")
+    call_id = it.get("call_id")
+    call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"{p}.call_id")
     out = it.get("output")
     texts: list[str] = []
     images: list[dict[str, Any]] = []

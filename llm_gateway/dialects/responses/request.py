@@ -121,7 +121,7 @@ class ResponsesRequest:
     instructions: str | None
     #: this request's input as chat messages (no instructions, no earlier conversation)
     messages: list[dict[str, Any]]
-    #: this request's input items, each with an id (GET /v1/responses/{id}/input_items)
+    #: this request's input items, each with an id (GET /v1/responses/{id}/input_items); empty when not stored
     items: list[dict[str, Any]]
     #: chat body fields other than `messages`
     options: dict[str, Any]
@@ -166,7 +166,9 @@ def parse(req: dict[str, Any], found: Mapping[str, dict[str, Any]] | None = None
         instructions = as_str(req["instructions"], "instructions")
         seen.chars += len(instructions)
     referenced: set[str] = set()
-    messages, items = input_messages(req["input"], seen, found, referenced)
+    # the items are stored with the response (GET .../input_items lists them): none to build when it is not
+    items_too = req.get("store") is not False
+    messages, items = input_messages(req["input"], seen, found, referenced, items_too=items_too)
     options: dict[str, Any] = {}
     echo: dict[str, Any] = {"instructions": instructions}
     stream = req.get("stream") is not None and as_bool(req["stream"], "stream")
@@ -258,12 +260,15 @@ def _sampling(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any]
         echo["truncation"] = req["truncation"]
 
 
+_TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict", "defer_loading"})
+
+
 def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], seen: PromptChars) -> None:
     tools: list[dict[str, Any]] = []
     echo["tools"] = []
     if req.get("tools") is not None:
         for j, t in enumerate(as_list(req["tools"], "tools")):
-            t = as_obj(t, f"tools.{j}")
+            t = t if isinstance(t, dict) else as_obj(t, f"tools.{j}")  # paths built for their errors only
             kind = t.get("type")
             if kind != "function":
                 if not isinstance(kind, str):
@@ -271,17 +276,16 @@ def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], s
                 raise unsupported(
                     f"'{kind}' tools are not supported by this gateway (only function tools are)", f"tools.{j}.type"
                 )
-            only_fields(
-                t, frozenset({"type", "name", "description", "parameters", "strict", "defer_loading"}), f"tools.{j}"
-            )
-            fn: dict[str, Any] = {"name": as_str(t.get("name"), f"tools.{j}.name")}
-            if t.get("description") is not None:
-                fn["description"] = as_str(t["description"], f"tools.{j}.description")
-            if t.get("parameters") is not None:
-                fn["parameters"] = as_obj(t["parameters"], f"tools.{j}.parameters")
+            if not t.keys() <= _TOOL_FIELDS:
+                only_fields(t, _TOOL_FIELDS, f"tools.{j}")
+            name, desc, params = t.get("name"), t.get("description"), t.get("parameters")
+            fn: dict[str, Any] = {"name": name if isinstance(name, str) else as_str(name, f"tools.{j}.name")}
+            if desc is not None:
+                fn["description"] = desc if isinstance(desc, str) else as_str(desc, f"tools.{j}.description")
+            if params is not None:
+                fn["parameters"] = params if isinstance(params, dict) else as_obj(params, f"tools.{j}.parameters")
             if t.get("strict") is not None:
                 fn["strict"] = as_bool(t["strict"], f"tools.{j}.strict")
-            seen.chars += len(orjson.dumps(fn))
             tools.append({"type": "function", "function": fn})
             echo["tools"].append(
                 {
@@ -294,6 +298,8 @@ def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], s
             )
     if tools:
         options["tools"] = tools
+        # each function's JSON bytes, in one encoding: a list's is theirs, n - 1 commas and its brackets
+        seen.chars += len(orjson.dumps([t["function"] for t in tools])) - len(tools) - 1
     echo["tool_choice"] = "auto"
     choice = req.get("tool_choice")
     if choice is not None:
