@@ -22,16 +22,18 @@ COUNT_ATTEMPTS = 2  # engines that failed to count before the estimate is answer
 class BackendPoster:
     """POSTs to one backend, with short timeouts."""
 
-    __slots__ = ("_backend", "_upstream")
+    __slots__ = ("_backend", "_upstream", "statuses")
 
     def __init__(self, upstream: UpstreamClient, backend: Backend) -> None:
         self._upstream = upstream
         self._backend = backend
+        self.statuses: list[int] = []  # of each answer, in order: what the caller may learn of the engine
 
     async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
         b = self._backend
         timeouts = UpstreamTimeouts(*map(min, astuple(b.timeouts), astuple(COUNT_TIMEOUTS)))
         resp = await self._upstream.send("POST", b.cfg.url + path, headers, body, timeouts)
+        self.statuses.append(resp.status)
         try:
             return resp.status, await resp.read(ERROR_BODY_LIMIT)
         finally:

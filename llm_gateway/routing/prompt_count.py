@@ -19,6 +19,9 @@ conversation, resent, is counted once per turn. Counting is a courtesy: it gets 
 decided on the lower bound as before, so the engine judges what the gateway could not. Different
 deployments of one public model are meant to be the same weights, hence one tokenizer; where they
 are not (a GGUF beside safetensors with another template), the count is off by a few template tokens.
+An engine that answers that it has no such endpoint (404, 405, 501: a build without a tokenizer route) is
+not asked again for `NO_ENDPOINT_RETRY_S`: without that, every request near its window paid a round trip
+for nothing (bench/: the fake engine's /tokenize is a 404). Other failures are not remembered.
 Outcomes are counted in `gateway_prompt_counts_total{result="counted|cached|failed"}`.
 """
 
@@ -43,6 +46,8 @@ from llm_gateway.upstream.base import UpstreamClient
 
 CACHE_SIZE = 4096  # prompts remembered (a key and an int each)
 COUNT_BUDGET_S = 2.0  # for all the engines asked for one model's count
+NO_ENDPOINT_RETRY_S = 300.0  # an engine that said it has no counting endpoint is asked again after this
+NO_ENDPOINT = frozenset((404, 405, 501))
 
 
 def _ambiguous(d: Deployment, info: RequestInfo, ceiling: int) -> bool:
@@ -80,6 +85,8 @@ class PromptCounter:
         self.size = size
         self.budget_s = budget_s
         self._cache: OrderedDict[tuple[str, str, bytes], int] = OrderedDict()
+        #: backends that answered they have no counting endpoint, and when to ask them again
+        self._no_endpoint: dict[str, float] = {}
         self._results = {r: metrics.prompt_counts.labels(r) for r in ("counted", "cached", "failed")}
 
     def __len__(self) -> int:
@@ -124,19 +131,21 @@ class PromptCounter:
             and d.backend.routable()
             and d.breaker.available(now)
             and d.model_present()
+            and self._no_endpoint.get(d.backend.name, 0.0) <= now
         ]
         deps.sort(key=lambda d: not _ambiguous(d, info, ceiling))  # the ambiguous windows' own tokenizers first
         try:
             async with asyncio.timeout(self.budget_s):
                 for d in deps[:COUNT_ATTEMPTS]:
+                    poster = BackendPoster(upstream, d.backend)
                     try:
-                        n = await d.backend.adapter.count_prompt_tokens(
-                            BackendPoster(upstream, d.backend), body, d.upstream_model
-                        )
+                        n = await d.backend.adapter.count_prompt_tokens(poster, body, d.upstream_model)
                     except GatewayError:
                         continue
                     if n is not None:
                         return n
+                    if poster.statuses and poster.statuses[-1] in NO_ENDPOINT:
+                        self._no_endpoint[d.backend.name] = now + NO_ENDPOINT_RETRY_S
         except TimeoutError:
             pass
         return None

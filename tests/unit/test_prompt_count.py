@@ -179,9 +179,12 @@ async def test_the_cache_keeps_only_the_most_recent_prompts() -> None:
 # -- counting fails: the lower bound decides ---------------------------------------------------------------
 
 
+NO_ENDPOINT_ANSWER = FakeAnswer.json({"detail": "Not Found"}, status=404)
+
+
 @pytest.mark.parametrize(
     "failure",
-    [FakeAnswer.json({"detail": "Not Found"}, status=404), FakeAnswer.json({"error": "boom"}, status=500), refused()],
+    [NO_ENDPOINT_ANSWER, FakeAnswer.json({"error": "boom"}, status=500), refused()],
     ids=["no-endpoint", "error", "refused"],
 )
 async def test_when_the_engine_cannot_count_the_floor_decides(failure: FakeAnswer | BaseException) -> None:
@@ -193,7 +196,9 @@ async def test_when_the_engine_cannot_count_the_floor_decides(failure: FakeAnswe
         got = counts(app)
     assert r.status_code == 200 and again.status_code == 200  # the engine's to judge, as before
     assert posted(up).count("http://small.test/v1/chat/completions") == 2
-    assert got == {"counted": 0, "cached": 0, "failed": 2}  # a failure is not cached
+    assert got == {"counted": 0, "cached": 0, "failed": 2}  # a failure is no count
+    # an engine without the endpoint is not asked again for a while; a failing one is, on the next request
+    assert len(up.calls_to(SMALL_TOKENIZE)) == (1 if failure is NO_ENDPOINT_ANSWER else 2)
 
 
 async def test_a_count_that_takes_too_long_is_given_up() -> None:
