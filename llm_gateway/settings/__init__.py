@@ -31,7 +31,14 @@ from llm_gateway.settings.gateway import (
     RoutingConfig,
     Timeouts,
 )
-from llm_gateway.settings.server import DATABASE_SCHEMES, CorsConfig, DatabaseConfig, ServerConfig, UsageConfig
+from llm_gateway.settings.server import (
+    DATABASE_SCHEMES,
+    CorsConfig,
+    DatabaseConfig,
+    ServerConfig,
+    TracingConfig,
+    UsageConfig,
+)
 from llm_gateway.settings.vocabulary import (
     PRIORITY_RANKS,
     Capability,
@@ -69,6 +76,7 @@ __all__ = [
     "ServerConfig",
     "Strategy",
     "Timeouts",
+    "TracingConfig",
     "UsageConfig",
     "WeightFormat",
 ]

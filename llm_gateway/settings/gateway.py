@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from llm_gateway.adapters.registry import formats_for, schedules_by_priority, unsupported_capabilities
 from llm_gateway.settings.access import AdminConfig, AuthConfig, LimitsConfig, Price
-from llm_gateway.settings.server import DatabaseConfig, ServerConfig, UsageConfig
+from llm_gateway.settings.server import DatabaseConfig, ServerConfig, TracingConfig, UsageConfig
 from llm_gateway.settings.vocabulary import (
     Capability,
     EngineKind,
@@ -152,6 +152,7 @@ class GatewayConfig(BaseSettings):
     routing: RoutingConfig = RoutingConfig()
     database: DatabaseConfig = DatabaseConfig()
     usage: UsageConfig = UsageConfig()
+    tracing: TracingConfig = TracingConfig()
     backends: tuple[BackendConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
 
