@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, Tracer
 
-    from llm_gateway.observability.record import RequestRecord
-
 #: GenAI operation names (gen_ai.operation.name) of the gateway's endpoints
 OPERATIONS = {
     "chat": "chat",
@@ -48,6 +46,31 @@ OPERATIONS = {
 CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}
 _FINISH = re.compile(rb'"(?:finish_reason|stop_reason)"\s*:\s*"([a-z_]{1,32})"')
 CONTENT_LIMIT = 64 * 1024  # characters of a prompt or an answer put on a span (capture_content)
+
+
+class RequestRecord(Protocol):
+    """What a trace reads of a request's record (record.py's `RequestRecord`, which holds the trace)."""
+
+    rid: str
+    t0: float
+    method: str
+    path: str
+    endpoint: str
+    key: str
+    model: str
+    backend: str
+    engine: str
+    upstream_model: str | None
+    stream: bool
+    status: int
+    outcome: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    usage_estimated: bool
+    ttft_s: float | None
+    attempts: int
+    waited_s: float
+    error: str | None
 
 
 class TracedAttempt(Protocol):
