@@ -1,9 +1,10 @@
-"""A real OTLP/HTTP trace receiver for tests, built on the official OTLP protobufs (opentelemetry-proto).
+"""Real OTLP trace receivers for tests, over HTTP and gRPC, built on the official OTLP protobufs (opentelemetry-proto).
 
 The OpenTelemetry Collector is not installable from PyPI; this is the part of it a test needs: POST /v1/traces
 with an `ExportTraceServiceRequest` (binary protobuf, gzip or not), answered with an
 `ExportTraceServiceResponse`, every span kept as a `ReceivedSpan` (ids as hex, attributes as Python values).
 It runs in a thread, so the gateway's exporter (the SDK's, over `requests`) talks to it as to a collector.
+`otlp_grpc_receiver` is the same over gRPC: the official `TraceService/Export` service on grpcio's server.
 """
 
 from __future__ import annotations
@@ -124,3 +125,30 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
     finally:
         r.server.shutdown()
         r.server.server_close()
+
+
+@contextmanager
+def otlp_grpc_receiver() -> Iterator[OtlpReceiver]:
+    """The receiver over gRPC (the HTTP server is made but not served): `endpoint` is http://127.0.0.1:<port>."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as svc
+
+    r = OtlpReceiver()
+    r.server.server_close()
+
+    class Service(svc.TraceServiceServicer):
+        def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
+            r._take(request)
+            return ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    svc.add_TraceServiceServicer_to_server(Service(), server)
+    r.port = server.add_insecure_port("127.0.0.1:0")
+    r.endpoint = f"http://127.0.0.1:{r.port}"
+    server.start()
+    try:
+        yield r
+    finally:
+        server.stop(None)

@@ -19,7 +19,7 @@ from tests.conftest import ONE_BACKEND, gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream, refused
 
 pytest.importorskip("opentelemetry.sdk", reason="the tracing extra (pip install -e .[tracing])")
-from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
+from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_grpc_receiver, otlp_receiver
 
 ENGINE = "http://engine-a.test"
 ONE_MESSAGE = {"model": "pm", "messages": [{"role": "user", "content": "x"}]}
@@ -27,8 +27,8 @@ CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 
 
-def tracing_section(r: OtlpReceiver, extra: str = "") -> str:
-    return f"tracing: {{enabled: true, endpoint: '{r.endpoint}', protocol: http{extra}}}\n"
+def tracing_section(r: OtlpReceiver, extra: str = "", protocol: str = "http") -> str:
+    return f"tracing: {{enabled: true, endpoint: '{r.endpoint}', protocol: {protocol}{extra}}}\n"
 
 
 def chunk(obj: dict[str, Any]) -> bytes:
@@ -252,6 +252,28 @@ async def test_the_access_log_carries_the_trace_and_span_ids(caplog: pytest.LogC
     fields = [rec.fields for rec in caplog.records if rec.name == "gateway.access"]  # type: ignore[attr-defined]
     assert fields and fields[-1]["trace_id"] == root.trace_id and fields[-1]["span_id"] == root.span_id
     assert fields[-1]["request_id"] == resp.headers["x-request-id"]
+
+
+async def test_spans_go_over_otlp_grpc_too_and_sampling_zero_sends_none() -> None:
+    up = FakeUpstream({("POST", f"{ENGINE}/v1/chat/completions"): [chat_whole(), chat_whole()]})
+    with otlp_grpc_receiver() as r:
+        async with gateway_client(make_config(ONE_BACKEND + tracing_section(r, protocol="grpc")), upstream=up) as (
+            client,
+            app,
+        ):
+            assert (await client.post("/v1/chat/completions", json=ONE_MESSAGE)).status_code == 200
+            spans = await flushed(app, r, 2)
+        cfg = make_config(ONE_BACKEND + tracing_section(r, ", sampling_ratio: 0", protocol="grpc"))
+        async with gateway_client(
+            cfg, upstream=FakeUpstream({("POST", f"{ENGINE}/v1/chat/completions"): chat_whole()})
+        ) as (
+            client,
+            app,
+        ):
+            assert (await client.post("/v1/chat/completions", json=ONE_MESSAGE)).status_code == 200
+            await flushed(app, r, 0)
+    assert sorted(s.kind for s in spans) == ["client", "server"] and len(r.spans) == 2
+    assert one(spans, kind="client").parent_id == one(spans, kind="server").span_id
 
 
 PROBE = """
