@@ -33,7 +33,6 @@ from llm_gateway.settings import PRIORITY_RANKS, TracingConfig
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
-    from opentelemetry.trace import Span, Tracer
 
 #: GenAI operation names (gen_ai.operation.name) of the gateway's endpoints
 OPERATIONS = {
@@ -111,15 +110,21 @@ def _exporter(cfg: TracingConfig) -> SpanExporter:
 
 
 class Tracing:
-    """The process's tracer: its provider (resource, sampler), the batching processor and the exporter."""
+    """The process's tracing: its provider (resource, sampler), the batching processor and the exporter.
+
+    Spans are not the SDK's live `Span`s: a request's facts are known when it ends (its record), so each span is
+    built once, finished, as the SDK's `ReadableSpan` with its attributes in one dict, and handed to the batching
+    processor, as the SDK's own `Span.end` does. The SDK's live spans validate and lock every attribute set one by
+    one, which cost about six times what this does (bench/opcounts.py, README "Traces"). The ids are the SDK's
+    (its id generator), the sampling decision its sampler's (ParentBased, or OTEL_TRACES_SAMPLER's)."""
 
     def __init__(self, cfg: TracingConfig, exporter: SpanExporter | None = None) -> None:
-        from opentelemetry.propagators.textmap import DefaultGetter
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-        from opentelemetry.trace import SpanKind, set_span_in_context
+        from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, get_current_span
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.cfg = cfg
@@ -131,32 +136,69 @@ class Tracing:
         self.provider: TracerProvider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
         self.processor = BatchSpanProcessor(exporter or _exporter(cfg))  # OTEL_BSP_* (queue, batch, delay)
         self.provider.add_span_processor(self.processor)
-        self.tracer: Tracer = self.provider.get_tracer("llm_gateway")
+        self._emit = self.processor.on_end
+        self._sampler = self.provider.sampler
+        self._ids = self.provider.id_generator
+        self._resource = self.provider.resource
+        self._scope = InstrumentationScope("llm_gateway")
         self._propagator = TraceContextTextMapPropagator()
-        self._getter = DefaultGetter()
+        self._current = get_current_span
+        self._readable, self._event, self._context = ReadableSpan, Event, SpanContext
+        self._sampled, self._unsampled = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
         self._server, self._client, self._internal = SpanKind.SERVER, SpanKind.CLIENT, SpanKind.INTERNAL
-        self._in_context = set_span_in_context
+        self._keep = Decision.RECORD_AND_SAMPLE
+        self._status, self._error_code, self._unset = Status, StatusCode.ERROR, Status(StatusCode.UNSET)
 
     def begin(self, rec: RequestRecord, headers: dict[bytes, bytes]) -> RequestTrace:
-        """The request's span, started at its arrival; a client's `traceparent` (and `tracestate`) is its parent."""
-        parent = None
+        """The request's trace, from its arrival; a client's `traceparent` (and `tracestate`) is its parent."""
+        parent_ctx = parent = None
         tp = headers.get(b"traceparent")
         if tp is not None:
             carrier = {"traceparent": tp.decode("latin-1")}
             ts = headers.get(b"tracestate")
             if ts is not None:
                 carrier["tracestate"] = ts.decode("latin-1")
-            parent = self._propagator.extract(carrier)
-        offset = time.time_ns() - time.perf_counter_ns()
-        start = offset + int(rec.t0 * 1e9)
-        span = self.tracer.start_span(
-            f"{rec.method} {rec.path}",
-            context=parent,
-            kind=self._server,
-            start_time=start,
-            attributes={"http.request.method": rec.method, "url.path": rec.path},
+            parent_ctx = self._propagator.extract(carrier)
+            parent = self._current(parent_ctx).get_span_context()
+            if not parent.is_valid:
+                parent_ctx = parent = None
+        trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
+        decision = self._sampler.should_sample(parent_ctx, trace_id, rec.path, self._server)
+        flags = self._sampled if decision.decision == self._keep else self._unsampled
+        ctx = self._context(trace_id, self._ids.generate_span_id(), False, flags, decision.trace_state)
+        return RequestTrace(self, ctx, parent, time.time_ns() - time.perf_counter_ns())
+
+    def span(
+        self,
+        name: str,
+        ctx: Any,
+        parent: Any,
+        kind: Any,
+        attrs: dict[str, Any],
+        start: int,
+        end: int,
+        events: tuple[Any, ...] = (),
+        error: str | None = None,
+    ) -> None:
+        """One finished span to the batch (dropped by the processor when not sampled)."""
+        status = self._status(self._error_code, error) if error is not None else self._unset
+        self._emit(
+            self._readable(
+                name,
+                ctx,
+                parent,
+                self._resource,
+                attrs,
+                events,
+                (),
+                kind,
+                None,
+                status,
+                start,
+                end,
+                self._scope,
+            )
         )
-        return RequestTrace(self, span, offset)
 
     def shutdown(self) -> None:
         """Export what is batched, then stop (the process ends)."""
@@ -164,13 +206,15 @@ class Tracing:
 
 
 class RequestTrace:
-    """One request's span, its attempts' spans and what it learns on the way (record.py ends it)."""
+    """One request's span (its ids from the start, its facts at its end, from the record) and its attempts'."""
 
-    __slots__ = ("_attempts", "_offset", "_waited", "span", "tracing")
+    __slots__ = ("_attempts", "_offset", "_waited", "attrs", "ctx", "parent", "tracing")
 
-    def __init__(self, tracing: Tracing, span: Span, offset: int) -> None:
+    def __init__(self, tracing: Tracing, ctx: Any, parent: Any, offset: int) -> None:
         self.tracing = tracing
-        self.span = span
+        self.ctx = ctx  # its SpanContext: trace id, span id, sampled or not
+        self.parent = parent  # the client's span (its traceparent), or None
+        self.attrs: dict[str, Any] = {}
         self._offset = offset  # time_ns - perf_counter_ns: the record's perf_counter times as the span's clock
         self._waited = 0.0  # the queue wait already told in a span
         self._attempts = 0
@@ -181,27 +225,23 @@ class RequestTrace:
     def attempt(self, attempt: TracedAttempt, rec: RequestRecord, body: dict[str, Any]) -> AttemptTrace:
         """An attempt starts on a deployment: its CLIENT span, after a `gateway.queue` span for the wait that led
         to it (queue or backoff pause); the request's span learns its class and, once, its prompt."""
-        tr, span = self.tracing, self.span
-        ctx = tr._in_context(span)
+        tr = self.tracing
         now = time.time_ns()
         waited = rec.waited_s - self._waited
         dep, route, ticket = attempt.deployment, attempt.route, attempt.ticket
         klass = CLASS_NAMES.get(ticket.priority, "default")
         self._attempts += 1
+        sampled = self.ctx.trace_flags.sampled
         if self._attempts == 1:
-            span.set_attribute("gateway.priority_class", klass)
-            if tr.cfg.capture_content:
-                _capture_input(span, body)
+            self.attrs["gateway.priority_class"] = klass
+            if tr.cfg.capture_content and sampled:
+                _capture_input(self.attrs, body)
         if waited > 0:
             self._waited = rec.waited_s
-            q = tr.tracer.start_span(
-                "gateway.queue",
-                context=ctx,
-                kind=tr._internal,
-                start_time=now - int(waited * 1e9),
-                attributes={"gateway.priority_class": klass, "gateway.queue_wait_s": waited},
-            )
-            q.end(end_time=now)
+            if sampled:
+                q = self._child()
+                told = {"gateway.priority_class": klass, "gateway.queue_wait_s": waited}
+                tr.span("gateway.queue", q, self.ctx, tr._internal, told, now - int(waited * 1e9), now)
         b = dep.backend
         url = urlsplit(b.cfg.url)
         op = OPERATIONS.get(rec.endpoint, rec.endpoint)
@@ -218,74 +258,83 @@ class RequestTrace:
             "gateway.attempt": self._attempts,
             "gateway.priority_class": klass,
         }
-        name = f"{op} {dep.upstream_model}"
-        return AttemptTrace(tr.tracer.start_span(name, context=ctx, kind=tr._client, start_time=now, attributes=attrs))
+        return AttemptTrace(self, self._child(), f"{op} {dep.upstream_model}", attrs, now)
+
+    def _child(self) -> Any:
+        c, tr = self.ctx, self.tracing
+        return tr._context(c.trace_id, tr._ids.generate_span_id(), False, c.trace_flags, c.trace_state)
 
     def answered(self, out: bytes) -> None:
         """A whole answer went out: its finish reasons, and its text where content is captured."""
         reasons = list(dict.fromkeys(m.decode() for m in _FINISH.findall(out)))
         if reasons:
-            self.span.set_attribute("gen_ai.response.finish_reasons", reasons)
+            self.attrs["gen_ai.response.finish_reasons"] = reasons
         if self.tracing.cfg.capture_content:
-            self.span.set_attribute("gen_ai.output.messages", out[:CONTENT_LIMIT].decode("utf-8", "replace"))
+            self.attrs["gen_ai.output.messages"] = out[:CONTENT_LIMIT].decode("utf-8", "replace")
 
     def end(self, rec: RequestRecord) -> None:
-        """The request ended: its record's facts on its span, which ends (to the batch)."""
-        span = self.span
+        """The request ended: its record's facts on its span, which goes to the batch."""
+        if not self.ctx.trace_flags.sampled:
+            return
+        a = self.attrs
+        a["http.request.method"], a["url.path"] = rec.method, rec.path
         op = OPERATIONS.get(rec.endpoint)
+        name = f"{rec.method} {rec.path}"
         if op is not None:
-            span.update_name(f"{op} {rec.model}")
-            span.set_attribute("gen_ai.operation.name", op)
-            span.set_attribute("gen_ai.request.model", rec.model)
+            name = f"{op} {rec.model}"
+            a["gen_ai.operation.name"], a["gen_ai.request.model"] = op, rec.model
         if rec.upstream_model is not None:
-            span.set_attribute("gen_ai.response.model", rec.upstream_model)
+            a["gen_ai.response.model"] = rec.upstream_model
         if rec.prompt_tokens is not None:
-            span.set_attribute("gen_ai.usage.input_tokens", rec.prompt_tokens)
+            a["gen_ai.usage.input_tokens"] = rec.prompt_tokens
         if rec.completion_tokens is not None:
-            span.set_attribute("gen_ai.usage.output_tokens", rec.completion_tokens)
+            a["gen_ai.usage.output_tokens"] = rec.completion_tokens
         if rec.backend != "none":
-            span.set_attribute("gateway.deployment", rec.backend)
-            span.set_attribute("gateway.engine", rec.engine)
+            a["gateway.deployment"], a["gateway.engine"] = rec.backend, rec.engine
+        tr = self.tracing
+        events: tuple[Any, ...] = ()
         if rec.ttft_s is not None:
-            span.set_attribute("gateway.ttft_s", rec.ttft_s)
-            span.add_event("gen_ai.first_token", timestamp=self._ns(rec.t0 + rec.ttft_s))
-        span.set_attribute("gateway.key.name", rec.key)  # the name: never the key itself
-        span.set_attribute("gateway.request_id", rec.rid)
-        span.set_attribute("gateway.stream", rec.stream)
-        span.set_attribute("gateway.attempts", rec.attempts)
-        span.set_attribute("gateway.retries", max(0, rec.attempts - 1))
-        span.set_attribute("gateway.queue_wait_s", rec.waited_s)
-        span.set_attribute("gateway.outcome", rec.outcome)
-        span.set_attribute("gateway.cancelled", rec.status == 499)
-        span.set_attribute("http.response.status_code", rec.status)
+            a["gateway.ttft_s"] = rec.ttft_s
+            events = (tr._event("gen_ai.first_token", None, self._ns(rec.t0 + rec.ttft_s)),)
+        a["gateway.key.name"] = rec.key  # the name: never the key itself
+        a["gateway.request_id"] = rec.rid
+        a["gateway.stream"] = rec.stream
+        a["gateway.attempts"] = rec.attempts
+        a["gateway.retries"] = max(0, rec.attempts - 1)
+        a["gateway.queue_wait_s"] = rec.waited_s
+        a["gateway.outcome"] = rec.outcome
+        a["gateway.cancelled"] = rec.status == 499
+        a["http.response.status_code"] = rec.status
         if rec.usage_estimated:
-            span.set_attribute("gateway.usage_estimated", True)
+            a["gateway.usage_estimated"] = True
         if rec.error:
-            span.set_attribute("error.type", rec.error)
-        if rec.status >= 500:
-            from opentelemetry.trace import Status, StatusCode
-
-            span.set_status(Status(StatusCode.ERROR, rec.error or None))
-        span.end()
+            a["error.type"] = rec.error
+        error = (rec.error or "error") if rec.status >= 500 else None  # a server span's error: a 5xx only
+        tr.span(name, self.ctx, self.parent, tr._server, a, self._ns(rec.t0), time.time_ns(), events, error)
 
     @property
     def ids(self) -> tuple[str, str]:
         """(trace id, span id) of the request's span, as hex, for the access log."""
-        c = self.span.get_span_context()
+        c = self.ctx
         return f"{c.trace_id:032x}", f"{c.span_id:016x}"
 
 
 class AttemptTrace:
     """One attempt's CLIENT span: its child `traceparent` goes to the engine; it ends when the slot is freed."""
 
-    __slots__ = ("span",)
+    __slots__ = ("attrs", "ctx", "error", "name", "request", "start")
 
-    def __init__(self, span: Span) -> None:
-        self.span = span
+    def __init__(self, request: RequestTrace, ctx: Any, name: str, attrs: dict[str, Any], start: int) -> None:
+        self.request = request
+        self.ctx = ctx
+        self.name = name
+        self.attrs = attrs
+        self.start = start
+        self.error: str | None = None
 
     def inject(self, headers: dict[str, str]) -> None:
         """The W3C `traceparent` (and the client's `tracestate`) of this attempt, on the engine's request."""
-        c = self.span.get_span_context()
+        c = self.ctx
         headers["traceparent"] = f"00-{c.trace_id:032x}-{c.span_id:016x}-{int(c.trace_flags):02x}"
         state = c.trace_state.to_header() if c.trace_state else ""
         if state:
@@ -293,25 +342,27 @@ class AttemptTrace:
 
     def failed(self, err: Any) -> None:
         """The attempt failed before any output: the error on its span (code, status, retryable)."""
-        from opentelemetry.trace import Status, StatusCode
-
-        s = self.span
-        s.set_attribute("error.type", err.code)
-        s.set_attribute("http.response.status_code", err.status)
-        s.set_attribute("gateway.retryable", bool(err.retryable))
-        s.set_status(Status(StatusCode.ERROR, err.code))
+        a = self.attrs
+        a["error.type"], a["http.response.status_code"], a["gateway.retryable"] = (
+            err.code,
+            err.status,
+            bool(err.retryable),
+        )
+        self.error = err.code
 
     def end(self) -> None:
-        self.span.end()
+        r = self.request
+        if self.ctx.trace_flags.sampled:
+            tr = r.tracing
+            tr.span(self.name, self.ctx, r.ctx, tr._client, self.attrs, self.start, time.time_ns(), (), self.error)
 
 
-def _capture_input(span: Span, body: dict[str, Any]) -> None:
+def _capture_input(attrs: dict[str, Any], body: dict[str, Any]) -> None:
     for field in ("messages", "input", "prompt"):
         value = body.get(field)
         if value is not None:
-            text = orjson.dumps(value).decode()[:CONTENT_LIMIT]
-            span.set_attribute("gen_ai.input.messages", text)
+            attrs["gen_ai.input.messages"] = orjson.dumps(value).decode()[:CONTENT_LIMIT]
             system = body.get("system") or body.get("instructions")
             if isinstance(system, str):
-                span.set_attribute("gen_ai.system_instructions", system[:CONTENT_LIMIT])
+                attrs["gen_ai.system_instructions"] = system[:CONTENT_LIMIT]
             return
