@@ -141,6 +141,7 @@ class Tracing:
         self._ids = self.provider.id_generator
         self._resource = self.provider.resource
         self._scope = InstrumentationScope("llm_gateway")
+        self._servers: dict[str, tuple[str, int]] = {}  # a backend URL's (server.address, server.port)
         self._propagator = TraceContextTextMapPropagator()
         self._current = get_current_span
         self._readable, self._event, self._context = ReadableSpan, Event, SpanContext
@@ -167,6 +168,14 @@ class Tracing:
         flags = self._sampled if decision.decision == self._keep else self._unsampled
         ctx = self._context(trace_id, self._ids.generate_span_id(), False, flags, decision.trace_state)
         return RequestTrace(self, ctx, parent, time.time_ns() - time.perf_counter_ns())
+
+    def server(self, url: str) -> tuple[str, int]:
+        """A backend URL's `server.address` and `server.port` (parsed once per URL)."""
+        known = self._servers.get(url)
+        if known is None:
+            u = urlsplit(url)
+            known = self._servers[url] = (u.hostname or "", u.port or (443 if u.scheme == "https" else 80))
+        return known
 
     def span(
         self,
@@ -208,11 +217,12 @@ class Tracing:
 class RequestTrace:
     """One request's span (its ids from the start, its facts at its end, from the record) and its attempts'."""
 
-    __slots__ = ("_attempts", "_offset", "_waited", "attrs", "ctx", "parent", "tracing")
+    __slots__ = ("_attempts", "_offset", "_waited", "attrs", "ctx", "parent", "sampled", "tracing")
 
     def __init__(self, tracing: Tracing, ctx: Any, parent: Any, offset: int) -> None:
         self.tracing = tracing
         self.ctx = ctx  # its SpanContext: trace id, span id, sampled or not
+        self.sampled: bool = ctx.trace_flags.sampled  # not sampled: its ids propagate, no span is exported
         self.parent = parent  # the client's span (its traceparent), or None
         self.attrs: dict[str, Any] = {}
         self._offset = offset  # time_ns - perf_counter_ns: the record's perf_counter times as the span's clock
@@ -231,7 +241,7 @@ class RequestTrace:
         dep, route, ticket = attempt.deployment, attempt.route, attempt.ticket
         klass = CLASS_NAMES.get(ticket.priority, "default")
         self._attempts += 1
-        sampled = self.ctx.trace_flags.sampled
+        sampled = self.sampled
         if self._attempts == 1:
             self.attrs["gateway.priority_class"] = klass
             if tr.cfg.capture_content and sampled:
@@ -243,14 +253,14 @@ class RequestTrace:
                 told = {"gateway.priority_class": klass, "gateway.queue_wait_s": waited}
                 tr.span("gateway.queue", q, self.ctx, tr._internal, told, now - int(waited * 1e9), now)
         b = dep.backend
-        url = urlsplit(b.cfg.url)
+        address, port = tr.server(b.cfg.url)
         op = OPERATIONS.get(rec.endpoint, rec.endpoint)
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": op,
             "gen_ai.provider.name": b.kind,
             "gen_ai.request.model": dep.upstream_model,
-            "server.address": url.hostname or "",
-            "server.port": url.port or (443 if url.scheme == "https" else 80),
+            "server.address": address,
+            "server.port": port,
             "gateway.deployment": b.name,
             "gateway.engine": b.kind,
             "gateway.model": route.name,
@@ -274,7 +284,7 @@ class RequestTrace:
 
     def end(self, rec: RequestRecord) -> None:
         """The request ended: its record's facts on its span, which goes to the batch."""
-        if not self.ctx.trace_flags.sampled:
+        if not self.sampled:
             return
         a = self.attrs
         a["http.request.method"], a["url.path"] = rec.method, rec.path
@@ -352,7 +362,7 @@ class AttemptTrace:
 
     def end(self) -> None:
         r = self.request
-        if self.ctx.trace_flags.sampled:
+        if r.sampled:
             tr = r.tracing
             tr.span(self.name, self.ctx, r.ctx, tr._client, self.attrs, self.start, time.time_ns(), (), self.error)
 
