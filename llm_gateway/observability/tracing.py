@@ -115,8 +115,9 @@ class Tracing:
     Spans are not the SDK's live `Span`s: a request's facts are known when it ends (its record), so each span is
     built once, finished, as the SDK's `ReadableSpan` with its attributes in one dict, and handed to the batching
     processor, as the SDK's own `Span.end` does. The SDK's live spans validate and lock every attribute set one by
-    one, which cost about six times what this does (bench/opcounts.py, README "Traces"). The ids are the SDK's
-    (its id generator), the sampling decision its sampler's (ParentBased, or OTEL_TRACES_SAMPLER's)."""
+    one: on the request path they cost +6,165 bytecodes per whole answer, these +1,285 (bench/opcounts.py,
+    README "Traces"). The ids are the SDK's (its id generator), the sampling decision its sampler's (ParentBased,
+    or OTEL_TRACES_SAMPLER's)."""
 
     def __init__(self, cfg: TracingConfig, exporter: SpanExporter | None = None) -> None:
         from opentelemetry.sdk.resources import Resource
