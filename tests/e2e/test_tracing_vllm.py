@@ -20,6 +20,8 @@ from tests.support.real_engines import VllmServer
 pytest.importorskip("opentelemetry.sdk", reason="the tracing extra (pip install -e .[tracing])")
 from tests.support.otlp_receiver import ReceivedSpan, otlp_grpc_receiver
 
+pytestmark = pytest.mark.real_engine  # its own vLLM (not the session fixture): marked here
+
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
 
