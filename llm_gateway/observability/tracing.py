@@ -236,23 +236,22 @@ class RequestTrace:
     def attempt(self, attempt: TracedAttempt, rec: RequestRecord, body: dict[str, Any]) -> AttemptTrace:
         """An attempt starts on a deployment: its CLIENT span, after a `gateway.queue` span for the wait that led
         to it (queue or backoff pause); the request's span learns its class and, once, its prompt."""
+        if not self.sampled:  # its ids still go to the engine (sampled flag off): nothing else is kept
+            return AttemptTrace(self, self._child(), "", {}, 0)
         tr = self.tracing
         now = time.time_ns()
         waited = rec.waited_s - self._waited
         dep, route, ticket = attempt.deployment, attempt.route, attempt.ticket
         klass = CLASS_NAMES.get(ticket.priority, "default")
         self._attempts += 1
-        sampled = self.sampled
         if self._attempts == 1:
             self.attrs["gateway.priority_class"] = klass
-            if tr.cfg.capture_content and sampled:
+            if tr.cfg.capture_content:
                 _capture_input(self.attrs, body)
         if waited > 0:
             self._waited = rec.waited_s
-            if sampled:
-                q = self._child()
-                told = {"gateway.priority_class": klass, "gateway.queue_wait_s": waited}
-                tr.span("gateway.queue", q, self.ctx, tr._internal, told, now - int(waited * 1e9), now)
+            told = {"gateway.priority_class": klass, "gateway.queue_wait_s": waited}
+            tr.span("gateway.queue", self._child(), self.ctx, tr._internal, told, now - int(waited * 1e9), now)
         b = dep.backend
         address, port = tr.server(b.cfg.url)
         op = OPERATIONS.get(rec.endpoint, rec.endpoint)

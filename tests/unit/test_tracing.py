@@ -276,6 +276,20 @@ async def test_spans_go_over_otlp_grpc_too_and_sampling_zero_sends_none() -> Non
     assert one(spans, kind="client").parent_id == one(spans, kind="server").span_id
 
 
+async def test_an_unsampled_client_trace_still_reaches_the_engine_and_exports_nothing() -> None:
+    up = FakeUpstream({("POST", f"{ENGINE}/v1/chat/completions"): chat_whole()})
+    with otlp_receiver() as r:
+        async with gateway_client(make_config(ONE_BACKEND + tracing_section(r)), upstream=up) as (client, app):
+            resp = await client.post(
+                "/v1/chat/completions", json=ONE_MESSAGE, headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"}
+            )
+            assert resp.status_code == 200, resp.text
+            await flushed(app, r, 0)
+    version, trace_id, span_id, flags = up.calls[0].headers["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", CLIENT_TRACE, "00") and span_id not in (CLIENT_SPAN, "0" * 16)
+    assert r.spans == []
+
+
 PROBE = """
 import sys
 from llm_gateway.settings.loader import parse_config
