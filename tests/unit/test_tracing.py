@@ -290,6 +290,23 @@ async def test_an_unsampled_client_trace_still_reaches_the_engine_and_exports_no
     assert r.spans == []
 
 
+async def test_the_standard_otel_variables_fill_what_the_config_leaves_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    up = FakeUpstream({("POST", f"{ENGINE}/v1/chat/completions"): chat_whole()})
+    with otlp_receiver() as r:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{r.endpoint}/v1/traces")
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "gateway-eu-1")
+        monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=staging")
+        async with gateway_client(make_config(ONE_BACKEND + "tracing: {enabled: true}\n"), upstream=up) as (
+            client,
+            app,
+        ):
+            assert (await client.post("/v1/chat/completions", json=ONE_MESSAGE)).status_code == 200
+            spans = await flushed(app, r, 2)
+    root = one(spans, kind="server")
+    assert root.resource["service.name"] == "gateway-eu-1"
+    assert root.resource["deployment.environment"] == "staging"
+
+
 PROBE = """
 import sys
 from llm_gateway.settings.loader import parse_config
