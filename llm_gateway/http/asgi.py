@@ -143,6 +143,8 @@ class GatewayApp:
                     handler = self.cors.preflight_handler(path)
         call = Call(scope, receive, send, rid, by_name, server_send)
         rec = RequestRecord(rid, t0, method, path if path in routes.paths else "other")
+        if self.gw.tracing is not None and method == "POST":  # off: this one check (observability/tracing.py)
+            rec.trace = self.gw.tracing.begin(rec, by_name)
         self.gw.usage.begin(rec)  # in flight: a crash spool's checkpoint sees it (one dict insert)
         rt = self.gw.runtime
         try:

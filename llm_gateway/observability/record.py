@@ -7,10 +7,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llm_gateway.observability.logs import AccessLog
 from llm_gateway.observability.metrics import Metrics, inc, observe
+
+if TYPE_CHECKING:
+    from llm_gateway.observability.tracing import RequestTrace
 
 UNKNOWN = "unknown"
 NONE = "none"
@@ -46,6 +49,8 @@ class RequestRecord:
     #: counted against the key's limits already (admitted by the limiter): a refusal after that is not
     #: metered again (http/asgi.py meters the ones before it)
     metered: bool = False
+    #: its OpenTelemetry span and its attempts' (observability/tracing.py); None: tracing is off or not this request
+    trace: RequestTrace | None = None
 
 
 def outcome_of(status: int, error_code: str | None) -> str:
@@ -75,6 +80,9 @@ class UsageSink(Protocol):
 
 def finish_record(metrics: Metrics, access: AccessLog, rec: RequestRecord, usage: UsageSink | None = None) -> None:
     duration = time.perf_counter() - rec.t0
+    trace = rec.trace
+    if trace is not None:
+        trace.end(rec)
     if usage is not None:
         usage.record(rec, duration)
     if rec.endpoint == "other":  # health, metrics, models listing: not counted as traffic
@@ -111,6 +119,8 @@ def finish_record(metrics: Metrics, access: AccessLog, rec: RequestRecord, usage
             "overhead_ms": round(overhead * 1000, 3),
             "attempts": rec.attempts,
         }
+        if trace is not None:  # the trace beside the request id (observability/tracing.py)
+            fields["trace_id"], fields["span_id"] = trace.ids
         if rec.usage_estimated:
             fields["usage_estimated"] = True
         if rec.error:

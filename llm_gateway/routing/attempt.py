@@ -15,10 +15,14 @@ fair-share counter in the deployment's queue with what the request really used.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from llm_gateway.errors import BackendFailure, ConnectFailed, EngineErrorAnswer, GatewayError
 from llm_gateway.routing.admission import Ticket
 from llm_gateway.routing.table import Deployment, ModelRoute
+
+if TYPE_CHECKING:
+    from llm_gateway.observability.tracing import AttemptTrace
 
 # the engine lacks this route or model: a config mismatch for one endpoint, not ill health (its chat may
 # work fine), so it must not open the breaker for every endpoint
@@ -46,7 +50,7 @@ class Attempt:
     """One try on `deployment` (of `route`: the model or the fallback it belongs to), holding its slot from
     creation until `release`."""
 
-    __slots__ = ("_held", "_open", "deployment", "route", "ticket")
+    __slots__ = ("_held", "_open", "deployment", "route", "ticket", "trace")
 
     def __init__(self, deployment: Deployment, route: ModelRoute, ticket: Ticket) -> None:
         """Taken: the caller has its admission slot and the breaker's permission; the backend counts it."""
@@ -55,6 +59,7 @@ class Attempt:
         self.ticket = ticket  # whose request, its class and estimated tokens (the queues' order)
         self._held = True  # the slot: admission place and in-flight count
         self._open = True  # the breaker not told yet
+        self.trace: AttemptTrace | None = None  # its span, where the request is traced (service/request.py)
         deployment.backend.in_flight += 1
 
     def ok(self) -> None:
@@ -68,6 +73,8 @@ class Attempt:
         if self._open:
             self._open = False
             judge(self.deployment, err, time.monotonic())
+            if self.trace is not None:
+                self.trace.failed(err)
 
     def ended(self, err: GatewayError | None) -> None:
         """A stream that relayed output ended, cleanly (`err` None) or cut by `err`: an engine's server
@@ -94,6 +101,8 @@ class Attempt:
             dep = self.deployment
             dep.admission.leave()
             dep.backend.in_flight -= 1
+            if self.trace is not None:
+                self.trace.end()
 
     @property
     def released(self) -> bool:

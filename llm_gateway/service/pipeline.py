@@ -187,6 +187,8 @@ class GenerationService:
             req = adapter.build(job.endpoint, job.body, ctx)
         if ctx.stream and adapter.closes_after_stream:
             req.headers["Connection"] = "close"  # the engine closes it after the stream: never pooled
+        if rec.trace is not None and job.attempt is not None and job.attempt.trace is not None:
+            job.attempt.trace.inject(req.headers)  # the attempt's span as the engine's parent (W3C traceparent)
         t = time.perf_counter()
         try:
             resp = await self.gw.upstream.send(
@@ -243,6 +245,8 @@ class GenerationService:
         if job.native is not None:
             job.native.answer_natively(api is not None)
         await job.call.respond(200, out, job.answered(attempt))
+        if rec.trace is not None:
+            rec.trace.answered(out)  # finish reasons (and the text, where content is captured)
         return usage
 
     # -- streams -----------------------------------------------------------------------------------------

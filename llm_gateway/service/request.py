@@ -62,6 +62,8 @@ class Job:
         rec.attempts += 1
         rec.backend, rec.engine, rec.upstream_model = dep.backend.name, dep.backend.kind, dep.upstream_model
         rec.model = attempt.route.name  # a fallback's name where the request went to one
+        if rec.trace is not None:  # its span (observability/tracing.py), ended when its slot is freed
+            attempt.trace = rec.trace.attempt(attempt, rec, self.body)
 
     def waited(self, seconds: float) -> None:
         self.rec.waited_s += seconds

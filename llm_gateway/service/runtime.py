@@ -8,6 +8,7 @@ reference; a request holds the Runtime it started with until it ends.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from llm_gateway.access.store import LimitStore
 from llm_gateway.observability.ledger import UsageLedger
 from llm_gateway.observability.logs import AccessLog
 from llm_gateway.observability.metrics import Metrics
+from llm_gateway.observability.tracing import Tracing, make_tracing
 from llm_gateway.routing.dispatch import Dispatcher
 from llm_gateway.routing.gauges import TableGauges
 from llm_gateway.routing.table import RoutingTable, build_table
@@ -81,6 +83,8 @@ class Gateway:
         self.usage = UsageLedger(self.metrics, config.usage)  # ledger buffer + recent activity (status page)
         self.config_path = config_path
         self.server = config.server  # fixed for the process (host, port, limits of the HTTP server)
+        #: OpenTelemetry traces, fixed for the process (None: off, nothing of OpenTelemetry imported)
+        self.tracing: Tracing | None = make_tracing(config.tracing)
         self._upstream = upstream
         self.store = store or make_store(config.limits, self.metrics)
         self.runtime = self.build_runtime(config, None)
@@ -121,6 +125,7 @@ class Gateway:
             ("server", old.config.server, config.server),
             ("limits.store", old.config.limits.store, config.limits.store),
             ("limits.redis_url", old.config.limits.redis_url, config.limits.redis_url),
+            ("tracing", old.config.tracing, config.tracing),
         ):
             if a != b:
                 log.warning("config reload: changes to %s take effect only after a restart", what)
@@ -132,3 +137,5 @@ class Gateway:
         if self._upstream is not None:
             await self._upstream.aclose()
         await self.store.aclose()
+        if self.tracing is not None:  # the spans still batched go out (blocking: off the loop)
+            await asyncio.to_thread(self.tracing.shutdown)

@@ -37,6 +37,7 @@ from llm_gateway.settings.server import (
     CorsConfig,
     DatabaseConfig,
     ServerConfig,
+    TracingConfig,
     UsageConfig,
 )
 from llm_gateway.settings.vocabulary import (
@@ -77,6 +78,7 @@ __all__ = [
     "ServerConfig",
     "Strategy",
     "Timeouts",
+    "TracingConfig",
     "UsageConfig",
     "WeightFormat",
 ]

@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from llm_gateway.adapters.registry import formats_for, schedules_by_priority, unsupported_capabilities
 from llm_gateway.settings.access import AdminConfig, AuthConfig, LimitsConfig, Price
-from llm_gateway.settings.server import BatchesConfig, DatabaseConfig, ServerConfig, UsageConfig
+from llm_gateway.settings.server import BatchesConfig, DatabaseConfig, ServerConfig, TracingConfig, UsageConfig
 from llm_gateway.settings.vocabulary import (
     Capability,
     EngineKind,
@@ -153,6 +153,7 @@ class GatewayConfig(BaseSettings):
     database: DatabaseConfig = DatabaseConfig()
     usage: UsageConfig = UsageConfig()
     batches: BatchesConfig = BatchesConfig()
+    tracing: TracingConfig = TracingConfig()
     backends: tuple[BackendConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
 

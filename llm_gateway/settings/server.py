@@ -133,6 +133,38 @@ class UsageConfig(Strict):
     )
 
 
+class TracingConfig(Strict):
+    """OpenTelemetry traces (observability/tracing.py): one span per request and per attempt, exported over OTLP
+    in batches. Off: the request path makes no span object and imports no OpenTelemetry package (the `tracing`
+    extra). What is unset here is the SDK's, from the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_TRACES_SAMPLER(_ARG), OTEL_BSP_*, OTEL_SERVICE_NAME, ...)."""
+
+    enabled: bool = Field(
+        False, description="export traces (needs the tracing extra: pip install llm-gateway[tracing])"
+    )
+    endpoint: str | None = Field(
+        None,
+        description="the OTLP receiver: http://host:4318 (HTTP; /v1/traces is added to a bare host) or "
+        "http://host:4317 (gRPC); unset: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, else the SDK's default",
+    )
+    protocol: Literal["http", "grpc"] | None = Field(
+        None, description="OTLP over HTTP (protobuf) or gRPC; unset: OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, else http"
+    )
+    sampling_ratio: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="share of new traces kept (a client's sampled flag is followed); unset: OTEL_TRACES_SAMPLER, "
+        "else all",
+    )
+    capture_content: bool = Field(
+        False, description="put prompts and whole answers' text on the spans (gen_ai.input/output.messages)"
+    )
+    service_name: str | None = Field(
+        None, description="the traces' service.name; unset: OTEL_SERVICE_NAME, else llm-gateway"
+    )
+
+
 DATABASE_SCHEMES = ("postgresql+asyncpg", "sqlite+aiosqlite")
 DB_FILE = "llm-gateway.db"  # the embedded database's file, under server.data_dir
 
