@@ -31,6 +31,7 @@ from llm_gateway.settings.gateway import (
     RoutingConfig,
     Timeouts,
 )
+from llm_gateway.settings.managed import ManagedConfig, ManagedHosts
 from llm_gateway.settings.server import DATABASE_SCHEMES, CorsConfig, DatabaseConfig, ServerConfig, UsageConfig
 from llm_gateway.settings.vocabulary import (
     PRIORITY_RANKS,
@@ -60,6 +61,8 @@ __all__ = [
     "KeyConfig",
     "Limits",
     "LimitsConfig",
+    "ManagedConfig",
+    "ManagedHosts",
     "ModelConfig",
     "Name",
     "Price",
