@@ -81,6 +81,7 @@ class ManagedEngine:
         slot = self.slot
         slot.waiting.append(since)
         self.host.kick()
+        told = -progress_s
         try:
             while True:
                 now = time.monotonic()
@@ -97,12 +98,13 @@ class ManagedEngine:
                     return True
                 if now >= deadline:
                     return False
-                changed = self._changed
+                if progress is not None and now - told >= progress_s:  # at once, then every progress_s
+                    told = now
+                    await progress(sorted(slot.waiting).index(since), None)
+                    continue
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(deadline - now, progress_s or TICK_S * 5)):
-                        await changed.wait()
-                if progress is not None and not changed.is_set():
-                    await progress(sorted(slot.waiting).index(since), None)
+                        await self._changed.wait()
         finally:
             slot.waiting.remove(since)
             self.host.kick()
@@ -228,6 +230,9 @@ class Host:
     def __init__(self, name: str, manager: Manager) -> None:
         self.name = name
         self.manager = manager
+        self.launcher: Launcher = manager.launcher
+        self.metrics: ManagedMetrics = manager.metrics
+        self.ready_check: ReadyCheck = manager.ready_check
         self.engines: dict[str, ManagedEngine] = {}
         self.first_model: dict[str, str] = {}
         self.watchers: set[asyncio.Task[None]] = set()
@@ -242,18 +247,6 @@ class Host:
     @property
     def budget(self) -> float | None:
         return self.manager.cfg.memory_budget_mb.get(self.name)
-
-    @property
-    def launcher(self) -> Launcher:
-        return self.manager.launcher
-
-    @property
-    def metrics(self) -> ManagedMetrics:
-        return self.manager.metrics
-
-    @property
-    def ready_check(self) -> ReadyCheck:
-        return self.manager.ready_check
 
     def log_path(self, backend: str) -> Path | None:
         d = self.manager.log_dir
@@ -296,15 +289,8 @@ class Host:
                 e.start()
                 return True
         for e in engines:
-            ttl = e.cfg.idle_ttl_s
-            s = e.slot
-            if (
-                e.phase == "ready"
-                and ttl is not None
-                and not s.in_flight
-                and not s.waiting
-                and now - s.last_used >= ttl
-            ):
+            ttl, s = e.cfg.idle_ttl_s, e.slot
+            if e.phase == "ready" and ttl is not None and not (s.in_flight or s.waiting) and now - s.last_used >= ttl:
                 await e.stop("idle")
                 return True
         slots = [e.slot for e in engines if e.phase != "failed"]

@@ -100,8 +100,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
+BODY = {"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+
 def chat(gw: GatewayProcess, model: str, **extra: object) -> httpx.Response:
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, **extra}
+    body = {**BODY, "model": model, **extra}
     return httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=150)
 
 
@@ -156,7 +159,7 @@ def test_an_idle_engine_is_stopped_after_its_ttl(short_ttl_gateway: GatewayProce
 def test_kill_9_mid_stream_gives_an_error_event_and_the_next_request_a_restarted_engine(
     gateway: GatewayProcess,
 ) -> None:
-    body = {"model": "m2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "stream": True}
+    body = {**BODY, "model": "m2", "max_tokens": 400, "stream": True, "temperature": 0}  # greedy: no early end
     events: list[str] = []
     killed = None
     with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=150) as r:
@@ -168,9 +171,10 @@ def test_kill_9_mid_stream_gives_an_error_event_and_the_next_request_a_restarted
             if killed is None and len(events) >= 3:
                 [killed] = engine_pids(gateway)
                 os.kill(killed, signal.SIGKILL)  # the engine the gateway started, by its PID
+    assert killed is not None, events  # it was still streaming when killed
     assert events[-1] == "[DONE]"
     errors = [orjson.loads(e)["error"] for e in events if e.startswith('{"error"')]
-    assert len(errors) == 1, events[-3:]
+    assert len(errors) == 1, (len(events), events[-3:])
     r2 = chat(gateway, "m2")
     assert r2.status_code == 200, r2.text
     [pid] = engine_pids(gateway)
@@ -178,3 +182,37 @@ def test_kill_9_mid_stream_gives_an_error_event_and_the_next_request_a_restarted
     m = scrape(gateway.url)
     assert sample(m, "gateway_managed_deaths_total", backend="m2") == 1
     assert sample(m, "gateway_managed_restarts_total", backend="m2") == 1
+
+
+NEVER_READY = """
+auth: {{mode: none}}
+routing: {{queue_progress_s: 0.5}}
+backends:
+  - name: slow
+    engine: llama-server
+    url: http://127.0.0.1:{port}
+    queue_timeout_s: 2
+    managed: {{command: [sleep, "300"], start_timeout_s: 60}}
+models:
+  - name: slow
+    deployments: [{{backend: slow, model: slow, format: gguf}}]
+"""
+
+
+def test_the_load_time_counts_against_the_queue_wait_and_a_stream_hears_queue_comments(tmp_path: Path) -> None:
+    """An engine that never becomes ready (a real process that never listens): the request waits in the queue
+    for the load, is refused once the queue-wait budget is spent, and a stream hears `: queued` meanwhile."""
+    with GatewayProcess(NEVER_READY.format(port=free_port()), tmp_path) as gw:
+        t0 = time.monotonic()
+        r = chat(gw, "slow")
+        took = time.monotonic() - t0
+        assert r.status_code == 429 and r.headers["x-gateway-reject-reason"] == "queue_timeout", r.text
+        assert 1.9 <= took < 10, took
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json={**BODY, "stream": True}, timeout=30) as s:
+            lines = list(s.iter_lines())
+        assert s.status_code == 200
+        assert sum(1 for ln in lines if ln.startswith(": queued")) >= 2, lines
+        errors = [orjson.loads(ln[6:])["error"] for ln in lines if ln.startswith('data: {"error"')]
+        assert len(errors) == 1 and "not ready within 2s" in errors[0]["message"], lines
+        [pid] = engine_pids(gw)  # the process it started (never ready) ...
+    assert not _alive(pid)  # ... is stopped with the gateway
