@@ -234,3 +234,21 @@ async def test_an_engine_with_a_request_in_flight_is_never_unloaded() -> None:
         assert a.managed.describe()["phase"] == "stopped"
     finally:
         await m.aclose()
+
+
+async def test_a_reload_that_drops_a_managed_backend_stops_its_engine_and_keeps_the_others() -> None:
+    launcher = FakeLauncher()
+    cfg = config(budget=1000)
+    m, bs = await make(cfg, launcher)
+    try:
+        await serve(bs["m0"], 1)
+        await serve(bs["m1"], 1)
+        kept = cfg.model_copy(update={"backends": cfg.backends[:1] + cfg.backends[2:], "models": cfg.models[:1]})
+        table = build_table(kept, previous=build_table(cfg))  # (a reload: m0 is taken over, m1 is gone)
+        table.backends["m0"] = bs["m0"]
+        await m.sync(table)
+        assert launcher.procs["9101"].returncode is not None  # m1's engine was stopped
+        assert launcher.procs["9100"].returncode is None  # m0's runs on
+        assert [e.backend.name for e in m.engines()] == ["m0", "m2"]
+    finally:
+        await m.aclose()
