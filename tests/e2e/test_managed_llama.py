@@ -6,6 +6,7 @@ client an error event, and the next request gets a restarted engine."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import threading
@@ -44,6 +45,9 @@ MODEL = """
 """
 
 
+ADMIN_KEY = "sk-admin-managed-0123456789"
+
+
 def config(ttl: float = 300, batch: float = 2) -> str:
     try:
         binary = llama_server_binary()
@@ -54,6 +58,7 @@ def config(ttl: float = 300, batch: float = 2) -> str:
     models = "".join(MODEL.format(i=i) for i in range(3))
     return (
         "auth: {mode: none}\n"
+        f"admin: {{keys: [{{name: ops, sha256: {hashlib.sha256(ADMIN_KEY.encode()).hexdigest()}}}]}}\n"
         f"managed: {{memory_budget_mb: {{local: 150}}, swap_batch: {batch}, swap_hold_s: 10}}\n"
         f"backends:{backends}models:{models}"
     )
@@ -152,6 +157,9 @@ def test_an_idle_engine_is_stopped_after_its_ttl(short_ttl_gateway: GatewayProce
     wait_until(lambda: not _alive(pid), timeout=20, what="the idle engine to be stopped")
     m = scrape(gateway.url)
     assert sample(m, "gateway_managed_unloads_total", backend="m1", reason="idle") == 1
+    status = httpx.get(gateway.url + "/admin/status.json", headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
+    [m1] = [b for b in status["backends"] if b["name"] == "m1"]
+    assert m1["state"] == "stopped" and m1["managed"]["phase"] == "stopped" and m1["managed"]["loads"] == 1
     assert chat(gateway, "m1").status_code == 200  # started again on demand
     assert engine_pids(gateway) != [pid]
 
