@@ -348,7 +348,14 @@ class Manager:
         self.ready_check: ReadyCheck = ready_check or self._probe_ready
         self.log_dir = log_dir
         self.hosts: dict[str, Host] = {}
-        self.metrics = ManagedMetrics(metrics, self.snapshot)
+        self._registry = metrics
+        self._metrics: ManagedMetrics | None = None  # registered with the first managed backend
+
+    @property
+    def metrics(self) -> ManagedMetrics:
+        if self._metrics is None:
+            self._metrics = ManagedMetrics(self._registry, self.snapshot)
+        return self._metrics
 
     async def _probe_ready(self, b: Backend) -> bool:
         return (await probe_once(self.upstream(), b)).state == "ready"
@@ -387,6 +394,7 @@ class Manager:
                 b.managed = h.engines[name] = ManagedEngine(b, h)
             e = h.engines[name]
             e.slot.memory_mb, e.slot.priority = e.cfg.memory_mb, e.cfg.priority
+            self.metrics.track(name, h.name)
             h.first_model[name] = next(
                 (d.upstream_model for m in table.models for d in m.deployments if d.backend is b), ""
             )

@@ -1,5 +1,6 @@
 """The metrics of managed engines: loads, unloads (and why), load time, restarts, swaps; and, read at scrape
-time, which engines are resident and each host's memory used against its budget."""
+time, which engines are resident and each host's memory used against its budget. Registered only once a
+managed backend is configured (a gateway without one exports none of these families)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from llm_gateway.observability.metrics import Metrics
 #: per host: its name, its budget (None: none), and per engine (backend, resident, requests waiting, memory MB)
 Snapshot = Callable[[], list[tuple[str, float | None, list[tuple[str, bool, int, float]]]]]
 
+UNLOAD_REASONS = ("idle", "evicted", "shutdown", "removed")
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 
 
@@ -40,6 +42,14 @@ class ManagedMetrics:
         )
         self._snapshot = snapshot
         metrics.watch(self)
+
+    def track(self, backend: str, host: str) -> None:
+        """Zero series for a managed backend and its host, so that every family has samples from the start."""
+        for c in (self.loads, self.load_failures, self.deaths, self.restarts, self.load_seconds):
+            c.labels(backend)
+        for reason in UNLOAD_REASONS:
+            self.unloads.labels(backend, reason)
+        self.swaps.labels(host)
 
     def loaded(self, backend: str, seconds: float) -> None:
         self.loads.labels(backend).inc()

@@ -157,6 +157,8 @@ def test_an_idle_engine_is_stopped_after_its_ttl(short_ttl_gateway: GatewayProce
     wait_until(lambda: not _alive(pid), timeout=20, what="the idle engine to be stopped")
     m = scrape(gateway.url)
     assert sample(m, "gateway_managed_unloads_total", backend="m1", reason="idle") == 1
+    assert sample(m, "gateway_backend_state", backend="m1", state="stopped") == 1
+    assert sample(m, "gateway_managed_resident", backend="m1") == 0
     status = httpx.get(gateway.url + "/admin/status.json", headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
     [m1] = [b for b in status["backends"] if b["name"] == "m1"]
     assert m1["state"] == "stopped" and m1["managed"]["phase"] == "stopped" and m1["managed"]["loads"] == 1
