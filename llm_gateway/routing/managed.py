@@ -7,9 +7,8 @@ engine is ready (the queue-wait budget counts that time; a stream hears the usua
 Each host has one loop (`Host`) that decides, with swap_policy.py, what loads next and what is unloaded to
 make room; loads run as tasks, readiness is the adapter's own probe. An engine's process is its own process
 group, stopped by that group only (launcher.py): the gateway never signals a process it did not start.
-A process that exits by itself is restarted after a backoff that doubles each time, at most `max_restarts`
-times in a row (reset once it has served for `HEALTHY_S`); after that the engine is `failed` for
-`FAILED_COOLDOWN_S`, and requests for it are refused at once (503) instead of waiting.
+One that exits by itself is restarted after a backoff doubling each time, at most `max_restarts` times in a
+row (reset after `HEALTHY_S` of service); then it is `failed` for `FAILED_COOLDOWN_S`: requests get 503 at once.
 """
 
 from __future__ import annotations
@@ -51,10 +50,8 @@ class ManagedEngine:
         self.slot = Slot(backend.name, cfg.memory_mb, cfg.priority)
         self.phase = "stopped"
         self.proc: Process | None = None
-        self.crashes = 0
-        self.restart_at = 0.0
-        self.failed_until = 0.0
-        self.loads = 0
+        self.crashes, self.loads = 0, 0
+        self.restart_at = self.failed_until = 0.0
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         backend.state, backend.detail = "stopped", "managed: starts on demand"
@@ -114,15 +111,9 @@ class ManagedEngine:
         return self.phase == "ready" and self.proc is not None and self.proc.returncode is None
 
     def describe(self) -> dict[str, object]:
-        s = self.slot
-        return {
-            "phase": self.phase,
-            "host": self.cfg.host,
-            "memory_mb": self.cfg.memory_mb,
-            "waiting": len(s.waiting),
-            "loads": self.loads,
-            "pid": self.proc.pid if self.proc is not None and self.proc.returncode is None else None,
-        }
+        pid = self.proc.pid if self.proc is not None and self.proc.returncode is None else None
+        cfg, n = self.cfg, len(self.slot.waiting)
+        return dict(phase=self.phase, host=cfg.host, memory_mb=cfg.memory_mb, waiting=n, loads=self.loads, pid=pid)
 
     def notify(self) -> None:
         ev, self._changed = self._changed, asyncio.Event()
