@@ -95,7 +95,7 @@ class ManagedEngine:
                     return True
                 if now >= deadline:
                     return False
-                if progress is not None and now - told >= progress_s:  # at once, then every progress_s
+                if progress is not None and progress_s > 0 and now - told >= progress_s:  # now, then each progress_s
                     told = now
                     await progress(sorted(slot.waiting).index(since), None)
                     continue

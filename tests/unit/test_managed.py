@@ -252,3 +252,23 @@ async def test_a_reload_that_drops_a_managed_backend_stops_its_engine_and_keeps_
         assert [e.backend.name for e in m.engines()] == ["m0", "m2"]
     finally:
         await m.aclose()
+
+
+async def test_a_request_waiting_for_a_load_is_told_its_place_at_once_and_then_every_progress_s() -> None:
+    launcher = FakeLauncher(start_s=0.5)  # a slow load
+    m, bs = await make(config(budget=1000), launcher)
+    told: list[tuple[int, float | None]] = []
+
+    async def progress(position: int, eta_s: float | None) -> None:
+        told.append((position, eta_s))
+
+    try:
+        e = bs["m0"].managed
+        assert e is not None
+        assert await e.gate(5.0, progress, 0.1)
+        assert 3 <= len(told) <= 8 and told[0] == (0, None), told
+        told.clear()
+        assert await e.gate(5.0, progress, 0.1)  # ready: no wait, nothing told
+        assert told == []
+    finally:
+        await m.aclose()
