@@ -30,6 +30,7 @@ from llm_gateway.dialects.common import HandlerContext, StoredResponses
 from llm_gateway.dialects.routes import ROUTES
 from llm_gateway.errors import ServiceUnavailable
 from llm_gateway.http.asgi import GatewayApp
+from llm_gateway.routing.managed import Manager
 from llm_gateway.routing.prober import Prober
 from llm_gateway.service.batch_runner import Batches
 from llm_gateway.service.pipeline import GenerationService
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway")
 GC_GEN0_THRESHOLD = 50_000
+MANAGED_LOG_DIR = "managed-logs"  # under server.data_dir: the output of the engines the gateway starts
 SPOOL_DIR = "ledger-spool"  # under server.data_dir: the usage ledger's crash spool (observability/spool.py)
 
 
@@ -62,6 +64,8 @@ def create_app(
 ) -> GatewayApp:
     gw = Gateway(config, upstream=upstream, config_path=config_path)
     prober = Prober(lambda: gw.upstream, gw.metrics)
+    # managed backends: engines the gateway starts on demand and stops (routing/managed.py)
+    managed = Manager(lambda: gw.upstream, gw.metrics, log_dir=Path(gw.server.data_dir, MANAGED_LOG_DIR))
     watcher: ConfigWatcher | None = None
     metrics_runner: web.AppRunner | None = None
     database: Database | None = None
@@ -115,11 +119,22 @@ def create_app(
         admin_app = build_admin_app(AdminContext(gw, open_database, refresher), (*ROUTERS, usage.router, status.router))
         admin_app.include_router(status.page)  # the status page's HTML at /status (its data: /admin/status.json)
 
+    syncs: set[asyncio.Task[None]] = set()
+
+    def applied() -> None:
+        """After a reload: probe loops and managed engines follow the new table."""
+        if probes:
+            prober.sync(gw.runtime.table)
+        task = asyncio.get_running_loop().create_task(managed.sync(gw.runtime.table))
+        syncs.add(task)
+        task.add_done_callback(syncs.discard)
+
     async def startup() -> None:
         nonlocal watcher, metrics_runner, admin_server
         if gw.runtime.config.auth.mode == "none":
             log.warning("auth mode is 'none': anyone who can reach this gateway can use every model")
         await gw.store.warm_up()
+        await managed.sync(gw.runtime.table)
         if probes:
             prober.sync(gw.runtime.table)
         if config_path is not None:
@@ -127,7 +142,7 @@ def create_app(
                 gw,
                 config_path,
                 gw.server.reload_poll_s,
-                on_applied=lambda: prober.sync(gw.runtime.table) if probes else None,
+                on_applied=applied,
                 vet=refresher.name_clashes if refresher is not None else None,  # names unique across key kinds
             )
             watcher.start()
@@ -159,6 +174,7 @@ def create_app(
         if watcher is not None:
             await watcher.aclose()
         await prober.aclose()
+        await managed.aclose()  # every engine it started, by process group
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         if admin_server is not None:

@@ -61,6 +61,7 @@ def snapshot(ctx: AdminContext) -> dict[str, Any]:
                 "detail": b.detail[:200],
                 "in_flight": b.in_flight,
                 "capacity": b.cfg.capacity,
+                "managed": b.managed.describe() if b.managed is not None else None,  # routing/managed.py
                 "load": None
                 if load is None
                 else {

@@ -1,5 +1,6 @@
 """The operator's routes: `GET /healthz` (the process is alive), `GET /readyz` (at least one backend is
-ready or busy), `GET /metrics` (on the main port; see `metrics`), `GET /openapi.json`.
+ready or busy, or a managed one can start on demand; a managed backend's entry says its phase, PID and loads),
+`GET /metrics` (on the main port; see `metrics`), `GET /openapi.json`.
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ async def healthz(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runti
 
 async def readyz(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     now = time.monotonic()
-    backends = {
-        b.name: {"engine": b.kind, "state": b.health(now), "in_flight": b.in_flight} for b in rt.table.backends.values()
-    }
-    ready = any(v["state"] in ("ready", "busy") for v in backends.values())
+    backends: dict[str, dict[str, object]] = {}
+    on_demand = False  # a managed backend that can start (routing/managed.py): the gateway can serve its models
+    for b in rt.table.backends.values():
+        entry: dict[str, object] = {"engine": b.kind, "state": b.health(now), "in_flight": b.in_flight}
+        if b.managed is not None:
+            entry["managed"] = b.managed.describe()
+            on_demand = on_demand or b.managed.startable()
+        backends[b.name] = entry
+    ready = on_demand or any(v["state"] in ("ready", "busy") for v in backends.values())
     status = 200 if ready else 503
     body = {"status": "ready" if ready else "not_ready", "backends": backends}
     await call.respond(status, orjson.dumps(body), [])

@@ -266,8 +266,11 @@ class Dispatcher:
                 ordered = self._order(group, live, info, session)
                 if first_choice is None:
                     first_choice = ordered[0]
+                entered = time.monotonic()
                 dep = await self._enter(ordered, ticket, job)
                 tried.add(id(dep))
+                if dep.backend.managed is not None:
+                    await _await_managed(dep, job, entered)
                 if not dep.breaker.acquire(time.monotonic()):
                     dep.admission.leave()
                     continue
@@ -311,6 +314,23 @@ class Dispatcher:
             f"no healthy backend for model '{route.name}': " + _why_unavailable(groups[0], time.monotonic()),
             headers={"retry-after": "2"},
         )
+
+
+async def _await_managed(dep: Deployment, job: Dispatched, entered: float) -> None:
+    """A managed engine (routing/managed.py) may have to start first: wait at its gate, within what is left of
+    the queue-wait budget; the admission slot taken is given back if that fails."""
+    assert dep.backend.managed is not None
+    timeout = dep.backend.cfg.queue_timeout_s
+    t = time.monotonic()
+    try:
+        ok = await dep.backend.managed.gate(timeout - (t - entered), job.progress, job.progress_s)
+    except BaseException:
+        dep.admission.leave()
+        raise
+    job.waited(time.monotonic() - t)
+    if not ok:
+        dep.admission.leave()
+        raise _refused(f"the model's engine was not ready within {timeout:g}s", "queue_timeout", [dep])
 
 
 def _more_to_try(

@@ -16,7 +16,7 @@ from llm_gateway.observability.metrics import CLASS_NAMES
 from llm_gateway.routing.breaker import STATE_VALUE
 from llm_gateway.routing.table import RoutingTable
 
-BACKEND_STATES = ("unknown", "ready", "busy", "loading", "down")
+BACKEND_STATES = ("unknown", "ready", "busy", "loading", "down", "stopped")  # stopped: a managed one, on demand
 
 
 class TableGauges(Collector):

@@ -95,7 +95,8 @@ class Prober:
 
     async def _loop(self, b: Backend) -> None:
         while True:
-            await probe_once(self._upstream(), b, self._metrics)
+            if b.managed is None or b.managed.running():  # a managed engine that is not up is its manager's
+                await probe_once(self._upstream(), b, self._metrics)
             await asyncio.sleep(b.cfg.probe.interval_s * random.uniform(0.9, 1.1))
 
     async def aclose(self) -> None:

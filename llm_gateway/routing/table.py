@@ -8,8 +8,9 @@ they hold and nothing is counted twice or lost.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from llm_gateway.adapters.base import Adapter
 from llm_gateway.adapters.registry import adapter_for
@@ -21,6 +22,22 @@ from llm_gateway.types import BackendInfo, LoadSnapshot
 from llm_gateway.upstream.base import UpstreamTimeouts
 
 ROUTABLE = frozenset({"unknown", "ready", "busy"})
+Progress = Callable[[int, float | None], Awaitable[None]]  # told (position, eta_s) while a request waits
+
+
+class OnDemand(Protocol):
+    """A managed backend's engine (routing/managed.py): started on demand, so routable while it is stopped."""
+
+    def startable(self) -> bool:
+        """False once it failed to start or kept dying (for a cooldown): not routable then."""
+
+    def running(self) -> bool:
+        """Its process is up and ready: the prober's view of it means something."""
+
+    async def gate(self, timeout_s: float, progress: Progress | None, progress_s: float) -> bool:
+        """Wait until it is ready and the request may go on (False: the time ran out)."""
+
+    def describe(self) -> dict[str, object]: ...
 
 
 @dataclass(eq=False)
@@ -39,6 +56,8 @@ class Backend:
     resident: dict[str, bool] | None = None
     in_flight: int = 0
     busy_until: float = 0.0
+    #: the engine the gateway starts and stops (a backend with `managed`), set by routing/managed.py
+    managed: OnDemand | None = None
     #: the config's name and the adapter's engine kind, read on every request: plain attributes, not
     #: properties over the pydantic config (a Python call each); a reload keeps a backend only with the
     #: same name and engine, so they never change
@@ -50,7 +69,7 @@ class Backend:
         self.kind = self.adapter.kind
 
     def routable(self) -> bool:
-        return self.state in ROUTABLE
+        return self.state in ROUTABLE or (self.managed is not None and self.managed.startable())
 
     def health(self, now: float) -> str:
         """ready / busy / loading / down / unknown: busy is a live backend with no free slot."""

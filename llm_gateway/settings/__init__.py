@@ -7,8 +7,9 @@ they print as `**********` and only `.get_secret_value()` reveals them.
 
 One module per part, each importing only those above it in this list: `vocabulary` (the names a config
 may use, the strict base of every section), `access` (keys, limits, budgets, prices, admin keys, the
-limit store), `server` (the HTTP server, the usage ledger, the database), `gateway` (backends, models,
-routing and `GatewayConfig`, the whole). The rest of the product imports from here.
+limit store), `server` (the HTTP server, the usage ledger, the database), `managed` (the engines the gateway
+starts itself, and the hosts' memory budgets), `gateway` (backends, models, routing and `GatewayConfig`, the
+whole). The rest of the product imports from here.
 """
 
 from llm_gateway.settings.access import (
@@ -31,6 +32,7 @@ from llm_gateway.settings.gateway import (
     RoutingConfig,
     Timeouts,
 )
+from llm_gateway.settings.managed import ManagedConfig, ManagedHosts
 from llm_gateway.settings.server import (
     DATABASE_SCHEMES,
     BatchesConfig,
@@ -69,6 +71,8 @@ __all__ = [
     "KeyConfig",
     "Limits",
     "LimitsConfig",
+    "ManagedConfig",
+    "ManagedHosts",
     "ModelConfig",
     "Name",
     "Price",

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from llm_gateway.adapters.registry import formats_for, schedules_by_priority, unsupported_capabilities
 from llm_gateway.settings.access import AdminConfig, AuthConfig, LimitsConfig, Price
+from llm_gateway.settings.managed import ManagedConfig, ManagedHosts
 from llm_gateway.settings.server import BatchesConfig, DatabaseConfig, ServerConfig, TracingConfig, UsageConfig
 from llm_gateway.settings.vocabulary import (
     Capability,
@@ -47,6 +48,7 @@ class BackendConfig(Strict):
     max_concurrency: int | None = Field(None, ge=1, description="gateway-side cap per deployment")
     max_queue: int = Field(64, ge=0, description="requests that may wait for a free slot")
     queue_timeout_s: float = Field(30.0, gt=0)
+    managed: ManagedConfig | None = Field(None, description="the gateway starts and stops this engine on demand")
 
     @field_validator("api_key", mode="before")
     @classmethod
@@ -154,6 +156,7 @@ class GatewayConfig(BaseSettings):
     usage: UsageConfig = UsageConfig()
     batches: BatchesConfig = BatchesConfig()
     tracing: TracingConfig = TracingConfig()
+    managed: ManagedHosts = ManagedHosts()
     backends: tuple[BackendConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
 
@@ -181,6 +184,11 @@ class GatewayConfig(BaseSettings):
             public.extend(m.aliases)
         dupes("model name or alias", public)
         names = {m.name for m in self.models}
+        for bi, bc in enumerate(self.backends):
+            if bc.managed is not None and urlsplit(bc.url).port is None:
+                raise ValueError(
+                    f"backends[{bi}].url: a managed backend's URL must name its port (the command's {{port}})"
+                )
         for mi, m in enumerate(self.models):
             for di, d in enumerate(m.deployments):
                 where = f"models[{mi}].deployments[{di}]"

@@ -1,0 +1,52 @@
+"""Managed backends: the command that starts a backend's engine, and the per-host memory budget that
+decides which managed engines may run at once (routing/managed.py runs them; README "Models on demand").
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from llm_gateway.settings.vocabulary import Name, Strict
+
+PLACEHOLDERS = ("{port}", "{model}", "{host}")
+
+
+class ManagedConfig(Strict):
+    """A backend whose engine the gateway starts on the first request that needs it and stops when idle.
+
+    `command` is an argv list (no shell); `{port}` (the port of the backend's URL), `{host}` (its host) and
+    `{model}` (the upstream model of the backend's first deployment) are filled in, in `command` and `env`.
+    """
+
+    command: tuple[str, ...] = Field(min_length=1, description="argv of the engine; {port} {host} {model} filled in")
+    env: dict[str, str] = Field(default_factory=dict, description="added to the gateway's environment")
+    cwd: str | None = Field(None, description="working directory (None: the gateway's)")
+    start_timeout_s: float = Field(120.0, gt=0, description="from spawn until the adapter's probe says ready")
+    idle_ttl_s: float | None = Field(300.0, gt=0, description="stopped after this long with nothing to do; None: kept")
+    memory_mb: float = Field(0.0, ge=0, description="what it holds while it runs, against its host's budget")
+    host: Name = Field("local", description="the host whose memory budget it counts against")
+    priority: int = Field(0, description="of two idle engines, the lower priority is unloaded first")
+    max_restarts: int = Field(3, ge=0, description="restarts after crashes in a row before it is marked failed")
+    restart_backoff_s: float = Field(1.0, ge=0, description="the first restart's delay, doubled for each next")
+    stop_timeout_s: float = Field(10.0, gt=0, description="SIGTERM to its process group, then SIGKILL after this")
+
+    @field_validator("command")
+    @classmethod
+    def _no_empty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v[0].strip():
+            raise ValueError("the command's first word (the program) must not be empty")
+        return v
+
+
+class ManagedHosts(Strict):
+    """The memory budgets of the hosts managed engines run on, and the no-thrash rule of a swap."""
+
+    memory_budget_mb: dict[Name, float] = Field(
+        default_factory=dict, description="per host (ManagedConfig.host): MB its managed engines may hold; none: no cap"
+    )
+    swap_batch: int = Field(
+        8, ge=1, description="once another model waits, a resident one admits at most this many newcomers"
+    )
+    swap_hold_s: float = Field(
+        10.0, gt=0, description="once another model waits, a resident one admits newcomers for at most this long"
+    )
