@@ -104,7 +104,7 @@ CONTRACT = f"""
     @pytest.mark.parametrize("target", ["ollama/real", "ollama/emulator", "vllm/emulator"])
     def {OLLAMA_CASE}(target):
         if target.startswith("ollama"):
-            pytest.skip("Ollama has no authentication of its own")
+            pytest.skip("ollama has no authentication of its own")
 """
 
 
@@ -145,7 +145,7 @@ def test_the_allow_list_is_short_and_says_why() -> None:
 
 def test_allow_list_patterns_match_whole_ids_and_treat_brackets_literally() -> None:
     nodeid = f"tests/contract/test_contract.py::{OLLAMA_CASE}[ollama/real]"
-    reason = "Ollama has no authentication of its own"
+    reason = "ollama has no authentication of its own"
     assert skip_guard.allowed(nodeid, reason) is not None
     assert skip_guard.allowed(nodeid.replace("ollama/", "vllm/"), reason) is None
     assert skip_guard.allowed(nodeid + "x", reason) is None
