@@ -123,7 +123,7 @@ def test_an_allow_listed_test_skipping_for_another_reason_still_fails(pytester: 
     write(pytester, "tests/contract/test_contract.py", CONTRACT.replace("of its own", "today"))
     result = pytester.runpytest(*ARGS)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["UNEXPECTED SKIP *[[]ollama/real] (call): Ollama has no authentication today"])
+    result.stdout.fnmatch_lines(["UNEXPECTED SKIP *[[]ollama/real] (call): ollama has no authentication today"])
 
 
 @pytest.mark.parametrize("flag", FLAGS, indirect=True)
