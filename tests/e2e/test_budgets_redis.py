@@ -23,7 +23,7 @@ import pytest
 import redis as redis_py
 
 from llm_gateway.access.keys import digest_of
-from llm_gateway.access.redis_store import PERIODS
+from llm_gateway.access.redis_scripts import PERIODS
 from llm_gateway.access.store import period_of
 from llm_gateway_emulators import EmulatorConfig, EmulatorThread
 from tests.support.gateway_process import GatewayProcess

@@ -17,6 +17,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "llm_gateway"
 PER_EVENT = [
     "adapters/sse_relay.py",
+    "adapters/sse_translated.py",
     "wire/sse_bytes.py",
     "adapters/anthropic_native.py",
     "adapters/ollama_stream.py",

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import llm_gateway.adapters.relay_base as relay_base
 import llm_gateway.adapters.sse_relay as sse_relay
+import llm_gateway.adapters.sse_translated as sse_translated
 from llm_gateway.adapters.lmdeploy import LMDeployAdapter
 from llm_gateway.adapters.sglang import SGLangAdapter
 from llm_gateway.adapters.sse_relay import DONE, SSERelay, has_output, usage_from
@@ -687,6 +688,7 @@ def test_output_started_is_set_by_the_feed_that_first_relays_output(name: str):
 
 def no_envelope(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sse_relay, "_MAX_LEARNS", 0)
+    monkeypatch.setattr(sse_translated, "_MAX_LEARNS", 0)
 
 
 def event_by_event(relay: SSERelay, stream: bytes) -> tuple:
@@ -797,8 +799,8 @@ def test_two_events_in_one_block_never_pass_as_one_envelope():
 def test_a_swap_that_could_reach_into_the_text_is_found(old: bytes, straddles: bool):
     pre = b'data: {"model":"tiny","choices":[{"delta":{"content":"'
     suf = b'"},"logprobs":null}]}\n\n'
-    assert sse_relay._straddles(old, pre, suf) is straddles
-    assert sse_relay._straddles_near(old, pre[-len(old) :], suf[: len(old)]) is straddles
+    assert sse_translated._straddles(old, pre, suf) is straddles
+    assert sse_translated._straddles_near(old, pre[-len(old) :], suf[: len(old)]) is straddles
 
 
 def test_a_swap_reaching_from_the_prefix_into_the_text_keeps_the_relay_off_the_learnt_envelope():
@@ -817,7 +819,7 @@ def test_whether_a_swap_straddles_depends_only_on_the_ends_as_long_as_it(old: by
     # what `_learn` relies on to ask the memo with the ends alone: a stream's ids lie beyond them
     pre, suf = b'x"' + pre + b'"', b'"' + suf
     n = len(old)
-    assert sse_relay._straddles_near(old, pre[-n:], suf[:n]) is sse_relay._straddles(old, pre, suf)
+    assert sse_translated._straddles_near(old, pre[-n:], suf[:n]) is sse_translated._straddles(old, pre, suf)
 
 
 _TEXTS = st.text(st.characters(codec="utf-8"), max_size=12)

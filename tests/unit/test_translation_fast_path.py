@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from llm_gateway.adapters import sse_relay
+from llm_gateway.adapters import sse_relay, sse_translated
 from llm_gateway.adapters.sse_relay import SSERelay
 from llm_gateway.dialects.anthropic.exchange import AnthropicExchange
 from llm_gateway.dialects.anthropic.request import to_chat
@@ -247,6 +247,7 @@ def test_the_token_path_says_what_parsing_says(
             fast = run(make, writes, "translated", public)
             with monkeypatch.context() as m:
                 m.setattr(sse_relay, "_MAX_LEARNS", 0)
+                m.setattr(sse_translated, "_MAX_LEARNS", 0)  # the token path learns its envelope there
                 parsed = run(make, writes, "translated", public)
             before = run(make, writes, "chat", public)
             assert fast == parsed == before

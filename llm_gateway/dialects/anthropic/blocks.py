@@ -1,0 +1,229 @@
+"""An Anthropic Messages request's content as OpenAI chat messages: the system prompt, each message's content
+blocks (text, images, documents, tool use and tool results, thinking), with the checks Anthropic makes of
+each block and a clear 400 for the blocks the gateway cannot honour. to_chat (request.py) calls `message`
+for each message and `system_text` for the system prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from llm_gateway.dialects.field_checks import (
+    PromptChars,
+    as_bool,
+    as_list,
+    as_obj,
+    as_str,
+    bad,
+)
+from llm_gateway.errors import InvalidRequest
+
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def system_text(system: Any, seen: PromptChars, param: str = "system") -> str:
+    if isinstance(system, str):
+        seen.chars += len(system)
+        return system
+    parts = []
+    for j, b in enumerate(as_list(system, param)):
+        b = as_obj(b, f"{param}.{j}")
+        if b.get("type") != "text":
+            raise bad("Input tag should be 'text'", f"{param}.{j}.type")
+        text = as_str(b.get("text"), f"{param}.{j}.text")
+        if text.startswith(BILLING_HEADER):
+            continue  # Claude Code's attribution line for Anthropic's billing: not for the model
+        seen.chars += len(text)
+        parts.append(text)
+    return "\n\n".join(parts)
+
+
+def message(m: Any, param: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
+    # an agent's history is dozens of turns of blocks: a field's path is built for its error only
+    m = m if isinstance(m, dict) else as_obj(m, param)
+    role = m.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise bad("Input should be 'user', 'assistant' or 'system'", f"{param}.role")
+    if "content" not in m:
+        raise bad("Field required", f"{param}.content")
+    content = m["content"]
+    seen.chars += 16
+    if role == "system":  # a system message between the turns: a string or text blocks
+        if isinstance(content, list) and not content:
+            raise bad("List should have at least 1 item after validation, not 0", f"{param}.content")
+        out.append({"role": "system", "content": system_text(content, seen, f"{param}.content")})
+        return
+    if isinstance(content, str):
+        seen.chars += len(content)
+        out.append({"role": role, "content": content})
+        return
+    if not isinstance(content, list) or not content:
+        as_list(content, f"{param}.content")
+        raise bad("List should have at least 1 item after validation, not 0", f"{param}.content")
+    if role == "assistant":
+        out.append(_assistant(content, param, seen))
+    else:
+        _user(content, param, out, seen)
+
+
+def _assistant(blocks: list[Any], param: str, seen: PromptChars) -> dict[str, Any]:
+    """`param`: the message's path (its blocks are `{param}.content.{j}`)."""
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, b in enumerate(blocks):
+        b = b if isinstance(b, dict) else as_obj(b, f"{param}.content.{j}")
+        t = b.get("type")
+        if t == "text":
+            text = b.get("text")
+            text = text if isinstance(text, str) else as_str(text, f"{param}.content.{j}.text")
+            seen.chars += len(text)
+            texts.append(text)
+        elif t == "tool_use":
+            args_in, call_id, name = b.get("input"), b.get("id"), b.get("name")
+            args_in = args_in if isinstance(args_in, dict) else as_obj(args_in, f"{param}.content.{j}.input")
+            args = orjson.dumps(args_in).decode()
+            seen.chars += len(args)
+            call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"{param}.content.{j}.id")
+            name = name if isinstance(name, str) else as_str(name, f"{param}.content.{j}.name")
+            calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": args}})
+        elif t in ("thinking", "redacted_thinking"):
+            continue  # earlier turns' reasoning is not part of the context (Anthropic drops it too)
+        else:
+            raise _unsupported_block(t, f"{param}.content.{j}", "an assistant message")
+    msg: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts) if texts else None}
+    if calls:
+        msg["tool_calls"] = calls
+    elif msg["content"] is None:
+        msg["content"] = ""
+    return msg
+
+
+def _user(blocks: list[Any], param: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
+    """`param`: the message's path (its blocks are `{param}.content.{j}`)."""
+    parts: list[dict[str, Any]] = []
+    for j, b in enumerate(blocks):
+        b = b if isinstance(b, dict) else as_obj(b, f"{param}.content.{j}")
+        t = b.get("type")
+        if t == "text":
+            text = b.get("text")
+            text = text if isinstance(text, str) else as_str(text, f"{param}.content.{j}.text")
+            seen.chars += len(text)
+            parts.append({"type": "text", "text": text})
+            continue
+        if t == "tool_result" and isinstance(b.get("content"), str):  # the usual result: one text
+            _tool_result_text(b, param, j, out, seen)
+            continue
+        p = f"{param}.content.{j}"
+        if t == "image":
+            seen.chars += 1024
+            parts.append(_image(b, p))
+        elif t == "document":
+            parts.append({"type": "text", "text": _document(b, p, seen)})
+        elif t == "tool_result":
+            _tool_result(b, p, out, seen)  # tool messages must follow the assistant's tool calls at once
+        else:
+            raise _unsupported_block(t, p, "a user message")
+    if not parts:
+        return
+    if len(parts) == 1 and parts[0]["type"] == "text":
+        out.append({"role": "user", "content": parts[0]["text"]})
+    else:
+        out.append({"role": "user", "content": parts})
+
+
+def _image(b: dict[str, Any], p: str) -> dict[str, Any]:
+    src = as_obj(b.get("source"), f"{p}.source")
+    kind = src.get("type")
+    if kind == "base64":
+        media = as_str(src.get("media_type"), f"{p}.source.media_type")
+        data = as_str(src.get("data"), f"{p}.source.data")
+        url = f"data:{media};base64,{data}"
+    elif kind == "url":
+        url = as_str(src.get("url"), f"{p}.source.url")
+    else:
+        raise InvalidRequest(
+            f"{p}.source.type: image source '{kind}' is not supported by this gateway (use base64 or url)",
+            param=f"{p}.source.type",
+            code="unsupported_parameter",
+        )
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _document(b: dict[str, Any], p: str, seen: PromptChars) -> str:
+    src = as_obj(b.get("source"), f"{p}.source")
+    kind = src.get("type")
+    if kind in ("text", "content"):
+        if kind == "text":
+            text = as_str(src.get("data"), f"{p}.source.data")
+        else:  # a document made of text blocks
+            parts = []
+            for k, c in enumerate(as_list(src.get("content"), f"{p}.source.content")):
+                c = as_obj(c, f"{p}.source.content.{k}")
+                if c.get("type") != "text":
+                    raise _unsupported_block(c.get("type"), f"{p}.source.content.{k}", "a document")
+                parts.append(as_str(c.get("text"), f"{p}.source.content.{k}.text"))
+            text = "\n\n".join(parts)
+        title = b.get("title")
+        if isinstance(title, str) and title:
+            text = f"{title}\n\n{text}"
+        seen.chars += len(text)
+        return text
+    raise InvalidRequest(
+        f"{p}.source.type: document source '{kind}' is not supported by this gateway (only text documents "
+        "are; send PDF content as text or images)",
+        param=f"{p}.source.type",
+        code="unsupported_parameter",
+    )
+
+
+def _tool_result_text(b: dict[str, Any], param: str, j: int, out: list[dict[str, Any]], seen: PromptChars) -> None:
+    """`_tool_result` of a result whose content is a string, with the paths built for their errors only."""
+    tid, text, err = b.get("tool_use_id"), b["content"], b.get("is_error")
+    tid = tid if isinstance(tid, str) else as_str(tid, f"{param}.content.{j}.tool_use_id")
+    if err is not None and as_bool(err, f"{param}.content.{j}.is_error"):
+        text = "Error: " + text
+    seen.chars += len(text) + 16
+    out.append({"role": "tool", "tool_call_id": tid, "content": text})
+
+
+def _tool_result(b: dict[str, Any], p: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
+    tid = as_str(b.get("tool_use_id"), f"{p}.tool_use_id")
+    content = b.get("content")
+    texts: list[str] = []
+    images: list[dict[str, Any]] = []
+    if isinstance(content, str):
+        texts.append(content)
+    elif content is not None:
+        for k, c in enumerate(as_list(content, f"{p}.content")):
+            cp = f"{p}.content.{k}"
+            c = as_obj(c, cp)
+            t = c.get("type")
+            if t == "text":
+                texts.append(as_str(c.get("text"), f"{cp}.text"))
+            elif t == "image":
+                images.append(_image(c, cp))
+            elif t == "document":
+                texts.append(_document(c, cp, seen))
+            else:
+                raise _unsupported_block(t, cp, "a tool result")
+    text = "\n\n".join(texts)
+    err = b.get("is_error")
+    if err is not None and as_bool(err, f"{p}.is_error"):
+        text = "Error: " + text
+    seen.chars += len(text) + 16
+    out.append({"role": "tool", "tool_call_id": tid, "content": text})
+    if images:
+        seen.chars += 1024 * len(images)
+        out.append({"role": "user", "content": images})
+
+
+def _unsupported_block(t: Any, p: str, where: str) -> InvalidRequest:
+    if not isinstance(t, str):
+        return bad("Field required", f"{p}.type")
+    return InvalidRequest(
+        f"{p}.type: '{t}' blocks in {where} are not supported by this gateway",
+        param=f"{p}.type",
+        code="unsupported_parameter",
+    )
