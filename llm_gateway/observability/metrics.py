@@ -251,6 +251,3 @@ class _WithoutKeys(Collector):
                 if not family.samples:
                     continue
             yield family
-
-
-CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from llm_gateway.settings import PRIORITY_RANKS, TracingConfig
+from llm_gateway.settings import CLASS_NAMES, TracingConfig
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -42,7 +42,6 @@ OPERATIONS = {
     "completions": "text_completion",
     "embeddings": "embeddings",
 }
-CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}
 _FINISH = re.compile(rb'"(?:finish_reason|stop_reason)"\s*:\s*"([a-z_]{1,32})"')
 CONTENT_LIMIT = 64 * 1024  # characters of a prompt or an answer put on a span (capture_content)
 

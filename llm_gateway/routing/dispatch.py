@@ -37,11 +37,10 @@ from llm_gateway.routing.attempt import Attempt
 from llm_gateway.routing.candidates import eligible, explain_ineligible, explain_too_long, fits, fits_in_any
 from llm_gateway.routing.request_info import RequestInfo, affinity_key
 from llm_gateway.routing.table import Deployment, ModelRoute, RoutingTable
-from llm_gateway.settings import PRIORITY_RANKS, RoutingConfig
+from llm_gateway.settings import CLASS_NAMES, PRIORITY_RANKS, RoutingConfig
 
 T = TypeVar("T")
 REJECT_REASON_HEADER = "x-gateway-reject-reason"  # queue_full or queue_timeout, on a 429 from the queues
-CLASS_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}
 Exchange = Callable[[Attempt], Awaitable[T]]
 
 

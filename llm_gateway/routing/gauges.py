@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from llm_gateway.observability.metrics import CLASS_NAMES
 from llm_gateway.routing.breaker import STATE_VALUE
 from llm_gateway.routing.table import RoutingTable
+from llm_gateway.settings import CLASS_NAMES
 
 BACKEND_STATES = ("unknown", "ready", "busy", "loading", "down", "stopped")  # stopped: a managed one, on demand
 

@@ -43,6 +43,7 @@ from llm_gateway.settings.server import (
     UsageConfig,
 )
 from llm_gateway.settings.vocabulary import (
+    CLASS_NAMES,
     PRIORITY_RANKS,
     Capability,
     EngineKind,
@@ -53,6 +54,7 @@ from llm_gateway.settings.vocabulary import (
 )
 
 __all__ = [
+    "CLASS_NAMES",
     "DATABASE_SCHEMES",
     "PRIORITY_RANKS",
     "AdminConfig",

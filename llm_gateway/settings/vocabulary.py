@@ -30,6 +30,8 @@ Capability = Literal["chat", "completions", "embeddings", "tools", "vision", "js
 PriorityClass = Literal["interactive", "default", "batch"]
 #: the queue rank of each class: higher goes first
 PRIORITY_RANKS: dict[str, int] = {"interactive": 2, "default": 1, "batch": 0}
+#: each rank's class name (metric labels, span attributes)
+CLASS_NAMES: dict[int, str] = {rank: name for name, rank in PRIORITY_RANKS.items()}
 Strategy = Literal["least_load", "round_robin", "weighted", "priority", "prefix_affinity", "cache_aware"]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,127}$"  # no "@": it separates a format suffix
