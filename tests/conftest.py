@@ -70,7 +70,7 @@ async def gateway_client(
         try:
             yield client, app
         finally:
-            await app.gw.aclose()
+            await app.shutdown()  # the app's own shutdown: its databases close here, not in the collector's thread
     if isinstance(up, FakeUpstream):
         up.assert_all_closed()
 

@@ -209,6 +209,12 @@ class GatewayApp:
         with contextlib.suppress(OSError):
             await call.respond(status, body, headers)
 
+    async def shutdown(self) -> None:
+        """What `lifespan.shutdown` runs: for a host that drives the app without a lifespan (tests, embedders), so
+        the databases, tasks and engines it opened are closed rather than left to the garbage collector."""
+        if self._on_shutdown:
+            await self._on_shutdown()
+
     async def lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             msg = await receive()
@@ -223,8 +229,7 @@ class GatewayApp:
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 try:
-                    if self._on_shutdown:
-                        await self._on_shutdown()
+                    await self.shutdown()
                 finally:
                     await send({"type": "lifespan.shutdown.complete"})
                 return
