@@ -144,4 +144,36 @@ class VLLMSleepLoader(ModelLoader):
         await self.until(client, model, loaded=False)
 
 
-LOADERS: dict[str, ModelLoader] = {c.kind: c() for c in (OllamaLoader, LlamaRouterLoader, VLLMSleepLoader)}
+class LMStudioLoader(ModelLoader):
+    """LM Studio 0.4+'s REST API (lmstudio.ai/docs/developer/rest/load and /unload; closed source, so from its
+    documentation and through the emulator only): `POST /api/v1/models/load {"model": key}` answers once loaded
+    with its `instance_id`; `POST /api/v1/models/unload {"instance_id"}`; `GET /api/v1/models` lists each
+    model's `loaded_instances` (adapters/lmstudio.py reads the same listing for residency). Every loaded
+    instance of the key is unloaded (a second one may have been loaded by another client)."""
+
+    kind = "lmstudio"
+
+    async def _instances(self, client: LoaderClient, model: str) -> list[str]:
+        listing = _ok("GET /api/v1/models", *await client.get("/api/v1/models")) or {}
+        for m in listing.get("models") or []:
+            if isinstance(m, dict) and m.get("key") == model:
+                return [str(i["id"]) for i in m.get("loaded_instances") or () if isinstance(i, dict) and i.get("id")]
+        return []
+
+    async def loaded(self, client: LoaderClient, model: str) -> bool:
+        return bool(await self._instances(client, model))
+
+    async def load(self, client: LoaderClient, model: str) -> None:
+        body = _ok("load", *await client.post("/api/v1/models/load", {"model": model}))
+        if not (isinstance(body, dict) and body.get("status") == "loaded"):
+            raise LoadFailed(f"load: LM Studio answered {body!r}")
+
+    async def unload(self, client: LoaderClient, model: str) -> None:
+        for iid in await self._instances(client, model):
+            _ok("unload", *await client.post("/api/v1/models/unload", {"instance_id": iid}))
+        await self.until(client, model, loaded=False)
+
+
+LOADERS: dict[str, ModelLoader] = {
+    c.kind: c() for c in (OllamaLoader, LlamaRouterLoader, VLLMSleepLoader, LMStudioLoader)
+}

@@ -1,7 +1,8 @@
 """API-managed models through emulators (issue 38 item 4; the real-engine acceptance is tests/e2e/test_managed_api.py):
 vLLM's sleep mode (`/sleep`, `/wake_up`, `/is_sleeping`: GPU only, so only through the emulator, which follows
-vllm/entrypoints/serve/dev/sleep/api_router.py at v0.32.0), a budget over what the engines hold at start, a load
-the engine refuses, and the config's rules for `loader`."""
+vllm/entrypoints/serve/dev/sleep/api_router.py at v0.32.0), LM Studio's load API (closed source: emulated from its
+REST documentation), a budget over what the engines hold at start, a load the engine refuses, and the config's
+rules for `loader`."""
 
 from __future__ import annotations
 
@@ -84,6 +85,60 @@ def test_two_vllm_servers_in_sleep_mode_budget_for_one_sleep_and_wake_in_turn(
         )
         assert (sample(m, "gateway_managed_swaps_total", host="local") or 0) >= 3
     assert sleeping(vllms["mx"]) and sleeping(vllms["my"])  # the gateway put what it held to sleep on shutdown
+
+
+LMSTUDIO = """
+server: {{access_log: false}}
+auth: {{mode: none}}
+routing: {{retries: 0}}
+managed: {{memory_budget_mb: {{local: 150}}, swap_batch: 2, swap_hold_s: 5}}
+backends:
+  - {{name: lx, engine: lmstudio, url: "{url}", capacity: 1, queue_timeout_s: 30, probe: {{interval_s: 0.5}},
+      managed: {{loader: lmstudio, memory_mb: 100, start_timeout_s: 10}}}}
+  - {{name: ly, engine: lmstudio, url: "{url}", capacity: 1, queue_timeout_s: 30, probe: {{interval_s: 0.5}},
+      managed: {{loader: lmstudio, memory_mb: 100, start_timeout_s: 10}}}}
+models:
+  - {{name: mx, deployments: [{{backend: lx, model: mx, format: gguf}}]}}
+  - {{name: my, deployments: [{{backend: ly, model: my, format: gguf}}]}}
+"""
+
+
+def lms_loaded(url: str) -> set[str]:
+    r = httpx.get(url + "/api/v1/models", timeout=5)
+    assert r.status_code == 200, r.text
+    return {m["key"] for m in r.json()["models"] if m["loaded_instances"]}
+
+
+def test_emulated_lmstudio_loads_and_unloads_as_its_rest_documentation_says() -> None:
+    with EmulatorThread(EmulatorConfig(engine="lmstudio", model="mx", extra_models=("my",))) as emu:
+        assert lms_loaded(emu.url) == {"mx"}
+        assert chat_at(emu.url, "my").status_code == 404  # not loaded: refused
+        r = httpx.post(emu.url + "/api/v1/models/load", json={"model": "my"}, timeout=5).json()
+        assert (r["type"], r["instance_id"], r["status"]) == ("llm", "my", "loaded")
+        assert chat_at(emu.url, "my").status_code == 200
+        assert httpx.post(emu.url + "/api/v1/models/unload", json={"instance_id": "mx"}, timeout=5).json() == {
+            "instance_id": "mx"
+        }
+        assert lms_loaded(emu.url) == {"my"}
+        assert httpx.post(emu.url + "/api/v1/models/load", json={"model": "nope"}, timeout=5).status_code == 404
+
+
+def chat_at(url: str, model: str) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=10)
+
+
+def test_two_lmstudio_models_budget_for_one_load_and_unload_in_turn(tmp_path: Path) -> None:
+    cfg = EmulatorConfig(engine="lmstudio", model="mx", extra_models=("my",), load_delay_s=0.2)
+    with EmulatorThread(cfg) as emu:
+        with GatewayProcess(LMSTUDIO.format(url=emu.url), tmp_path) as gw:
+            wait_until(lambda: sample(scrape(gw.url), "gateway_managed_resident", backend="lx") == 1, timeout=20)
+            for model in ("my", "mx", "my"):
+                r = chat(gw, model)
+                assert r.status_code == 200, r.text
+                assert lms_loaded(emu.url) == {model}, f"after {model}"
+            assert (sample(scrape(gw.url), "gateway_managed_swaps_total", host="local") or 0) == 3
+        assert lms_loaded(emu.url) == set()  # unloaded on shutdown
 
 
 def test_a_model_its_engine_refuses_to_load_fails_with_503_not_a_hang(tmp_path: Path) -> None:
