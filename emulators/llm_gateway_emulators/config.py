@@ -118,6 +118,11 @@ class EmulatorConfig:
     #: Tokens per stream event (vLLM/SGLang ``--stream-interval``): the deltas of this many tokens go
     #: out together in one SSE event or NDJSON line (the last event holds what is left).
     tokens_per_event: int = 1
+    #: vLLM: sleep mode (`--enable-sleep-mode` with VLLM_SERVER_DEV_MODE=1): POST /sleep, POST /wake_up and
+    #: GET /is_sleeping; a request that arrives asleep waits unscheduled until the wake-up; the engine starts awake.
+    sleep_mode: bool = False
+    #: vLLM sleep mode: seconds POST /wake_up takes (weights back onto the GPU).
+    wake_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()

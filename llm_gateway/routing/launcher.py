@@ -36,6 +36,20 @@ class Launcher(Protocol):
         """Stop it and everything in its process group; return once it has exited."""
 
 
+def fill_placeholders(
+    command: Sequence[str], env: Mapping[str, str], port: int | None, host: str | None, model: str
+) -> tuple[list[str], dict[str, str]]:
+    """`command` and `env` with `{port}`, `{host}` and `{model}` filled in (settings/managed.py)."""
+    fill = {"{port}": str(port), "{host}": host or "", "{model}": model}
+
+    def sub(s: str) -> str:
+        for k, v in fill.items():
+            s = s.replace(k, v)
+        return s
+
+    return [sub(a) for a in command], {k: sub(v) for k, v in env.items()}
+
+
 class SubprocessLauncher:
     async def spawn(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, log: Path | None

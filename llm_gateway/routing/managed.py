@@ -9,6 +9,9 @@ make room; loads run as tasks, readiness is the adapter's own probe. An engine's
 group, stopped by that group only (launcher.py): the gateway never signals a process it did not start.
 One that exits by itself is restarted after a backoff doubling each time, at most `max_restarts` times in a
 row (reset after `HEALTHY_S` of service); then it is `failed` for `FAILED_COOLDOWN_S`: requests get 503 at once.
+A backend with an API `loader` is one model of an engine that runs anyway (Ollama, llama-server's router, vLLM's
+sleep mode; managed_engine.py): the same phases, budget and swap policy, but the engine's own load and unload
+calls instead of a process, and a model the engine holds already is adopted as resident on first sight.
 """
 
 from __future__ import annotations
@@ -17,202 +20,21 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from llm_gateway.errors import NoHealthyBackend
 from llm_gateway.observability.metrics import Metrics
-from llm_gateway.routing.launcher import Launcher, Process, SubprocessLauncher
+from llm_gateway.routing.launcher import Launcher, SubprocessLauncher
+from llm_gateway.routing.managed_engine import FAILED_COOLDOWN_S, TICK_S, ManagedEngine, ReadyCheck
 from llm_gateway.routing.managed_metrics import ManagedMetrics
 from llm_gateway.routing.prober import probe_once
-from llm_gateway.routing.swap_policy import Slot, contend, may_pass, next_to_load, used_mb, victim
-from llm_gateway.routing.table import Backend, Progress, RoutingTable
-from llm_gateway.settings import ManagedConfig, ManagedHosts
+from llm_gateway.routing.swap_policy import contend, next_to_load, used_mb, victim
+from llm_gateway.routing.table import Backend, RoutingTable
+from llm_gateway.settings import ManagedHosts
 from llm_gateway.upstream.base import UpstreamClient
 
 log = logging.getLogger("gateway.managed")
-TICK_S = 0.2  # the host loop looks again at least this often (requests ending, TTLs)
-READY_POLL_S = 0.1
-HEALTHY_S = 30.0
-FAILED_COOLDOWN_S = 30.0
-
-ReadyCheck = Callable[[Backend], Awaitable[bool]]
-
-
-class ManagedEngine:
-    """One managed backend's process and its phase: stopped, starting, ready, stopping, crashed, failed."""
-
-    def __init__(self, backend: Backend, host: Host) -> None:
-        self.backend = backend
-        self.host = host
-        cfg = self.cfg
-        self.slot = Slot(backend.name, cfg.memory_mb, cfg.priority)
-        self.phase = "stopped"
-        self.proc: Process | None = None
-        self.crashes, self.loads = 0, 0
-        self.restart_at = self.failed_until = 0.0
-        self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        backend.state, backend.detail = "stopped", "managed: starts on demand"
-
-    @property
-    def cfg(self) -> ManagedConfig:
-        assert self.backend.cfg.managed is not None
-        return self.backend.cfg.managed
-
-    # -- what the table, the prober and dispatch see ------------------------------------------------------
-    def startable(self) -> bool:
-        return self.phase != "failed"
-
-    def running(self) -> bool:
-        """Is its process up and ready (so that the prober's view of it means something)?"""
-        return self.phase == "ready"
-
-    async def gate(self, timeout_s: float, progress: Progress | None, progress_s: float) -> bool:
-        """Wait until the engine is ready and this request may go on to it (False: `timeout_s` ran out). Raises
-        NoHealthyBackend when the engine failed. Returns with no await between the decision and the caller's
-        attempt, which counts it in flight."""
-        since = time.monotonic()
-        deadline = since + timeout_s
-        slot = self.slot
-        slot.waiting.append(since)
-        self.host.kick()
-        told = -progress_s
-        try:
-            while True:
-                now = time.monotonic()
-                if self.phase == "failed":
-                    raise NoHealthyBackend(
-                        f"managed backend '{self.backend.name}' failed to start or kept dying; see the gateway's log",
-                        headers={"retry-after": str(int(FAILED_COOLDOWN_S))},
-                    )
-                hosts = self.host.cfg
-                if self._up() and may_pass(slot, since, now, hosts.swap_batch, hosts.swap_hold_s):
-                    if since > slot.ready_at and slot.contended_since is not None:
-                        slot.batch_admitted += 1
-                    slot.last_used = now
-                    return True
-                if now >= deadline:
-                    return False
-                if progress is not None and progress_s > 0 and now - told >= progress_s:  # now, then each progress_s
-                    told = now
-                    await progress(sorted(slot.waiting).index(since), None)
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(deadline - now, progress_s or TICK_S * 5)):
-                        await self._changed.wait()
-        finally:
-            slot.waiting.remove(since)
-            self.host.kick()
-
-    def _up(self) -> bool:
-        """Ready, and its process not known to have exited (its watcher may not have run yet)."""
-        return self.phase == "ready" and self.proc is not None and self.proc.returncode is None
-
-    def describe(self) -> dict[str, object]:
-        pid = self.proc.pid if self.proc is not None and self.proc.returncode is None else None
-        cfg, n = self.cfg, len(self.slot.waiting)
-        return dict(phase=self.phase, host=cfg.host, memory_mb=cfg.memory_mb, waiting=n, loads=self.loads, pid=pid)
-
-    def notify(self) -> None:
-        ev, self._changed = self._changed, asyncio.Event()
-        ev.set()
-
-    # -- processes ----------------------------------------------------------------------------------------
-    def argv(self) -> list[str]:
-        parts = urlsplit(self.backend.cfg.url)
-        first = self.host.first_model.get(self.backend.name, "")
-        fill = {"{port}": str(parts.port), "{host}": parts.hostname or "", "{model}": first}
-
-        def sub(s: str) -> str:
-            for k, v in fill.items():
-                s = s.replace(k, v)
-            return s
-
-        self._env = {k: sub(v) for k, v in self.cfg.env.items()}
-        return [sub(a) for a in self.cfg.command]
-
-    def start(self) -> None:
-        """Begin loading (the host loop decided there is room): a task spawns it and waits until it is ready."""
-        self.phase = "starting"
-        self.slot.resident, self.slot.starting = True, True
-        self.backend.state, self.backend.detail = "loading", "managed: starting"
-        self._task = asyncio.get_running_loop().create_task(self._start(), name=f"managed-{self.backend.name}")
-
-    async def _start(self) -> None:
-        h = self.host
-        t0 = time.monotonic()
-        try:
-            argv = self.argv()
-            log.info("managed backend %s: starting %s", self.backend.name, argv[0])
-            proc = self.proc = await h.launcher.spawn(argv, self._env, self.cfg.cwd, h.log_path(self.backend.name))
-        except OSError as e:
-            log.error("managed backend %s: cannot start: %s", self.backend.name, e)
-            self._crashed(time.monotonic(), f"cannot start: {type(e).__name__}")
-            return
-        watcher = asyncio.get_running_loop().create_task(self._watch(proc))
-        h.watchers.add(watcher)
-        watcher.add_done_callback(h.watchers.discard)
-        while time.monotonic() - t0 < self.cfg.start_timeout_s:
-            if proc.returncode is not None or self.phase != "starting":
-                return  # the watcher books the exit
-            with contextlib.suppress(Exception):
-                if await h.ready_check(self.backend):
-                    now = time.monotonic()
-                    self.phase, self.slot.starting = "ready", False
-                    self.slot.ready_at = now
-                    self.slot.last_used = self.slot.ready_at
-                    self.loads += 1
-                    h.metrics.loaded(self.backend.name, now - t0)
-                    log.info("managed backend %s: ready in %.1fs", self.backend.name, now - t0)
-                    self.notify()
-                    h.kick()
-                    return
-            await asyncio.sleep(READY_POLL_S)
-        log.error("managed backend %s: not ready within %gs", self.backend.name, self.cfg.start_timeout_s)
-        h.metrics.load_failed(self.backend.name)
-        self.phase = "stopping"
-        await h.launcher.stop(proc, self.cfg.stop_timeout_s)
-        self._crashed(time.monotonic(), "not ready in time")
-
-    async def _watch(self, proc: Process) -> None:
-        rc = await proc.wait()
-        if proc is self.proc and self.phase in ("starting", "ready"):
-            log.warning("managed backend %s: exited by itself (%s)", self.backend.name, rc)
-            self.host.metrics.died(self.backend.name)
-            self._crashed(time.monotonic(), f"exited ({rc})")
-
-    def _crashed(self, now: float, why: str) -> None:
-        self.crashes += 1
-        self.slot.starting = False
-        if self.crashes > self.cfg.max_restarts:
-            self.phase, self.failed_until = "failed", now + FAILED_COOLDOWN_S
-            self.slot.resident = False
-            self.backend.state, self.backend.detail = "down", f"managed: failed ({why})"
-        else:
-            self.phase = "crashed"  # still holds its memory: it is restarted after the backoff
-            self.restart_at = now + self.cfg.restart_backoff_s * 2 ** (self.crashes - 1)
-            self.backend.state, self.backend.detail = "down", f"managed: restarting ({why})"
-        self.notify()
-        self.host.kick()
-
-    async def stop(self, reason: str) -> None:
-        """Stop it (the caller checked that nothing is in flight): its memory is free once it has exited."""
-        self.phase = "stopping"
-        self.notify()
-        proc, self.proc = self.proc, None
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-        if proc is not None:
-            await self.host.launcher.stop(proc, self.cfg.stop_timeout_s)
-        self.phase = "stopped"
-        self.slot.resident = self.slot.starting = False
-        self.slot.contended_since = None
-        self.backend.state, self.backend.detail = "stopped", f"managed: stopped ({reason}); starts on demand"
-        self.host.metrics.unloaded(self.backend.name, reason)
-        log.info("managed backend %s: stopped (%s)", self.backend.name, reason)
-        self.notify()
+HEALTHY_S = 30.0  # a restarted engine's crash count is forgotten after this long in service
 
 
 class Host:
@@ -224,6 +46,7 @@ class Host:
         self.launcher: Launcher = manager.launcher
         self.metrics: ManagedMetrics = manager.metrics
         self.ready_check: ReadyCheck = manager.ready_check
+        self.upstream: Callable[[], UpstreamClient] = manager.upstream
         self.engines: dict[str, ManagedEngine] = {}
         self.first_model: dict[str, str] = {}
         self.watchers: set[asyncio.Task[None]] = set()
@@ -267,6 +90,9 @@ class Host:
         now = mono = time.monotonic()
         engines = list(self.engines.values())
         for e in engines:
+            if not e.adopted:
+                await e.adopt()
+        for e in engines:
             e.slot.in_flight = e.backend.in_flight
             if e.slot.in_flight:
                 e.slot.last_used = now
@@ -285,8 +111,12 @@ class Host:
                 await e.stop("idle")
                 return True
         slots = [e.slot for e in engines if e.phase != "failed"]
-        nxt = next_to_load(slots)
         budget = self.budget
+        over = budget is not None and used_mb(slots) > budget  # models found loaded (adopted) beyond the budget
+        if over and (v := victim([s for s in slots if not s.waiting], now, 1, 0.0)) is not None:
+            await self.engines[v.name].stop("over_budget")
+            return True
+        nxt = next_to_load(slots)
         fits = nxt is not None and (budget is None or used_mb(slots) + nxt.memory_mb <= budget)
         contend(slots, nxt is not None and not fits, now)
         if nxt is None:
@@ -316,7 +146,7 @@ class Host:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
-        await asyncio.gather(*(e.stop("shutdown") for e in self.engines.values() if e.proc is not None))
+        await asyncio.gather(*(e.stop("shutdown") for e in self.engines.values() if e.holds()))
         for w in list(self.watchers):
             w.cancel()
 
@@ -374,7 +204,7 @@ class Manager:
                 b = wanted.get(name)
                 if b is None or b is not e.backend or b.cfg.managed is None or b.cfg.managed.host != host.name:
                     del host.engines[name]
-                    if e.proc is not None:
+                    if e.holds():
                         await e.stop("removed")
         for name, b in wanted.items():
             assert b.cfg.managed is not None

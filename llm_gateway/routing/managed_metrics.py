@@ -14,7 +14,7 @@ from llm_gateway.observability.metrics import Metrics
 #: per host: its name, its budget (None: none), and per engine (backend, resident, requests waiting, memory MB)
 Snapshot = Callable[[], list[tuple[str, float | None, list[tuple[str, bool, int, float]]]]]
 
-UNLOAD_REASONS = ("idle", "evicted", "shutdown", "removed")
+UNLOAD_REASONS = ("idle", "evicted", "over_budget", "shutdown", "removed")  # over_budget: found loaded
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 
 

@@ -4,8 +4,9 @@ decides which managed engines may run at once (routing/managed.py runs them; REA
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from llm_gateway.adapters.model_loaders import LOADERS
 from llm_gateway.settings.vocabulary import Name, Strict
 
 PLACEHOLDERS = ("{port}", "{model}", "{host}")
@@ -16,9 +17,12 @@ class ManagedConfig(Strict):
 
     `command` is an argv list (no shell); `{port}` (the port of the backend's URL), `{host}` (its host) and
     `{model}` (the upstream model of the backend's first deployment) are filled in, in `command` and `env`.
+    With `loader` other than "process" the backend is one model of an engine that runs anyway and loads it
+    through its own API (adapters/model_loaders.py): no command; loading it counts against the same budget.
     """
 
-    command: tuple[str, ...] = Field(min_length=1, description="argv of the engine; {port} {host} {model} filled in")
+    loader: str = Field("process", description='"process" (start `command`) or an engine API: ' + ", ".join(LOADERS))
+    command: tuple[str, ...] = Field((), description="argv of the engine; {port} {host} {model} filled in")
     env: dict[str, str] = Field(default_factory=dict, description="added to the gateway's environment")
     cwd: str | None = Field(None, description="working directory (None: the gateway's)")
     start_timeout_s: float = Field(120.0, gt=0, description="from spawn until the adapter's probe says ready")
@@ -33,9 +37,20 @@ class ManagedConfig(Strict):
     @field_validator("command")
     @classmethod
     def _no_empty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if not v[0].strip():
+        if v and not v[0].strip():
             raise ValueError("the command's first word (the program) must not be empty")
         return v
+
+    @model_validator(mode="after")
+    def _loader_or_command(self) -> ManagedConfig:
+        if self.loader == "process":
+            if not self.command:
+                raise ValueError('loader "process" needs a command')
+        elif self.loader not in LOADERS:
+            raise ValueError(f"unknown loader {self.loader!r}: process, {', '.join(LOADERS)}")
+        elif self.command:
+            raise ValueError(f'loader "{self.loader}" loads through the engine\'s API: give no command')
+        return self
 
 
 class ManagedHosts(Strict):

@@ -109,6 +109,10 @@ class OpenAIFamily(FastApiEngine):
         """The `/metrics` answer, or None where the engine has none (its unknown-route answer)."""
         return None
 
+    def serves(self, model: Any) -> bool:
+        """Is `model` one this engine answers now (else `refuse_model`'s answer)?"""
+        return bool(model == self.cfg.model)
+
     def refuse_model(self, model: Any) -> Reply:
         return self.err(404, f"The model `{model}` does not exist.")
 
@@ -206,7 +210,7 @@ class OpenAIFamily(FastApiEngine):
             return
         assert body is not None
         refusal = self.check(body, chat)
-        if refusal is None and not self.any_model and body.get("model") != self.cfg.model:
+        if refusal is None and not self.any_model and not self.serves(body.get("model")):
             refusal = self.refuse_model(body.get("model"))
         if refusal is not None:
             await self.reply(req, refusal)

@@ -6,10 +6,18 @@ nested with class-like types; validation errors are 400. ``model`` must be the s
 (404 NotFoundError). Streams: role chunk, one chunk per token with ``token_ids``, finish on
 the last token's chunk, ``include_usage`` on by default once ``stream_options`` is present,
 and a mid-stream error is ``data: {"error": ...}`` followed by ``data: [DONE]``.
+
+Sleep mode (knob ``sleep_mode``), as vllm/entrypoints/serve/dev/sleep/api_router.py at v0.32.0 serves it:
+``POST /sleep?level=N`` (0..2, default 1) answers ``{"status":"sleeping","level":N}`` once asleep (what
+runs then is not aborted here, unlike vLLM's default ``mode=abort``); ``POST /wake_up`` answers
+``{"status":"awake","tags":null}`` after ``wake_delay_s``; ``GET /is_sleeping`` answers
+``{"is_sleeping": bool}``. Asleep, the scheduler is paused (vllm/v1/engine/core.py ``sleep``: requests are
+accepted but not processed), so inference waits for the wake-up.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from llm_gateway_emulators import textgen, wire
@@ -21,6 +29,7 @@ from llm_gateway_emulators.jobs import InferenceJob, Reply, Result
 from llm_gateway_emulators.prom_text import PROM_CONTENT_TYPE
 
 VERSION = "0.32.0"
+INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 CLASS_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 501: "NotImplementedError"}
 
 
@@ -50,6 +59,13 @@ class Vllm(FastApiEngine):
         self.route("POST", "/v1/completions", self.completions, inference=True)
         self.route("POST", "/v1/embeddings", self.embeddings, inference=True)
         self.route("POST", "/tokenize", self.tokenize)
+        self.awake = asyncio.Event()
+        self.awake.set()
+        self.sleep_level = 0
+        if self.cfg.sleep_mode:
+            self.route("POST", "/sleep", self.sleep)
+            self.route("POST", "/wake_up", self.wake_up)
+            self.route("GET", "/is_sleeping", self.is_sleeping)
 
     def on_start(self) -> None:
         self.fingerprint = f"vllm-{self.cfg.version or VERSION}-{textgen.rand_hex(8)}"
@@ -83,7 +99,31 @@ class Vllm(FastApiEngine):
         if isinstance(entry, str):
             await self.no_route(req, entry)
             return
+        if req.path in INFERENCE_PATHS:
+            await self.awake.wait()  # asleep: accepted, not scheduled until the wake-up
         await self.call(req, entry)
+
+    # ---- sleep mode -------------------------------------------------------------------
+    async def sleep(self, req: Request) -> None:
+        try:
+            level = int(req.query.get("level", "1"))
+        except ValueError:
+            level = -1
+        if not 0 <= level <= 2:
+            await self.reply(req, self.err(400, "level: Input should be between 0 and 2"))
+            return
+        self.awake.clear()
+        self.sleep_level = level
+        await self.reply(req, self.uv_json(200, {"status": "sleeping", "level": level}))
+
+    async def wake_up(self, req: Request) -> None:
+        if not self.awake.is_set() and self.cfg.wake_delay_s:
+            await asyncio.sleep(self.cfg.wake_delay_s)
+        self.awake.set()
+        await self.reply(req, self.uv_json(200, {"status": "awake", "tags": None}))
+
+    async def is_sleeping(self, req: Request) -> None:
+        await self.reply(req, self.uv_json(200, {"is_sleeping": not self.awake.is_set()}))
 
     # ---- info routes ------------------------------------------------------------------
     async def health(self, req: Request) -> None:
