@@ -308,6 +308,9 @@ class Dispatcher:
                         await self.placements.put(group.name, place, dep.key, group.cfg.affinity.ttl_s)
                         assigned = dep.key
                 attempt = Attempt(dep, group, ticket)
+                adapter = dep.backend.adapter
+                if place is not None and adapter.slot_field is not None and group.cfg.affinity.engine_slots:
+                    attempt.slot = dep.slots.take(place, adapter.slot_count)
                 attempts += 1
                 job.took(attempt)
                 try:

@@ -106,6 +106,9 @@ class AffinityConfig(Strict):
     max_imbalance: float = Field(
         1.0, gt=0, description="cache_aware: a deployment this much load per slot above the lowest yields"
     )
+    engine_slots: bool = Field(
+        True, description="cache_aware: ask engines that take one (llama-server id_slot) for the conversation's slot"
+    )
 
 
 class ModelConfig(Strict):
