@@ -20,6 +20,11 @@ p50/p95 (streamed) and errors. From the gateway: `gateway_prefix_match_ratio` (c
     PYTHONPATH=.:emulators python bench/agent_cache.py --sessions 16 --turns 12 \\
         --strategies oracle,round_robin,least_load,prefix_affinity,cache_aware --parallel 2
 
+`smg` (or `smg:<policy>`, default `cache_aware`) puts smg 1.13 (`bench/.venvs/smg`, installed by bench/run.sh)
+with that policy in front of the same two engines. smg names no backend in its answers: its row's requests per
+engine are estimated from each engine's `llamacpp:tokens_predicted_total` over `--max-tokens` (marked ~), and its
+session moves are not known (-).
+
 `--session-header claude-code` sends `x-claude-code-session-id` on every turn, as Claude Code does (then
 prefix_affinity and cache_aware also have the session); the default sends none, so routing sees only prompts.
 Engine flags go through `--engine-args` (e.g. `"--slot-prompt-similarity 0"`, `"--cache-ram 0"`).
@@ -51,6 +56,8 @@ from tests.support.real_engines import LlamaServer  # noqa: E402
 
 WORDS = ["read", "edit", "grep", "file", "line", "error", "test", "build", "module", "function", "value", "path"]
 PROMPT_COUNTER = re.compile(rb"^llamacpp:prompt_tokens_total\s+([0-9.e+]+)", re.M)
+PREDICTED_COUNTER = re.compile(rb"^llamacpp:tokens_predicted_total\s+([0-9.e+]+)", re.M)
+SMG = ROOT / "bench" / ".venvs" / "smg" / "bin" / "smg"
 
 
 def words(n: int, seed: int) -> str:
@@ -75,9 +82,11 @@ TOOLS = [
 ]
 
 
-async def prompt_tokens_total(session: aiohttp.ClientSession, url: str) -> float:
+async def prompt_tokens_total(
+    session: aiohttp.ClientSession, url: str, counter: re.Pattern[bytes] = PROMPT_COUNTER
+) -> float:
     async with session.get(url + "/metrics") as r:
-        m = PROMPT_COUNTER.search(await r.read())
+        m = counter.search(await r.read())
         return float(m.group(1)) if m else 0.0
 
 
@@ -204,9 +213,22 @@ def run_one(a: argparse.Namespace, strategy: str) -> dict[str, Any]:
             async with aiohttp.ClientSession() as http:
                 return [await prompt_tokens_total(http, u) for u in urls]
 
+        async def predicted() -> list[float]:
+            async with aiohttp.ClientSession() as http:
+                return [await prompt_tokens_total(http, u, PREDICTED_COUNTER) for u in urls]
+
         before = asyncio.run(counters())
+        predicted_before = asyncio.run(predicted())
         if strategy == "oracle":
             targets, pin = urls, True
+        elif strategy.startswith("smg"):
+            port = free_port()
+            policy = strategy.partition(":")[2] or "cache_aware"
+            cmd = [str(SMG), "launch", "--worker-urls", *urls, "--policy", policy, "--host", "127.0.0.1"]
+            cmd += ["--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+            gw = start([*cmd, "--log-level", "warn"], ready_url=f"http://127.0.0.1:{port}/health")
+            time.sleep(2.0)  # its workers' health checks
+            targets, pin = [f"http://127.0.0.1:{port}"], False
         else:
             port = free_port()
             with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
@@ -233,6 +255,10 @@ def run_one(a: argparse.Namespace, strategy: str) -> dict[str, Any]:
         after = asyncio.run(counters())
         out["computed"] = sum(after) - sum(before)
         out["per_engine_computed"] = [x - y for x, y in zip(after, before, strict=True)]
+        if strategy.startswith("smg"):  # no backend named in its answers: estimated from the engines' counters
+            pred = [x - y for x, y in zip(asyncio.run(predicted()), predicted_before, strict=True)]
+            out["by"] = {f"e{i}": f"~{round(p / a.max_tokens)}" for i, p in enumerate(pred)}
+            out["moves"] = "-"
         if gw is not None and strategy == "cache_aware":
             out["match"] = asyncio.run(metric_lines(targets[0], "gateway_prefix_match_ratio_"))
         if pin:  # name the engines as the gateway does

@@ -205,7 +205,8 @@ class Dispatcher:
             fresh=info.fresh,
             load_weight=aff.load_weight,
             max_imbalance=aff.max_imbalance,
-            shared=self.placements is not None,
+            spread_new=aff.new_conversations == "load"
+            or (aff.new_conversations == "auto" and self.placements is not None),
         )
         return [deps[i] for i in idx]
 

@@ -33,9 +33,10 @@ the failover order). Strategies:
      block key, prefix_cache.anchor_key) that no record places goes to the highest rendezvous hash of
      that key over the candidates left: every gateway replica derives the same deployment from the same
      key, so the turns of one conversation meet on one engine without any replica having seen it before.
-     Where the replicas share their placements (`shared`: Redis), a new conversation spreads by load
-     instead (rule 4): the shared record carries its placement to the other replicas, and load spreads
-     a handful of sessions more evenly than a hash does;
+     With `spread_new` (where the replicas share their placements through Redis, or
+     `affinity.new_conversations: load`) a new conversation spreads by load instead (rule 4): the shared
+     record carries its placement to the other replicas, and load spreads a handful of sessions more
+     evenly than a hash does;
   4. a new conversation (no assistant turn yet, `fresh`) or one no candidate holds any of spreads by
      least load (ties take turns);
   5. otherwise the highest `match - load_weight * spare` goes first (production-stack's `loadaware`
@@ -113,7 +114,7 @@ def order(
     fresh: bool = False,
     load_weight: float = 0.5,
     max_imbalance: float = 1.0,
-    shared: bool = False,
+    spread_new: bool = False,
 ) -> list[int]:
     """Indices of `cands` in the order to try them."""
     n = len(cands)
@@ -148,7 +149,7 @@ def order(
             return [sticky] + [i for i in by_load if i != sticky]
         return by_load
     if strategy == "cache_aware":
-        key = None if shared and fresh else affinity_key
+        key = None if spread_new and fresh else affinity_key
         return _cache_aware(cands, scores, by_load, fresh, load_weight, max_imbalance, key)
     raise ValueError(f"unknown strategy {strategy!r}")
 

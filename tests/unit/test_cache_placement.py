@@ -50,10 +50,17 @@ def view(key: str, *, in_flight: int = 0, session_at: float = 0.0, assigned: boo
 
 
 def first(
-    cands: list[CandidateView], key: str | None, *, fresh: bool = False, rotation: int = 0, shared: bool = False
+    cands: list[CandidateView], key: str | None, *, fresh: bool = False, rotation: int = 0, spread_new: bool = False
 ) -> str:
     idx = order(
-        "cache_aware", cands, now=NOW, stale_s=15.0, rotation=rotation, affinity_key=key, fresh=fresh, shared=shared
+        "cache_aware",
+        cands,
+        now=NOW,
+        stale_s=15.0,
+        rotation=rotation,
+        affinity_key=key,
+        fresh=fresh,
+        spread_new=spread_new,
     )
     return cands[idx[0]].key
 
@@ -108,13 +115,13 @@ def test_the_hash_yields_to_load_like_every_other_rule() -> None:
 
 def test_with_a_shared_record_a_new_conversation_spreads_by_load_and_a_running_one_still_hashes() -> None:
     k = next(f"c{i:x}" for i in range(100) if first([view("a/m"), view("b/m")], f"c{i:x}") == "a/m")
-    assert {first([view("a/m"), view("b/m")], k, fresh=True, shared=True, rotation=r) for r in range(4)} == {
+    assert {first([view("a/m"), view("b/m")], k, fresh=True, spread_new=True, rotation=r) for r in range(4)} == {
         "a/m",
         "b/m",
     }  # equal loads take turns
-    assert first([view("a/m", in_flight=1), view("b/m")], k, fresh=True, shared=True) == "b/m"
+    assert first([view("a/m", in_flight=1), view("b/m")], k, fresh=True, spread_new=True) == "b/m"
     assert first([view("a/m", in_flight=1), view("b/m")], k, fresh=True) == "a/m"  # no shared record: the hash
-    assert first([view("a/m", in_flight=1), view("b/m")], k, shared=True) == "a/m"  # the record lost it: the hash
+    assert first([view("a/m", in_flight=1), view("b/m")], k, spread_new=True) == "a/m"  # the record lost it: the hash
 
 
 def test_the_shared_record_wins_over_the_local_one_and_the_hash() -> None:
@@ -129,7 +136,7 @@ def test_the_shared_record_wins_over_the_local_one_and_the_hash() -> None:
 
 
 async def replicas_run(
-    n: int, sessions: int, turns: int, *, redis_url: str | None = None, header: bool = False
+    n: int, sessions: int, turns: int, *, redis_url: str | None = None, header: bool = False, new: str = "auto"
 ) -> dict[int, list[str]]:
     """`sessions` conversations, interleaved, turn t of each sent to replica (s + t) % n: the engine of each turn."""
     up = engines()
@@ -138,6 +145,9 @@ async def replicas_run(
         cfg = cfg.model_copy(
             update={"limits": cfg.limits.model_copy(update={"store": "redis", "redis_url": SecretStr(redis_url)})}
         )
+    m = cfg.models[0]
+    m = m.model_copy(update={"affinity": m.affinity.model_copy(update={"new_conversations": new})})
+    cfg = cfg.model_copy(update={"models": [m, *cfg.models[1:]]})
     served: dict[int, list[str]] = {s: [] for s in range(sessions)}
     async with AsyncExitStack() as stack:
         clients = [(await stack.enter_async_context(gateway_client(cfg, upstream=up)))[0] for _ in range(n)]
@@ -155,6 +165,16 @@ async def test_three_replicas_keep_each_conversation_on_one_engine_without_a_sha
     served = await replicas_run(3, sessions=6, turns=4)
     assert all(len(set(turns)) == 1 for turns in served.values()), served
     assert len({turns[0] for turns in served.values()}) == 2, served  # and the conversations use both engines
+
+
+async def test_new_conversations_load_spreads_them_evenly_on_one_replica_and_hash_does_not() -> None:
+    # 8 conversations sent one at a time: by load, equal loads take turns (4 and 4); by hash, this set splits 6-2
+    by_load = await replicas_run(1, sessions=8, turns=2, new="load")
+    assert sorted(Counter(t[0] for t in by_load.values()).values()) == [4, 4], by_load
+    assert all(len(set(turns)) == 1 for turns in by_load.values()), by_load
+    by_hash = await replicas_run(1, sessions=8, turns=2, new="hash")
+    assert by_hash == await replicas_run(1, sessions=8, turns=2)  # auto without Redis: the hash
+    assert sorted(Counter(t[0] for t in by_hash.values()).values()) != [4, 4], by_hash
 
 
 async def test_three_replicas_keep_a_session_header_on_one_engine() -> None:
