@@ -113,7 +113,9 @@ class AffinityConfig(Strict):
         "replica), or least load; auto: least load where replicas share placements through Redis, else the hash",
     )
     engine_slots: bool = Field(
-        True, description="cache_aware: ask engines that take one (llama-server id_slot) for the conversation's slot"
+        False,
+        description="cache_aware: ask engines that take one (llama-server id_slot) for the conversation's slot "
+        "(off by default: no gain measured, README)",
     )
 
 

@@ -58,7 +58,7 @@ def test_a_slot_the_engine_does_not_have_is_never_named() -> None:
     assert book.take("d", 2) in (0, 1)  # d held slot 3; the engine now has 2 (restarted with -np 2)
 
 
-def config(engine: str = "llama-server", affinity: str = "{}") -> Any:
+def config(engine: str = "llama-server", affinity: str = "{engine_slots: true}") -> Any:
     names = ["engine-a", "engine-b"]
     backends = "".join(f'  - {{name: {n}, engine: {engine}, url: "http://{n}.test"}}\n' for n in names)
     fmt = "gguf" if engine == "llama-server" else "safetensors"
@@ -119,7 +119,7 @@ async def test_each_conversation_asks_for_the_same_slot_on_the_same_engine_every
 
 
 async def test_engine_slots_off_sends_no_slot() -> None:
-    served = await run(config(affinity="{engine_slots: false}"))
+    served = await run(config(affinity="{}"))  # off by default
     assert all(slot is None for turns in served.values() for _, slot in turns), served
 
 
