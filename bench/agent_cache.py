@@ -20,6 +20,15 @@ p50/p95 (streamed) and errors. From the gateway: `gateway_prefix_match_ratio` (c
     PYTHONPATH=.:emulators python bench/agent_cache.py --sessions 16 --turns 12 \\
         --strategies oracle,round_robin,least_load,prefix_affinity,cache_aware --parallel 2
 
+`smg` (or `smg:<policy>`, default `cache_aware`) puts smg 1.13 (`bench/.venvs/smg`, installed by bench/run.sh)
+with that policy in front of the same two engines. smg names no backend in its answers: its row's requests per
+engine are estimated from each engine's `llamacpp:tokens_predicted_total` over `--max-tokens` (marked ~), and its
+session moves are not known (-).
+
+`--replicas 3` runs three gateway processes in front of the engines and sends turn t of session s to replica
+(s + t) mod 3 (a round-robin balancer in front of them, per request); `--redis` gives them a real redis-server
+(`limits.store: redis`), through which cache_aware shares its placements (routing/placements.py).
+
 `--session-header claude-code` sends `x-claude-code-session-id` on every turn, as Claude Code does (then
 prefix_affinity and cache_aware also have the session); the default sends none, so routing sees only prompts.
 Engine flags go through `--engine-args` (e.g. `"--slot-prompt-similarity 0"`, `"--cache-ram 0"`).
@@ -48,9 +57,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "emulators")]
 
 from bench.routing_compare import free_port, start, stop  # noqa: E402
 from tests.support.real_engines import LlamaServer  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 WORDS = ["read", "edit", "grep", "file", "line", "error", "test", "build", "module", "function", "value", "path"]
 PROMPT_COUNTER = re.compile(rb"^llamacpp:prompt_tokens_total\s+([0-9.e+]+)", re.M)
+PREDICTED_COUNTER = re.compile(rb"^llamacpp:tokens_predicted_total\s+([0-9.e+]+)", re.M)
+SMG = ROOT / "bench" / ".venvs" / "smg" / "bin" / "smg"
 
 
 def words(n: int, seed: int) -> str:
@@ -75,9 +87,11 @@ TOOLS = [
 ]
 
 
-async def prompt_tokens_total(session: aiohttp.ClientSession, url: str) -> float:
+async def prompt_tokens_total(
+    session: aiohttp.ClientSession, url: str, counter: re.Pattern[bytes] = PROMPT_COUNTER
+) -> float:
     async with session.get(url + "/metrics") as r:
-        m = PROMPT_COUNTER.search(await r.read())
+        m = counter.search(await r.read())
         return float(m.group(1)) if m else 0.0
 
 
@@ -131,7 +145,7 @@ async def workload(a: argparse.Namespace, targets: list[str], pin: bool) -> dict
 
         async def session(s: int) -> None:
             nonlocal sent, errors
-            url = targets[s % len(targets)] if pin else targets[0]
+            url = targets[s % len(targets)]
             headers = {"x-claude-code-session-id": f"bench-session-{s}"} if a.session_header == "claude-code" else {}
             msgs: list[dict[str, Any]] = [
                 {"role": "system", "content": SYSTEM},
@@ -139,6 +153,8 @@ async def workload(a: argparse.Namespace, targets: list[str], pin: bool) -> dict
             ]
             await asyncio.sleep(s * a.stagger_ms / 1000)
             for t in range(a.turns):
+                if not pin:  # the gateway replicas take turns (one replica: always the same)
+                    url = targets[(s + t) % len(targets)]
                 try:
                     answer, prompt, ttft, backend = await one_turn(http, url, msgs, headers, a.max_tokens)
                 except (RuntimeError, aiohttp.ClientError) as e:
@@ -158,7 +174,7 @@ async def workload(a: argparse.Namespace, targets: list[str], pin: bool) -> dict
     return {"sent": sent, "ttfts": ttfts, "by": by_backend, "errors": errors, "moves": moves, "paths": paths}
 
 
-def gateway_config(strategy: str, urls: list[str], parallel: int, affinity: str) -> str:
+def gateway_config(strategy: str, urls: list[str], parallel: int, affinity: str, redis: str | None = None) -> str:
     backends = "".join(
         f'  - {{name: e{i}, engine: llama-server, url: "{u}", capacity: {parallel}, probe: {{interval_s: 0.5}}}}\n'
         for i, u in enumerate(urls)
@@ -170,6 +186,7 @@ def gateway_config(strategy: str, urls: list[str], parallel: int, affinity: str)
     return f"""
 server: {{access_log: false}}
 auth: {{mode: none}}
+{f'limits: {{store: redis, redis_url: "{redis}"}}' if redis else ""}
 backends:
 {backends}models:
   - name: agent
@@ -195,8 +212,9 @@ def run_one(a: argparse.Namespace, strategy: str) -> dict[str, Any]:
         LlamaServer(alias="agent", parallel=a.parallel, ctx_size=a.ctx, threads=1, extra_args=extra).start()
         for _ in range(2)
     ]
-    gw = None
+    gws: list[Any] = []
     cfg_path = None
+    redis = None
     try:
         urls = [e.url for e in engines]
 
@@ -204,43 +222,55 @@ def run_one(a: argparse.Namespace, strategy: str) -> dict[str, Any]:
             async with aiohttp.ClientSession() as http:
                 return [await prompt_tokens_total(http, u) for u in urls]
 
+        async def predicted() -> list[float]:
+            async with aiohttp.ClientSession() as http:
+                return [await prompt_tokens_total(http, u, PREDICTED_COUNTER) for u in urls]
+
         before = asyncio.run(counters())
+        predicted_before = asyncio.run(predicted())
         if strategy == "oracle":
             targets, pin = urls, True
-        else:
+        elif strategy.startswith("smg"):
             port = free_port()
-            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-                f.write(gateway_config(strategy, urls, a.parallel, a.affinity))
-            cfg_path = f.name
-            gw = start(
-                [
-                    sys.executable,
-                    "-m",
-                    "llm_gateway",
-                    "serve",
-                    "--config",
-                    cfg_path,
-                    "--port",
-                    str(port),
-                ],
-                ready_url=f"http://127.0.0.1:{port}/readyz",
-            )
-            time.sleep(1.0)  # the first probes
+            policy = strategy.partition(":")[2] or "cache_aware"
+            cmd = [str(SMG), "launch", "--worker-urls", *urls, "--policy", policy, "--host", "127.0.0.1"]
+            cmd += ["--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+            gws.append(start([*cmd, "--log-level", "warn"], ready_url=f"http://127.0.0.1:{port}/health"))
+            time.sleep(2.0)  # its workers' health checks
             targets, pin = [f"http://127.0.0.1:{port}"], False
+        else:
+            if a.redis:
+                redis = RedisServer(Path(tempfile.mkdtemp(prefix="agent-cache-redis-"))).start()
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+                f.write(gateway_config(strategy, urls, a.parallel, a.affinity, redis.url if redis else None))
+            cfg_path = f.name
+            targets, pin = [], False
+            for _ in range(a.replicas):
+                port = free_port()
+                cmd = [sys.executable, "-m", "llm_gateway", "serve", "--config", cfg_path, "--port", str(port)]
+                gws.append(start(cmd, ready_url=f"http://127.0.0.1:{port}/readyz"))
+                targets.append(f"http://127.0.0.1:{port}")
+            time.sleep(1.0)  # the first probes
         t0 = time.perf_counter()
         out = asyncio.run(workload(a, targets, pin))
         out["wall_s"] = time.perf_counter() - t0
         after = asyncio.run(counters())
         out["computed"] = sum(after) - sum(before)
         out["per_engine_computed"] = [x - y for x, y in zip(after, before, strict=True)]
-        if gw is not None and strategy == "cache_aware":
-            out["match"] = asyncio.run(metric_lines(targets[0], "gateway_prefix_match_ratio_"))
+        if strategy.startswith("smg"):  # no backend named in its answers: estimated from the engines' counters
+            pred = [x - y for x, y in zip(asyncio.run(predicted()), predicted_before, strict=True)]
+            out["by"] = {f"e{i}": f"~{round(p / a.max_tokens)}" for i, p in enumerate(pred)}
+            out["moves"] = "-"
+        if gws and strategy == "cache_aware":
+            out["match"] = [ln for t in targets for ln in asyncio.run(metric_lines(t, "gateway_prefix_match_ratio_"))]
         if pin:  # name the engines as the gateway does
             out["by"] = {f"e{urls.index(u)}": n for u, n in out["by"].items()}
         return out
     finally:
-        if gw is not None:
+        for gw in gws:
             stop(gw)
+        if redis is not None:
+            redis.stop()
         if cfg_path:
             os.unlink(cfg_path)
         for e in engines:
@@ -258,6 +288,8 @@ def main() -> None:
     ap.add_argument("--tool-words", type=int, default=80, help="words of tool output added per turn")
     ap.add_argument("--think-ms", type=float, default=0)
     ap.add_argument("--stagger-ms", type=float, default=50, help="sessions start this far apart")
+    ap.add_argument("--replicas", type=int, default=1, help="gateway processes, taking turns per request")
+    ap.add_argument("--redis", action="store_true", help="the replicas share a real redis-server (limits.store)")
     ap.add_argument("--session-header", choices=["none", "claude-code"], default="none")
     ap.add_argument("--affinity", default="{}", help='the model\'s affinity knobs, e.g. "{load_weight: 0.25}"')
     ap.add_argument("--engine-args", default="", help='extra llama-server flags, e.g. "--slot-prompt-similarity 0"')
@@ -271,7 +303,7 @@ def main() -> None:
     print(
         f"\n{a.sessions} sessions x {a.turns} turns, 2 llama-servers x {a.parallel} slots (-c {a.ctx}), "
         f"max_tokens {a.max_tokens}, session header: {a.session_header}, engine args: {a.engine_args or '-'}, "
-        f"affinity: {a.affinity}\n"
+        f"affinity: {a.affinity}, gateway replicas: {a.replicas}{' sharing Redis' if a.redis else ''}\n"
     )
     print("| strategy | requests e0/e1 | session moves | prompt tokens sent | computed by engines | recomputed "
           "| TTFT p50 ms | TTFT p95 ms | wall s | errors |")  # fmt: skip

@@ -46,6 +46,8 @@ class CallContext:
     #: the request's class rank, for an engine that schedules by priority (the deployment's
     #: `engine_priority`); None: not passed on
     priority_rank: int | None = None
+    #: the engine slot to ask for (routing/slots.py), for an engine whose adapter names a `slot_field`
+    slot: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,6 +133,10 @@ class Adapter(ABC):
     #: has the engine a tokenizer endpoint, so that `count_prompt_tokens` counts a prompt with the engine's own
     #: tokenizer and chat template (llama-server, vLLM)? Only then is it asked (routing/prompt_count.py)
     counts_prompts: ClassVar[bool] = False
+    #: the request field that asks the engine for one of its slots (llama-server `id_slot`; routing/slots.py),
+    #: None where an engine takes none; `slot_count` is how many the engine said it has at the last probe
+    slot_field: ClassVar[str | None] = None
+    slot_count: int = 0
 
     def engine_priority(self, rank: int) -> int:
         """The engine's `priority` value for a gateway class rank (higher rank: sooner)."""

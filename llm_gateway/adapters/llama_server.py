@@ -140,6 +140,9 @@ class LlamaServerAdapter(OpenAICompatAdapter):
     ignores_model_name: ClassVar[bool] = True
     closes_after_stream: ClassVar[bool] = True
     counts_prompts: ClassVar[bool] = True  # /apply-template + /tokenize
+    #: a request may name the slot it runs in (a busy named slot makes it wait: routing/slots.py says where in
+    #: the server's source); the slots' count is read from `/slots` at each probe
+    slot_field: ClassVar[str | None] = "id_slot"
     renames: ClassVar[Mapping[str, str]] = MappingProxyType({"repetition_penalty": "repeat_penalty"})
     field_table: ClassVar[FieldTable | None] = FIELDS
     #: each model's `status.value` when the last probe found a router, else None (a single-model server)
@@ -218,6 +221,7 @@ class LlamaServerAdapter(OpenAICompatAdapter):
         if not isinstance(slots, list):
             return 0, 0
         busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+        self.slot_count = len(slots)
         return busy, len(slots)
 
 

@@ -146,6 +146,8 @@ class OpenAICompatAdapter(Adapter):
             if ours in b and theirs not in b:
                 b[theirs] = b.pop(ours)
         self.translate(endpoint, b)
+        if ctx.slot is not None and self.slot_field is not None:
+            b[self.slot_field] = ctx.slot
         headers = {**self.headers, "X-Request-Id": ctx.request_id}
         return UpstreamRequest("POST", PATHS[endpoint], headers, orjson.dumps(b))
 

@@ -50,7 +50,7 @@ class Attempt:
     """One try on `deployment` (of `route`: the model or the fallback it belongs to), holding its slot from
     creation until `release`."""
 
-    __slots__ = ("_held", "_open", "deployment", "route", "ticket", "trace")
+    __slots__ = ("_held", "_open", "deployment", "route", "slot", "ticket", "trace")
 
     def __init__(self, deployment: Deployment, route: ModelRoute, ticket: Ticket) -> None:
         """Taken: the caller has its admission slot and the breaker's permission; the backend counts it."""
@@ -60,6 +60,7 @@ class Attempt:
         self._held = True  # the slot: admission place and in-flight count
         self._open = True  # the breaker not told yet
         self.trace: AttemptTrace | None = None  # its span, where the request is traced (service/request.py)
+        self.slot: int | None = None  # the engine slot it asks for (routing/slots.py), given back on release
         deployment.backend.in_flight += 1
 
     def ok(self) -> None:
@@ -101,6 +102,8 @@ class Attempt:
             dep = self.deployment
             dep.admission.leave()
             dep.backend.in_flight -= 1
+            if self.slot is not None:
+                dep.slots.give_back(self.slot)
             if self.trace is not None:
                 self.trace.end()
 

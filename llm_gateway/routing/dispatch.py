@@ -35,6 +35,7 @@ from llm_gateway.routing import prefix_cache, selection
 from llm_gateway.routing.admission import Ticket
 from llm_gateway.routing.attempt import Attempt
 from llm_gateway.routing.candidates import eligible, explain_ineligible, explain_too_long, fits, fits_in_any
+from llm_gateway.routing.placements import SessionPlacements
 from llm_gateway.routing.request_info import RequestInfo, affinity_key
 from llm_gateway.routing.table import Deployment, ModelRoute, RoutingTable
 from llm_gateway.settings import CLASS_NAMES, PRIORITY_RANKS, RoutingConfig
@@ -137,14 +138,27 @@ SESSION_STRATEGIES = frozenset(("prefix_affinity", "cache_aware"))
 
 
 class Dispatcher:
-    def __init__(self, routing: RoutingConfig, metrics: Metrics, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        routing: RoutingConfig,
+        metrics: Metrics,
+        rng: random.Random | None = None,
+        placements: SessionPlacements | None = None,
+    ) -> None:
         self.cfg = routing
         self.metrics = metrics
         self.rng = rng or random.Random()
+        self.placements = placements  # cache_aware's placements shared by the replicas (routing/placements.py)
 
     def _order(
-        self, route: ModelRoute, deps: list[Deployment], info: RequestInfo, session: str | None
+        self,
+        route: ModelRoute,
+        deps: list[Deployment],
+        info: RequestInfo,
+        session: str | None,
+        assigned: str | None = None,
     ) -> list[Deployment]:
+        """`session`: cache_aware's placement key; `assigned`: the deployment the shared record places it on."""
         if len(deps) == 1:
             return deps
         now = time.monotonic()
@@ -173,6 +187,10 @@ class Dispatcher:
             key = session or affinity_key(info.affinity_text, aff.prefix_chars)
         elif route.cfg.strategy == "cache_aware":
             prefix_cache.annotate(views, [d.prefixes for d in deps], info, session, aff, now)
+            key = session
+            if assigned is not None:
+                for d, v in zip(deps, views, strict=True):
+                    v.assigned = d.key == assigned
         route.rotation += 1
         idx = selection.order(
             route.cfg.strategy,
@@ -187,6 +205,8 @@ class Dispatcher:
             fresh=info.fresh,
             load_weight=aff.load_weight,
             max_imbalance=aff.max_imbalance,
+            spread_new=aff.new_conversations == "load"
+            or (aff.new_conversations == "auto" and self.placements is not None),
         )
         return [deps[i] for i in idx]
 
@@ -253,6 +273,13 @@ class Dispatcher:
             if gi == 0 and not fitting and not fits_in_any(groups[1:], info):
                 raise explain_too_long(group, static, info)
             static = fitting
+            # cache_aware: the conversation's placement key (its session, else its first question's block key)
+            # and where the replicas' shared record placed it (routing/placements.py)
+            place = assigned = None
+            if group.cfg.strategy == "cache_aware":
+                place = session or prefix_cache.anchor_key(info, group.cfg.affinity.block_bytes)
+                if place is not None and self.placements is not None:
+                    assigned = await self.placements.get(group.name, place)
             while True:
                 now = time.monotonic()
                 live = [
@@ -262,7 +289,9 @@ class Dispatcher:
                 ]
                 if not live:
                     break
-                ordered = self._order(group, live, info, session)
+                ordered = self._order(
+                    group, live, info, place if group.cfg.strategy == "cache_aware" else session, assigned
+                )
                 if first_choice is None:
                     first_choice = ordered[0]
                 entered = time.monotonic()
@@ -274,9 +303,15 @@ class Dispatcher:
                     dep.admission.leave()
                     continue
                 if group.cfg.strategy == "cache_aware":  # what its engine now holds, and how much it held
-                    share = prefix_cache.placed(dep.prefixes, info, session, group.cfg.affinity, time.monotonic())
+                    share = prefix_cache.placed(dep.prefixes, info, place, group.cfg.affinity, time.monotonic())
                     observe(self.metrics.child(self.metrics.prefix_match, group.name), share)
+                    if place is not None and self.placements is not None and dep.key != assigned:
+                        await self.placements.put(group.name, place, dep.key, group.cfg.affinity.ttl_s)
+                        assigned = dep.key
                 attempt = Attempt(dep, group, ticket)
+                adapter = dep.backend.adapter
+                if place is not None and adapter.slot_field is not None and group.cfg.affinity.engine_slots:
+                    attempt.slot = dep.slots.take(place, adapter.slot_count)
                 attempts += 1
                 job.took(attempt)
                 try:

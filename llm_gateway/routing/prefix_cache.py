@@ -35,6 +35,7 @@ candidate, and the touch of the chosen deployment's blocks. bench/prefix_cost.py
 from __future__ import annotations
 
 import zlib
+from bisect import bisect_left
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,7 @@ class PromptBlocks:
     keys: list[int]
     ends: list[int]
     size: int
+    anchor: int = -1  # the index of the block that ends the first user message (-1: none)
 
     def share(self, matched: int) -> float:
         """The share of the prompt that its first `matched` blocks cover."""
@@ -141,8 +143,36 @@ def block_keys(segs: list[bytes], block: int) -> tuple[list[int], list[int]]:
 
 
 def prompt_blocks(conversation: Any, tools_json: bytes, block: int) -> PromptBlocks:
-    keys, ends = block_keys(segments(conversation, tools_json), block)
-    return PromptBlocks(keys, ends, ends[-1] if ends else 0)
+    segs = segments(conversation, tools_json)
+    keys, ends = block_keys(segs, block)
+    pb = PromptBlocks(keys, ends, ends[-1] if ends else 0)
+    first = _first_user_segment(conversation, 1 if tools_json else 0)
+    if first is not None and first < len(segs):
+        end = sum(len(s) for s in segs[: first + 1])  # every message's end is a block's end: ends holds it
+        i = bisect_left(ends, end)
+        pb.anchor = i if i < len(ends) and ends[i] == end else -1
+    return pb
+
+
+def _first_user_segment(conversation: Any, before: int) -> int | None:
+    """The segment (`segments`) of the conversation's first user message, None where it has none."""
+    if not isinstance(conversation, list) or (conversation and isinstance(conversation[0], str)):
+        return None
+    i = before
+    for m in conversation:
+        if isinstance(m, dict):
+            if m.get("role") == "user":
+                return i
+            i += 1
+    return None
+
+
+def anchor_key(info: RequestInfo, block_bytes: int) -> str | None:
+    """A conversation's identity where it sends no session key: its chained block key at the end of its first
+    user message (tools, system prompt and the first question: what every later turn resends unchanged, and what
+    two conversations sharing only a system prompt do not share). The same on every gateway replica."""
+    pb = blocks_of(info, block_bytes)
+    return None if pb.anchor < 0 else f"c{pb.keys[pb.anchor]:x}"
 
 
 class PrefixRecord:

@@ -27,10 +27,19 @@ the failover order). Strategies:
   the candidates:
   1. hot replicas yield: a candidate with `spare` > `max_imbalance` goes after every other (by load);
      imbalance, not absolute load, so a uniformly busy pool keeps its affinity;
-  2. a session seen before stays where it was last served (the most recent of the others);
-  3. a new conversation (no assistant turn yet, `fresh`) or one no candidate holds any of spreads by
+  2. a session seen before stays where it was last served: where the replicas' shared record says
+     (`assigned`, routing/placements.py), else where this replica last sent it (the most recent);
+  3. a conversation with a placement key (`affinity_key`: its session key, or its first user message's
+     block key, prefix_cache.anchor_key) that no record places goes to the highest rendezvous hash of
+     that key over the candidates left: every gateway replica derives the same deployment from the same
+     key, so the turns of one conversation meet on one engine without any replica having seen it before.
+     With `spread_new` (where the replicas share their placements through Redis, or
+     `affinity.new_conversations: load`) a new conversation spreads by load instead (rule 4): the shared
+     record carries its placement to the other replicas, and load spreads a handful of sessions more
+     evenly than a hash does;
+  4. a new conversation (no assistant turn yet, `fresh`) or one no candidate holds any of spreads by
      least load (ties take turns);
-  4. otherwise the highest `match - load_weight * spare` goes first (production-stack's `loadaware`
+  5. otherwise the highest `match - load_weight * spare` goes first (production-stack's `loadaware`
      score, matched/prompt - beta * relative load), ties by load.
 """
 
@@ -64,6 +73,7 @@ class CandidateView:
     resident: bool | None = None  # the model is loaded (True), would load cold (False), unknown (None)
     match: float = 0.0  # cache_aware: the share of the prompt its engine may hold (prefix_cache.py)
     session_at: float = 0.0  # cache_aware: when it last served this request's session (0: never)
+    assigned: bool = False  # cache_aware: the replicas' shared record places this request's session here
 
 
 def load_score(
@@ -104,6 +114,7 @@ def order(
     fresh: bool = False,
     load_weight: float = 0.5,
     max_imbalance: float = 1.0,
+    spread_new: bool = False,
 ) -> list[int]:
     """Indices of `cands` in the order to try them."""
     n = len(cands)
@@ -138,7 +149,8 @@ def order(
             return [sticky] + [i for i in by_load if i != sticky]
         return by_load
     if strategy == "cache_aware":
-        return _cache_aware(cands, scores, by_load, fresh, load_weight, max_imbalance)
+        key = None if spread_new and fresh else affinity_key
+        return _cache_aware(cands, scores, by_load, fresh, load_weight, max_imbalance, key)
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
@@ -149,6 +161,7 @@ def _cache_aware(
     fresh: bool,
     load_weight: float,
     max_imbalance: float,
+    key: str | None = None,
 ) -> list[int]:
     """The `cache_aware` order (the module's docstring has the rules). Its load leaves the KV-cache fill out:
     a full cache is what this strategy routes to, and llama-server's fill (its busy slots) repeats a probe ago
@@ -158,9 +171,15 @@ def _cache_aware(
     bound = lowest + max_imbalance
     cool = [i for i in by_load if scores[i] <= bound]
     hot = by_load[len(cool) :]  # by_load is sorted: the hot ones are its tail
+    for i in cool:
+        if cands[i].assigned:
+            return [i] + [j for j in by_load if j != i]
     seen = max(cool, key=lambda i: cands[i].session_at)
     if cands[seen].session_at > 0.0:
         return [seen] + [i for i in by_load if i != seen]
+    if key is not None:
+        first = max(cool, key=lambda i: _rendezvous(key, cands[i].key))
+        return [first] + [i for i in by_load if i != first]
     if fresh or max(cands[i].match for i in cool) <= 0.0:
         return by_load
     ranked = sorted(cool, key=lambda i: load_weight * (scores[i] - lowest) - cands[i].match)  # stable: ties by load

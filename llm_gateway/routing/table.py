@@ -17,6 +17,7 @@ from llm_gateway.adapters.registry import adapter_for
 from llm_gateway.routing.admission import Admission
 from llm_gateway.routing.breaker import Breaker
 from llm_gateway.routing.prefix_cache import PrefixRecord
+from llm_gateway.routing.slots import SlotBook
 from llm_gateway.settings import PRIORITY_RANKS, BackendConfig, DeploymentConfig, GatewayConfig, ModelConfig
 from llm_gateway.types import BackendInfo, LoadSnapshot
 from llm_gateway.upstream.base import UpstreamTimeouts
@@ -95,6 +96,8 @@ class Deployment:
     upstream_model: str = field(init=False)
     #: what cache_aware routing sent it (prefix_cache.py); kept across reloads with the deployment
     prefixes: PrefixRecord = field(default_factory=PrefixRecord)
+    #: which engine slot holds which conversation (slots.py), for engines that take a slot; kept likewise
+    slots: SlotBook = field(default_factory=SlotBook)
 
     def __post_init__(self) -> None:
         self.upstream_model = self.cfg.model

@@ -82,6 +82,7 @@ class Job:
             self.body.get("encoding_format") == "base64",
             nat.native_api if nat and dep.backend.adapter.speaks_natively(nat.native_api, nat.native_body) else None,
             attempt.ticket.priority if dep.cfg.engine_priority else None,  # for engines that schedule by it
+            attempt.slot,
         )
 
     def answered(self, attempt: Attempt) -> Headers:

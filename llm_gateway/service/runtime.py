@@ -22,6 +22,7 @@ from llm_gateway.observability.metrics import Metrics
 from llm_gateway.observability.tracing import Tracing, make_tracing
 from llm_gateway.routing.dispatch import Dispatcher
 from llm_gateway.routing.gauges import TableGauges
+from llm_gateway.routing.placements import SessionPlacements
 from llm_gateway.routing.table import RoutingTable, build_table
 from llm_gateway.settings import GatewayConfig, LimitsConfig
 from llm_gateway.upstream.base import UpstreamClient
@@ -53,6 +54,16 @@ def make_store(cfg: LimitsConfig, metrics: Metrics) -> LimitStore:
             on_state=lambda up: metrics.ratelimit_store_up.set(1 if up else 0),
         )
     return MemoryStore()
+
+
+def make_placements(cfg: LimitsConfig) -> SessionPlacements | None:
+    """cache_aware's shared session placements live in the Redis the limits use (None: none shared)."""
+    if cfg.store != "redis":
+        return None
+    assert cfg.redis_url is not None
+    from llm_gateway.routing.placements import RedisPlacements
+
+    return RedisPlacements(cfg.redis_url.get_secret_value(), prefix=cfg.key_prefix, timeout_ms=cfg.store_timeout_ms)
 
 
 def make_upstream(kind: str) -> UpstreamClient:
@@ -87,6 +98,7 @@ class Gateway:
         self.tracing: Tracing | None = make_tracing(config.tracing)
         self._upstream = upstream
         self.store = store or make_store(config.limits, self.metrics)
+        self.placements = make_placements(config.limits)  # fixed for the process, as the limits store is
         self.runtime = self.build_runtime(config, None)
         self.metrics.watch(TableGauges(lambda: self.runtime.table))
 
@@ -112,7 +124,7 @@ class Gateway:
             table=build_table(config, previous.table if previous else None),
             auth=Authenticator(config.auth),
             limiter=limiter,
-            dispatcher=Dispatcher(config.routing, m),
+            dispatcher=Dispatcher(config.routing, m, placements=self.placements),
             session_header=config.routing.session_header.lower().encode(),
             format_header=config.routing.format_header.lower().encode(),
             priority_header=config.routing.priority_header.lower().encode(),
@@ -137,5 +149,7 @@ class Gateway:
         if self._upstream is not None:
             await self._upstream.aclose()
         await self.store.aclose()
+        if self.placements is not None:
+            await self.placements.aclose()
         if self.tracing is not None:  # the spans still batched go out (blocking: off the loop)
             await asyncio.to_thread(self.tracing.shutdown)

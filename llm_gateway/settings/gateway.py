@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -105,6 +106,16 @@ class AffinityConfig(Strict):
     )
     max_imbalance: float = Field(
         1.0, gt=0, description="cache_aware: a deployment this much load per slot above the lowest yields"
+    )
+    new_conversations: Literal["auto", "hash", "load"] = Field(
+        "auto",
+        description="cache_aware: where a new conversation goes: the rendezvous hash of its key (the same on every "
+        "replica), or least load; auto: least load where replicas share placements through Redis, else the hash",
+    )
+    engine_slots: bool = Field(
+        False,
+        description="cache_aware: ask engines that take one (llama-server id_slot) for the conversation's slot "
+        "(off by default: no gain measured, README)",
     )
 
 
