@@ -1,4 +1,5 @@
-"""vLLM (``vllm serve``, captured 0.32.0): OpenAI routes, /health, /ping, /version, /load.
+"""vLLM (``vllm serve``, captured 0.32.0): OpenAI routes, /health, /ping, /version, /load; rerank, score and
+speech to text in engines/vllm_pooling.py.
 
 The port does not accept connections until the model is loaded (no HTTP loading state).
 Auth: Bearer only, on paths starting ``/v1``; 401 ``{"error":"Unauthorized"}``. Errors are
@@ -10,10 +11,12 @@ and a mid-stream error is ``data: {"error": ...}`` followed by ``data: [DONE]``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from llm_gateway_emulators import textgen, wire
 from llm_gateway_emulators.engines import pymetrics
+from llm_gateway_emulators.engines import vllm_pooling as pooling
 from llm_gateway_emulators.engines.fastapi_base import FastApiEngine, Problem
 from llm_gateway_emulators.engines.vllm_stream import DEAD, VllmStream
 from llm_gateway_emulators.httpserver import Request, reason
@@ -50,6 +53,12 @@ class Vllm(FastApiEngine):
         self.route("POST", "/v1/completions", self.completions, inference=True)
         self.route("POST", "/v1/embeddings", self.embeddings, inference=True)
         self.route("POST", "/tokenize", self.tokenize)
+        for path in pooling.RERANK_PATHS:  # engines/vllm_pooling.py
+            self.route("POST", path, partial(pooling.rerank, self), inference=True)
+        for path in pooling.SCORE_PATHS:
+            self.route("POST", path, partial(pooling.score, self), inference=True)
+        for task in ("transcriptions", "translations"):
+            self.route("POST", f"/v1/audio/{task}", partial(pooling.speech, self, task=task), inference=True)
 
     def on_start(self) -> None:
         self.fingerprint = f"vllm-{self.cfg.version or VERSION}-{textgen.rand_hex(8)}"
