@@ -53,11 +53,12 @@ class Vllm(FastApiEngine):
         self.route("POST", "/v1/completions", self.completions, inference=True)
         self.route("POST", "/v1/embeddings", self.embeddings, inference=True)
         self.route("POST", "/tokenize", self.tokenize)
-        for path in pooling.RERANK_PATHS:  # engines/vllm_pooling.py
+        # engines/vllm_pooling.py: routes vLLM registers only for a model that serves them
+        for path in pooling.RERANK_PATHS if self.cfg.scoring else ():
             self.route("POST", path, partial(pooling.rerank, self), inference=True)
-        for path in pooling.SCORE_PATHS:
+        for path in pooling.SCORE_PATHS if self.cfg.scoring else ():
             self.route("POST", path, partial(pooling.score, self), inference=True)
-        for task in ("transcriptions", "translations"):
+        for task in ("transcriptions", "translations") if self.cfg.speech else ():
             self.route("POST", f"/v1/audio/{task}", partial(pooling.speech, self, task=task), inference=True)
 
     def on_start(self) -> None:
