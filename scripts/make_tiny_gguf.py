@@ -116,10 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         s = std if std is not None else 1.0 / np.sqrt(shape[-1])
         return (rng.standard_normal(shape) * s).astype(np.float32)
 
-    # A reranker is what llama.cpp loads as Qwen3-Reranker: the qwen3 architecture (llama's blocks plus per-head
-    # q/k norms), `qwen3.pooling_type` RANK and a `cls.output.weight` head of one row per classifier label
-    # (ggml-org/llama.cpp src/llama-model.cpp @aa6192d: QWEN3's optional LLM_TENSOR_CLS_OUT of {n_embd, n_cls_out};
-    # llama-server refuses --reranking without rank pooling). Seen to serve /v1/rerank with llama-server b11434.
+    # A reranker laid out as llama.cpp's conversion of Qwen3-Reranker is: the qwen3 architecture (llama's blocks plus
+    # per-head q/k norms), `qwen3.pooling_type` RANK and a `cls.output.weight` head of one row per classifier label
+    # (gguf-py 0.19's names: PoolingType.RANK, MODEL_TENSOR.CLS_OUT "cls.output"). llama-server's rerank routes
+    # (ggml-org/llama.cpp tools/server/server.cpp @aa6192d: /rerank, /reranking, /v1/rerank, /v1/reranking) need
+    # `--reranking` and a model with rank pooling; this one was seen to load and answer /v1/rerank with scores in
+    # (0, 1) on the cached llama-server build (tests/e2e/test_rerank_llama_server.py).
     w = gguf.GGUFWriter(a.out, "qwen3" if a.reranker else "llama")
     if a.reranker:
         w.add_pooling_type(gguf.PoolingType.RANK)

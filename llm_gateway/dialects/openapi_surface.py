@@ -106,6 +106,8 @@ def files_paths() -> dict[str, Any]:
         {
             "file": {"type": "string", "format": "binary", "description": "a JSONL of batch requests"},
             "purpose": {"const": "batch"},
+            "expires_after[anchor]": {"const": "created_at"},
+            "expires_after[seconds]": {"type": "integer", "minimum": 3600, "maximum": 30 * 24 * 3600},
         },
     )
     file_link = {"GetFile": {"operationId": "getFile", "parameters": {"file_id": "$response.body#/id"}}}
@@ -160,9 +162,9 @@ def batches_paths() -> dict[str, Any]:
     create = _obj(
         ["input_file_id", "endpoint", "completion_window"],
         {
-            "input_file_id": STRING,
+            "input_file_id": ID,
             "endpoint": {"enum": list(ENDPOINTS)},
-            "completion_window": STRING,
+            "completion_window": {"type": "string", "pattern": "^[0-9]+[smhd]$", "description": "e.g. 24h"},
             "metadata": {"type": ["object", "null"]},
         },
     )
