@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="push each text token's output row away from its embedding (0: repeat-prone model)",
     )
+    ap.add_argument(
+        "--reranker",
+        action="store_true",
+        help="a reranker for llama-server --reranking: qwen3 architecture, rank pooling and a classification head",
+    )
     a = ap.parse_args(argv)
 
     toks, scores, types, n_nontext = build_vocab()
@@ -111,7 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         s = std if std is not None else 1.0 / np.sqrt(shape[-1])
         return (rng.standard_normal(shape) * s).astype(np.float32)
 
-    w = gguf.GGUFWriter(a.out, "llama")
+    # A reranker laid out as llama.cpp's conversion of Qwen3-Reranker is: the qwen3 architecture (llama's blocks plus
+    # per-head q/k norms), `qwen3.pooling_type` RANK and a `cls.output.weight` head of one row per classifier label
+    # (gguf-py 0.19's names: PoolingType.RANK, MODEL_TENSOR.CLS_OUT "cls.output"). llama-server's rerank routes
+    # (ggml-org/llama.cpp tools/server/server.cpp @aa6192d: /rerank, /reranking, /v1/rerank, /v1/reranking) need
+    # `--reranking` and a model with rank pooling; this one was seen to load and answer /v1/rerank with scores in
+    # (0, 1) on the cached llama-server build (tests/e2e/test_rerank_llama_server.py).
+    w = gguf.GGUFWriter(a.out, "qwen3" if a.reranker else "llama")
+    if a.reranker:
+        w.add_pooling_type(gguf.PoolingType.RANK)
+        w.add_classifier_output_labels(["yes", "no"])
     w.add_name("tiny-random-llama")
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_context_length(a.n_ctx)
@@ -143,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         w.add_tensor(p + "attn_norm.weight", np.ones(d, np.float32))
         w.add_tensor(p + "attn_q.weight", rnd(a.n_head * head_dim, d))
         w.add_tensor(p + "attn_k.weight", rnd(a.n_head_kv * head_dim, d))
+        if a.reranker:
+            w.add_tensor(p + "attn_q_norm.weight", np.ones(head_dim, np.float32))
+            w.add_tensor(p + "attn_k_norm.weight", np.ones(head_dim, np.float32))
         w.add_tensor(p + "attn_v.weight", rnd(a.n_head_kv * head_dim, d))
         wo = rnd(d, a.n_head * head_dim)
         wo[0, :] = 0  # keep channel 0 constant
@@ -160,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     out[:n_nontext, :] = 0.0
     out[:n_nontext, 0] = -50.0  # never sample <unk>/<s>/</s>/control/byte tokens
     w.add_tensor("output.weight", out)
+    if a.reranker:
+        w.add_tensor("cls.output.weight", rnd(2, d))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault-after-chunks", type=int, default=2)
     p.add_argument("--fault-count", type=int, default=None)
     p.add_argument("--embeddings", action="store_true")
+    p.add_argument("--scoring", action="store_true", help="vLLM: a score model (/rerank, /score)")
+    p.add_argument("--speech", action="store_true", help="vLLM: a speech model (/v1/audio/*)")
     p.add_argument("--no-metrics", action="store_true")
     p.add_argument("--ping-interval-s", type=float, default=15.0)
     p.add_argument("--ctx-len", type=int, default=4096)
@@ -92,6 +94,8 @@ def config_from(args: argparse.Namespace) -> EmulatorConfig:
         fault_after_chunks=args.fault_after_chunks,
         fault_count=args.fault_count,
         embeddings=args.embeddings,
+        scoring=args.scoring,
+        speech=args.speech,
         metrics=not args.no_metrics,
         ping_interval_s=args.ping_interval_s,
         ctx_len=args.ctx_len,

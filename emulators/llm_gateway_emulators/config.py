@@ -73,6 +73,9 @@ class EmulatorConfig:
     fault_after_chunks: int = 2
     fault_count: int | None = None
     embeddings: bool = False
+    #: vLLM serving a score/rerank model (its /rerank and /score routes) or a speech model (/v1/audio/*)
+    scoring: bool = False
+    speech: bool = False
     metrics: bool = True
     # --- extra knobs (all optional) ---
     #: TabbyAPI keep-alive comment interval (sse-starlette default 15 s).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llm_gateway.adapters.aphrodite import AphroditeAdapter
+from llm_gateway.adapters.audio import AUDIO_KINDS
 from llm_gateway.adapters.base import Adapter
 from llm_gateway.adapters.dynamo import DynamoAdapter
 from llm_gateway.adapters.llama_server import LlamaServerAdapter
@@ -12,6 +13,7 @@ from llm_gateway.adapters.mlc import MLCAdapter
 from llm_gateway.adapters.mlx import MLXAdapter
 from llm_gateway.adapters.ollama import OllamaAdapter
 from llm_gateway.adapters.openai_generic import GenericOpenAIAdapter
+from llm_gateway.adapters.scoring import RERANK_PATHS, SCORE_PATHS
 from llm_gateway.adapters.sglang import SGLangAdapter
 from llm_gateway.adapters.tabbyapi import TabbyAPIAdapter
 from llm_gateway.adapters.tgi import TGIAdapter
@@ -51,8 +53,10 @@ def formats_for(kind: str) -> frozenset[str] | None:
 
 
 def unsupported_capabilities(kind: str) -> frozenset[str]:
-    tokens = frozenset() if kind in TOKENIZING_KINDS else frozenset({"tokenize"})  # adapters/tokenize.py
-    return ADAPTERS[kind].unsupported_capabilities | tokens
+    # the capabilities of routes outside a generation, which only the engines that serve them may have
+    # (adapters/tokenize.py, adapters/scoring.py, adapters/audio.py)
+    served = {"tokenize": TOKENIZING_KINDS, "rerank": RERANK_PATHS, "score": SCORE_PATHS, "audio": AUDIO_KINDS}
+    return ADAPTERS[kind].unsupported_capabilities | {cap for cap, kinds in served.items() if kind not in kinds}
 
 
 def schedules_by_priority(kind: str) -> bool:

@@ -140,7 +140,7 @@ async def create(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
     cfg = rt.config.batches
     body = await read_json_object(ctx, call)
     endpoint, file_id = body.get("endpoint"), body.get("input_file_id")
-    if endpoint not in ENDPOINTS:
+    if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:  # an object is unhashable: a 400, not a 500
         raise InvalidRequest(f"endpoint must be one of {', '.join(ENDPOINTS)}.", param="endpoint")
     if not isinstance(file_id, str):
         raise InvalidRequest("input_file_id must be a file's id.", param="input_file_id")

@@ -5,7 +5,9 @@
 same way (purpose `batch_output`).
 
 Files live in the gateway's database with their bodies (state/batches.py says why) and belong to the key that
-uploaded them: another key's file is a 404, as an unknown one. The upload is read whole, within its size limit,
+uploaded them: another key's file is a 404, as an unknown one. An upload may carry OpenAI's `expires_after` (anchor
+`created_at`, seconds): the file object's `expires_at`, after which the file is a 404 and the runner's sweep
+deletes it. The upload is read whole, within its size limit,
 and checked to be UTF-8 text; its lines are checked when a batch is created from it (dialects/batches.py), as
 OpenAI does. The helpers the batches' routes share (the store, paging, 404s) are here too.
 """
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 FILE_PREFIXES = ("/v1/files/", "/files/")
 MULTIPART_OVERHEAD = 64 * 1024  # the form's other fields and part headers, over the file's own limit
 JSONL = b"application/jsonl"
+#: OpenAI's bounds of a file's `expires_after.seconds`: an hour to 30 days
+MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 24 * 3600
 
 
 def batches_of(ctx: HandlerContext, call: Call, rt: Runtime) -> Batches:
@@ -57,7 +61,8 @@ def target(call: Call, marker: str) -> tuple[str, str]:
 
 
 def query(call: Call) -> dict[str, str]:
-    return dict(parse_qsl(call.scope.get("query_string", b"").decode("latin-1")))
+    # blank values kept: `order=` is a bad order (a 400), not no order
+    return dict(parse_qsl(call.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
 
 
 def page_limit(params: dict[str, str], default: int, most: int) -> int:
@@ -98,7 +103,7 @@ def file_object(f: FileRow) -> dict[str, Any]:
         "filename": f.filename,
         "purpose": f.purpose,
         "status": "processed",
-        "expires_at": None,
+        "expires_at": f.expires_at,
         "status_details": None,
     }
 
@@ -126,9 +131,38 @@ async def upload(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
         raise InvalidRequest("The file must be UTF-8 text (JSONL).", param="file") from None
     from llm_gateway.state.batches import FileRow, new_id  # with the store: SQLAlchemy is loaded by then
 
-    f = FileRow(new_id("file-"), who.id, "batch", file.filename[:255], len(file.data), int(time.time()))
+    now = int(time.time())
+    lifetime = expires_after(parts)
+    f = FileRow(
+        new_id("file-"),
+        who.id,
+        "batch",
+        file.filename[:255],
+        len(file.data),
+        now,
+        None if lifetime is None else now + lifetime,
+    )
     await (await batches.store()).save_file(f, file.data)
     await call.respond(200, orjson.dumps(file_object(f)), rid_header(call))
+
+
+def expires_after(parts: dict[str, multipart.Part]) -> int | None:
+    """The seconds after its creation the file expires, from OpenAI's `expires_after` (the SDK sends the form fields
+    `expires_after[anchor]`, which must be `created_at`, and `expires_after[seconds]`, from an hour to 30 days);
+    None: it does not expire."""
+    anchor, seconds = parts.get("expires_after[anchor]"), parts.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    if anchor is None or anchor.data.strip() != b"created_at":
+        raise InvalidRequest("expires_after[anchor] must be 'created_at'.", param="expires_after.anchor")
+    raw = seconds.data.strip() if seconds is not None else b""
+    n = int(raw) if raw.isdigit() and len(raw) < 10 else -1
+    if not MIN_EXPIRY_S <= n <= MAX_EXPIRY_S:
+        raise InvalidRequest(
+            f"expires_after[seconds] must be an integer from {MIN_EXPIRY_S} to {MAX_EXPIRY_S}.",
+            param="expires_after.seconds",
+        )
+    return n
 
 
 async def list_files(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:

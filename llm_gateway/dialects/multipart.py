@@ -19,11 +19,14 @@ class Part:
     name: str
     filename: str | None
     data: bytes
+    #: where `data` lies in the body: body[start:end] (to splice a field's value: dialects/audio.py)
+    start: int = 0
+    end: int = 0
 
 
-def boundary_of(content_type: bytes | None) -> bytes:
+def boundary_of(content_type: bytes | None, fields: str = "the fields 'file' and 'purpose'") -> bytes:
     if content_type is None or not content_type.lower().startswith(b"multipart/form-data"):
-        raise InvalidRequest("Upload the file as multipart/form-data (the fields 'file' and 'purpose').")
+        raise InvalidRequest(f"Upload the file as multipart/form-data ({fields}).")
     m = _BOUNDARY.search(content_type)
     if m is None:
         raise InvalidRequest("The multipart/form-data body names no boundary.")
@@ -49,7 +52,7 @@ def parse(body: bytes, boundary: bytes) -> dict[str, Part]:
             raise InvalidRequest("The multipart/form-data body is malformed (a part does not end).")
         name, filename = _disposition(body[at + 2 : head_end])
         if name is not None and name not in parts:
-            parts[name] = Part(name, filename, body[head_end + 4 : end])
+            parts[name] = Part(name, filename, body[head_end + 4 : end], head_end + 4, end)
         at = end + 2 + len(delimiter)
 
 

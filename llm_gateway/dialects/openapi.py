@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from llm_gateway.dialects.anthropic.openapi import anthropic_paths
+from llm_gateway.dialects.openapi_surface import surface_paths
 from llm_gateway.dialects.responses.openapi import responses_paths
 
 ERROR = {
@@ -278,6 +279,7 @@ def openapi_document() -> bytes:
             "/openapi.json": _get("openapi", "This document", _json("the document", {"type": "object"})),
             **responses_paths(),  # OpenAI's Responses API (openapi_responses.py)
             **anthropic_paths(),  # Anthropic's Messages API (openapi_anthropic.py)
+            **surface_paths(),  # files, batches, tokenize, rerank, score, audio (openapi_surface.py)
         },
     }
     return orjson.dumps(doc)

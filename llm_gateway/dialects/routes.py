@@ -5,7 +5,7 @@ dispatches by it and knows no route by name.
 
 from __future__ import annotations
 
-from llm_gateway.dialects import batches, files, ops, tokenize
+from llm_gateway.dialects import audio, batches, files, ops, scoring, tokenize
 from llm_gateway.dialects import openai as chat
 from llm_gateway.dialects.anthropic import exchange as messages
 from llm_gateway.dialects.responses import exchange as responses
@@ -27,8 +27,14 @@ def _exact() -> dict[tuple[str, str], Handler]:
         r[("GET", prefix + "/files")] = files.list_files
         r[("POST", prefix + "/batches")] = batches.create
         r[("GET", prefix + "/batches")] = batches.list_batches
+        r[("POST", prefix + "/audio/transcriptions")] = audio.transcriptions
+        r[("POST", prefix + "/audio/translations")] = audio.translations
     r[("POST", "/tokenize")] = tokenize.tokenize  # vLLM's and llama-server's paths: no /v1
     r[("POST", "/detokenize")] = tokenize.detokenize
+    for path in scoring.RERANK_PATHS:  # vLLM's paths (llama-server's /v1/rerank among them)
+        r[("POST", path)] = scoring.rerank
+    for path in scoring.SCORE_PATHS:
+        r[("POST", path)] = scoring.score
     r[("GET", "/healthz")] = ops.healthz
     r[("GET", "/readyz")] = ops.readyz
     r[("GET", "/metrics")] = ops.metrics

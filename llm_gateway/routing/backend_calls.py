@@ -22,19 +22,29 @@ COUNT_ATTEMPTS = 2  # engines that failed to count before the estimate is answer
 class BackendPoster:
     """POSTs to one backend, with short timeouts."""
 
-    __slots__ = ("_backend", "_upstream", "statuses")
+    __slots__ = ("_backend", "_limit", "_timeouts", "_upstream", "statuses")
 
-    def __init__(self, upstream: UpstreamClient, backend: Backend) -> None:
+    def __init__(
+        self,
+        upstream: UpstreamClient,
+        backend: Backend,
+        timeouts: UpstreamTimeouts | None = None,
+        answer_limit: int | None = None,
+    ) -> None:
+        """`timeouts` (default: counting's short ones) and `answer_limit` (default `ERROR_BODY_LIMIT`): a longer
+        call's (rerank, audio: service/engine_call.py); the backend's own timeouts cap them either way."""
         self._upstream = upstream
         self._backend = backend
+        self._timeouts = timeouts or COUNT_TIMEOUTS
+        self._limit = answer_limit or ERROR_BODY_LIMIT
         self.statuses: list[int] = []  # of each answer, in order: what the caller may learn of the engine
 
     async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
         b = self._backend
-        timeouts = UpstreamTimeouts(*map(min, astuple(b.timeouts), astuple(COUNT_TIMEOUTS)))
+        timeouts = UpstreamTimeouts(*map(min, astuple(b.timeouts), astuple(self._timeouts)))
         resp = await self._upstream.send("POST", b.cfg.url + path, headers, body, timeouts)
         self.statuses.append(resp.status)
         try:
-            return resp.status, await resp.read(ERROR_BODY_LIMIT)
+            return resp.status, await resp.read(self._limit)
         finally:
             resp.close()

@@ -51,6 +51,8 @@ ENDPOINTS: dict[str, Endpoint] = {
 #: answers that say "not now" rather than "never": the line is tried again later
 PASSING = frozenset({429, 502, 503, 504})
 REOPEN_AFTER_S = 5.0
+#: how often a runner deletes the files that expired (they are 404s from their expires_at on, swept or not)
+SWEEP_S = 60.0
 
 
 class BatchExchange:
@@ -128,6 +130,7 @@ class BatchRunner:
         self._closing = False
         self._running: dict[str, dict[int, asyncio.Task[None]]] = {}  # batch -> line -> its task
         self._renewed = 0.0
+        self._sweep_at = 0.0  # time.time() of the next sweep of expired files
 
     def start(self) -> None:
         if self._task is None and not self._closing:
@@ -176,6 +179,10 @@ class BatchRunner:
         cfg = self.gw.runtime.config.batches
         store = await self._store()
         now = time.time()
+        if now >= self._sweep_at:  # expired files (OpenAI's expires_after) go; any replica may, at most once a minute
+            self._sweep_at = now + SWEEP_S
+            if n := await store.delete_expired(int(now)):
+                log.info("deleted %d expired files", n)
         now_ms = int(now * 1000)
         lease_ms = int(cfg.lease_s * 1000)
         active = await store.active()

@@ -77,6 +77,9 @@ class ServerConfig(Strict):
     )
     cors: CorsConfig = CorsConfig()
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_audio_bytes: int = Field(
+        25 * 1024 * 1024, ge=1024, description="largest multipart form /v1/audio/* takes (OpenAI's 25 MB); past it 413"
+    )
     max_header_bytes: int = Field(32 * 1024, ge=1024)
     header_timeout_s: float = Field(15.0, gt=0)
     body_timeout_s: float = Field(60.0, gt=0)

@@ -26,7 +26,9 @@ EngineKind = Literal[
 ]
 #: `mlx`: MLX-converted weights (MLX-LM, LM Studio on Apple silicon); `mlc`: MLC LLM's compiled weights
 WeightFormat = Literal["gguf", "exl2", "exl3", "awq", "gptq", "fp8", "safetensors", "mlx", "mlc"]
-Capability = Literal["chat", "completions", "embeddings", "tools", "vision", "json_schema", "tokenize"]
+Capability = Literal[
+    "chat", "completions", "embeddings", "tools", "vision", "json_schema", "tokenize", "rerank", "score", "audio"
+]
 PriorityClass = Literal["interactive", "default", "batch"]
 #: the queue rank of each class: higher goes first
 PRIORITY_RANKS: dict[str, int] = {"interactive": 2, "default": 1, "batch": 0}

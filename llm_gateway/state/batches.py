@@ -6,6 +6,8 @@ replicas already share it (Postgres), so any replica can serve any file and run 
 and the embedded SQLite file keeps everything in the one place that is backed up; uploads are bounded by
 `batches.max_file_bytes`. Like stored responses, a file or batch belongs to the key that created it (`owner`, the
 key's id): every read names the owner, and another key's is indistinguishable from one that does not exist.
+A file uploaded with OpenAI's `expires_after` has an `expires_at`: from then on it is read, listed and deleted as if
+it were gone, and the batch runner's sweep (`delete_expired`) deletes it.
 
 A batch's lines are copied out of its input file when it is created (`batch_lines`, one row each). Running them is
 exactly-once per line in effect, across a `kill -9` and across replicas:
@@ -24,6 +26,7 @@ exactly-once per line in effect, across a `kill -9` and across replicas:
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +54,14 @@ FILE_COLUMNS = (
     batch_files.c.filename,
     batch_files.c.bytes,
     batch_files.c.created_at,
+    batch_files.c.expires_at,
 )
+
+
+def _live(now: int | None = None) -> Any:
+    """The files not expired at `now` (default: this second)."""
+    at = int(time.time()) if now is None else now
+    return sa.or_(batch_files.c.expires_at.is_(None), batch_files.c.expires_at > at)
 
 
 def new_id(prefix: str) -> str:
@@ -66,6 +76,7 @@ class FileRow:
     filename: str
     bytes: int
     created_at: int
+    expires_at: int | None = None  # unix seconds; None: never
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +110,15 @@ class BatchStore:
             await _insert_file(conn, f, content)
 
     async def file(self, file_id: str, owner: str) -> FileRow | None:
-        query = sa.select(*FILE_COLUMNS).where(batch_files.c.id == file_id, batch_files.c.owner == owner)
+        query = sa.select(*FILE_COLUMNS).where(batch_files.c.id == file_id, batch_files.c.owner == owner, _live())
         async with self.db.begin() as conn:
             row = (await conn.execute(query)).one_or_none()
         return None if row is None else FileRow(*row)
 
     async def content(self, file_id: str, owner: str) -> bytes | None:
-        query = sa.select(batch_files.c.content).where(batch_files.c.id == file_id, batch_files.c.owner == owner)
+        query = sa.select(batch_files.c.content).where(
+            batch_files.c.id == file_id, batch_files.c.owner == owner, _live()
+        )
         async with self.db.begin() as conn:
             data = (await conn.execute(query)).scalar_one_or_none()
         return None if data is None else bytes(data)
@@ -114,16 +127,22 @@ class BatchStore:
         self, owner: str, *, purpose: str | None, after: str | None, limit: int, ascending: bool
     ) -> tuple[list[FileRow], bool]:
         """A page of the owner's files by creation (and id), after the file `after`; (page, whether more follow)."""
-        where = [batch_files.c.owner == owner]
+        where = [batch_files.c.owner == owner, _live()]
         if purpose is not None:
             where.append(batch_files.c.purpose == purpose)
         rows = await self._page(batch_files, FILE_COLUMNS, where, owner, after, limit, ascending)
         return [FileRow(*r) for r in rows[:limit]], len(rows) > limit
 
     async def delete_file(self, file_id: str, owner: str) -> bool:
-        query = batch_files.delete().where(batch_files.c.id == file_id, batch_files.c.owner == owner)
+        query = batch_files.delete().where(batch_files.c.id == file_id, batch_files.c.owner == owner, _live())
         async with self.db.begin() as conn:
             return (await conn.execute(query)).rowcount > 0
+
+    async def delete_expired(self, now: int) -> int:
+        """Delete the files expired at `now` (any owner's); how many."""
+        query = batch_files.delete().where(batch_files.c.expires_at <= now)
+        async with self.db.begin() as conn:
+            return int((await conn.execute(query)).rowcount or 0)
 
     async def _page(
         self,
@@ -327,6 +346,7 @@ async def _insert_file(conn: AsyncConnection, f: FileRow, content: bytes) -> Non
             filename=f.filename,
             bytes=f.bytes,
             created_at=f.created_at,
+            expires_at=f.expires_at,
             content=content,
         )
     )

@@ -143,7 +143,9 @@ batch_files = sa.Table(
     sa.Column("bytes", sa.BigInteger(), nullable=False),
     sa.Column("created_at", sa.BigInteger(), nullable=False),  # unix seconds
     sa.Column("content", sa.LargeBinary(), nullable=False),
+    sa.Column("expires_at", sa.BigInteger(), nullable=True),  # unix seconds (OpenAI's expires_after); null: never
     sa.Index("ix_batch_files_owner_created_at", "owner", "created_at"),
+    sa.Index("ix_batch_files_expires_at", "expires_at"),
 )
 
 # one batch: its OpenAI fields; the counts are kept here once it ended (while it runs they come from its lines)

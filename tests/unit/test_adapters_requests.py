@@ -58,9 +58,10 @@ def test_registry_formats_and_capabilities():
     assert formats_for("llama-server") == frozenset({"gguf"})
     assert formats_for("tabbyapi") == frozenset({"exl2", "exl3"})
     assert formats_for("openai") is None
-    assert unsupported_capabilities("lmdeploy") == frozenset({"embeddings", "tokenize"})  # no /tokenize route
+    # routes outside a generation: /tokenize (vLLM, llama-server), rerank (both), /score and /v1/audio (vLLM)
+    assert unsupported_capabilities("lmdeploy") == frozenset({"embeddings", "tokenize", "rerank", "score", "audio"})
     assert unsupported_capabilities("vllm") == frozenset()
-    assert unsupported_capabilities("llama-server") == frozenset()
+    assert unsupported_capabilities("llama-server") == frozenset({"score", "audio"})
 
 
 def test_engines_that_report_load_are_flagged():

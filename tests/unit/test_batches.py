@@ -264,6 +264,7 @@ async def test_bad_batch_requests_are_400_or_404(gateway: Callable[..., Any]) ->
         base = {"input_file_id": fid, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
         for change, param in (
             ({"endpoint": "/v1/images"}, "endpoint"),
+            ({"endpoint": {}}, "endpoint"),  # an object: once a 500 (schemathesis found it)
             ({"completion_window": "forever"}, "completion_window"),
             ({"completion_window": "30d"}, "completion_window"),  # past batches.max_window_s
             ({"metadata": {"k": 1}}, "metadata"),
@@ -273,6 +274,7 @@ async def test_bad_batch_requests_are_400_or_404(gateway: Callable[..., Any]) ->
         assert (await client.post("/v1/batches", json=base, headers=OTHER)).status_code == 404
         assert (await client.post("/v1/batches", json={**base, "input_file_id": "file-x"})).status_code == 404
         assert (await client.get("/v1/batches/batch_nope")).status_code == 404
+        assert (await client.get("/v1/files?order=")).status_code == 400  # a blank order is a bad one
 
 
 async def test_a_cancelled_batch_stops_and_says_which_lines_never_ran(gateway: Callable[..., Any]) -> None:

@@ -44,6 +44,12 @@ BY_PREFIX = {
     "/v1/responses/{response_id}/input_items": set(
         ROUTES.prefix_route("/v1/responses/r/input_items").methods  # type: ignore[union-attr]
     ),
+    "/v1/files/{file_id}": set(ROUTES.prefix_route("/v1/files/f").methods),  # type: ignore[union-attr]
+    "/v1/files/{file_id}/content": set(ROUTES.prefix_route("/v1/files/f/content").methods),  # type: ignore[union-attr]
+    "/v1/batches/{batch_id}": set(ROUTES.prefix_route("/v1/batches/b").methods),  # type: ignore[union-attr]
+    "/v1/batches/{batch_id}/cancel": set(
+        ROUTES.prefix_route("/v1/batches/b/cancel").methods  # type: ignore[union-attr]
+    ),
 }
 
 
@@ -120,10 +126,22 @@ async def test_every_documented_path_answers_a_wrong_method_with_the_documented_
         for path in doc["paths"]:
             methods = documented_methods(path)
             concrete = path.replace("{model}", "public-model").replace("{response_id}", "resp_unit")
+            concrete = concrete.replace("{file_id}", "file-unit").replace("{batch_id}", "batch_unit")
             for m in methods:
                 assert (m, concrete) in served or m in BY_PREFIX.get(path, ()), f"{m} {path} is documented, not served"
             wrong = "TRACE" if "TRACE" not in methods else "PATCH"
             assert_405(await c.request(wrong, concrete), ", ".join(sorted(methods)))
+
+
+def test_every_served_route_is_documented() -> None:
+    """Each exact route of ROUTES is in the document under its own path or its /v1 twin (the document says the
+    OpenAI routes are also served without the prefix; rerank's /v2 path is vLLM's alias of /v1/rerank)."""
+    paths = document()["paths"]
+    for method, path in ROUTES.exact:
+        twins = (path, "/v1" + path, path.replace("/v2/", "/v1/"))
+        documented = next((p for p in twins if p in paths), None)
+        assert documented is not None, f"{method} {path} is served, not documented"
+        assert method.lower() in paths[documented], f"{method} {path}"
 
 
 def test_the_document_is_valid_openapi() -> None:

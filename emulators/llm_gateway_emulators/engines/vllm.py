@@ -1,4 +1,5 @@
-"""vLLM (``vllm serve``, captured 0.32.0): OpenAI routes, /health, /ping, /version, /load.
+"""vLLM (``vllm serve``, captured 0.32.0): OpenAI routes, /health, /ping, /version, /load; rerank, score and
+speech to text in engines/vllm_pooling.py.
 
 The port does not accept connections until the model is loaded (no HTTP loading state).
 Auth: Bearer only, on paths starting ``/v1``; 401 ``{"error":"Unauthorized"}``. Errors are
@@ -18,10 +19,12 @@ accepted but not processed), so inference waits for the wake-up.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 from llm_gateway_emulators import textgen, wire
 from llm_gateway_emulators.engines import pymetrics
+from llm_gateway_emulators.engines import vllm_pooling as pooling
 from llm_gateway_emulators.engines.fastapi_base import FastApiEngine, Problem
 from llm_gateway_emulators.engines.vllm_stream import DEAD, VllmStream
 from llm_gateway_emulators.httpserver import Request, reason
@@ -66,6 +69,13 @@ class Vllm(FastApiEngine):
             self.route("POST", "/sleep", self.sleep)
             self.route("POST", "/wake_up", self.wake_up)
             self.route("GET", "/is_sleeping", self.is_sleeping)
+        # engines/vllm_pooling.py: routes vLLM registers only for a model that serves them
+        for path in pooling.RERANK_PATHS if self.cfg.scoring else ():
+            self.route("POST", path, partial(pooling.rerank, self), inference=True)
+        for path in pooling.SCORE_PATHS if self.cfg.scoring else ():
+            self.route("POST", path, partial(pooling.score, self), inference=True)
+        for task in ("transcriptions", "translations") if self.cfg.speech else ():
+            self.route("POST", f"/v1/audio/{task}", partial(pooling.speech, self, task=task), inference=True)
 
     def on_start(self) -> None:
         self.fingerprint = f"vllm-{self.cfg.version or VERSION}-{textgen.rand_hex(8)}"
