@@ -47,7 +47,7 @@ def _yield_to_the_loop() -> None:
 
 class SqliteWriter:
     """One thread and one stdlib `sqlite3` connection of their own, for append-only batches: the event loop
-    only hands a batch over and awaits its future. `sqlite3` releases the GIL while SQLite steps each row, so
+    only hands a batch over and awaits its future. `sqlite3` releases the GIL while SQLite runs each statement, so
     the loop keeps running during the write; the connection has the engine's pragmas (WAL, busy timeout,
     synchronous NORMAL) and takes the write lock at BEGIN (IMMEDIATE), so a busy database fails the batch
     within the busy timeout instead of deadlocking a reader's upgrade. The thread runs `WRITER_NICE` nicer
@@ -106,10 +106,9 @@ class SqliteWriter:
 def _statements(conn: sqlite3.Connection, sql: str, rows: Rows) -> list[tuple[str, list[Any]]]:
     """The batch as multi-row INSERTs of power-of-two sizes (at most `MAX_ROWS_PER_STATEMENT` rows, and within
     the connection's limit on bound variables), each with its values flattened in C. Why not executemany: it
-    steps once per row, and `sqlite3` gives the GIL up around every step and takes it back after, so a batch of
-    500 rows was 500 waits for the GIL behind a busy event loop (each a forced switch of up to 5 ms and two
-    context switches on a shared core: 0.2 involuntary switches per request at c1, bench/ledger_ab.py). Here
-    the thread takes the GIL once per statement to bind it, and SQLite inserts its rows in one step without it."""
+    steps (and resets, and gives the GIL up around) the statement once per row; here the thread binds a
+    statement once and SQLite inserts its rows in one step. Measured with the real writer beside a busy event
+    loop on one core: 3.7-4.0 -> 2.7-3.0 us of the writer's CPU per row (issue 36)."""
     if not rows:
         return []
     width = len(rows[0])
