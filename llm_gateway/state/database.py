@@ -20,8 +20,9 @@ exception, not to SQLAlchemy's wrapper, whose text carries the statement's param
 
 Append-only batches (the usage ledger's rows) have a path of their own, `Database.insert_rows`, that costs the
 event loop one hand-off per batch whatever its size: on SQLite a dedicated writer thread with its own stdlib
-`sqlite3` connection runs one prepared INSERT with `executemany` (the driver releases the GIL while SQLite
-works); on Postgres asyncpg's `executemany` (rows encoded in C, pipelined). Neither compiles SQL per batch:
+`sqlite3` connection runs a few multi-row INSERTs of fixed sizes, each prepared once (the driver releases
+the GIL while SQLite works); on Postgres asyncpg's `executemany` (rows encoded in C, pipelined). Neither
+compiles SQL per batch:
 SQLAlchemy's multi-row `insert().values([...])` built and compiled one bind parameter per value on the loop
 thread, ~170 µs a row, a 50-250 ms stall for a batch of 500 (bench/ledger_ab.py, issue 36).
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import itertools
 import os
 import sqlite3
 import threading
@@ -15,6 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 Rows = Sequence[Sequence[Any]]
+
+#: the most rows one INSERT statement carries (its sizes are the powers of two up to this, so the driver's
+#: statement cache holds at most 9 texts per table): a batch of 500 rows is 5 statements, not 500 steps
+MAX_ROWS_PER_STATEMENT = 256
+#: SQLite's smallest default limit on bound variables (SQLITE_MAX_VARIABLE_NUMBER before 3.32)
+_MIN_VARIABLES = 999
 
 
 def sqlite_pragmas(busy_timeout_s: float) -> tuple[str, ...]:
@@ -39,7 +47,7 @@ def _yield_to_the_loop() -> None:
 
 class SqliteWriter:
     """One thread and one stdlib `sqlite3` connection of their own, for append-only batches: the event loop
-    only hands a batch over and awaits its future. `sqlite3` releases the GIL while SQLite steps each row, so
+    only hands a batch over and awaits its future. `sqlite3` releases the GIL while SQLite runs each statement, so
     the loop keeps running during the write; the connection has the engine's pragmas (WAL, busy timeout,
     synchronous NORMAL) and takes the write lock at BEGIN (IMMEDIATE), so a busy database fails the batch
     within the busy timeout instead of deadlocking a reader's upgrade. The thread runs `WRITER_NICE` nicer
@@ -52,6 +60,8 @@ class SqliteWriter:
         self._conn: sqlite3.Connection | None = None
 
     async def insert(self, sql: str, rows: Rows, prepare: Callable[[Rows], Rows] | None) -> None:
+        """`sql` is the single-row INSERT (`INSERT INTO t (cols) VALUES (?, ...)`); the thread runs it as few
+        multi-row statements (see `_statements`)."""
         await asyncio.get_running_loop().run_in_executor(self._pool, self._insert, sql, rows, prepare)
 
     def _connection(self) -> sqlite3.Connection:
@@ -73,7 +83,8 @@ class SqliteWriter:
         data = rows if prepare is None else prepare(rows)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.executemany(sql, data)
+            for text, params in _statements(conn, sql, data):
+                conn.execute(text, params)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -90,3 +101,35 @@ class SqliteWriter:
             await asyncio.get_running_loop().run_in_executor(self._pool, self._close)
         finally:
             self._pool.shutdown(wait=False)
+
+
+def _statements(conn: sqlite3.Connection, sql: str, rows: Rows) -> list[tuple[str, list[Any]]]:
+    """The batch as multi-row INSERTs of power-of-two sizes (at most `MAX_ROWS_PER_STATEMENT` rows, and within
+    the connection's limit on bound variables), each with its values flattened in C. Why not executemany: it
+    steps (and resets, and gives the GIL up around) the statement once per row; here the thread binds a
+    statement once and SQLite inserts its rows in one step. Measured with the real writer beside a busy event
+    loop on one core: 3.7-4.0 -> 2.7-3.0 us of the writer's CPU per row (issue 36)."""
+    if not rows:
+        return []
+    width = len(rows[0])
+    limit = _MIN_VARIABLES
+    with contextlib.suppress(AttributeError, sqlite3.Error):  # getlimit: Python 3.11+
+        limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    size = MAX_ROWS_PER_STATEMENT
+    while size > 1 and size * width > limit:
+        size //= 2
+    head, _, one = sql.rpartition("VALUES")
+    out = []
+    i, n = 0, len(rows)
+    while i < n:
+        while size > n - i:
+            size //= 2
+        out.append((_text(head, one.strip(), size), list(itertools.chain.from_iterable(rows[i : i + size]))))
+        i += size
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _text(head: str, one: str, size: int) -> str:
+    """`head` followed by `size` copies of the row's placeholders `one`: built once per size."""
+    return head + "VALUES " + ", ".join(itertools.repeat(one, size))

@@ -2,8 +2,8 @@
 
 Rows come from `llm_gateway.observability.ledger` (one per generation request, buffered behind the request
 path) as tuples, the values of `ROW_COLUMNS` in order; a batch is one transaction through
-`Database.insert_rows` (a prepared INSERT run with the driver's executemany: on SQLite in the database's writer
-thread, which also adds each row's UTC day; nothing per row on the event loop). The
+`Database.insert_rows` (on SQLite a few multi-row INSERTs in the database's
+writer thread, which also adds each row's UTC day; nothing per row on the event loop). The
 report groups them by any of `DIMENSIONS` over a time range, with the cost of each group priced by the
 models' current `price` (a group is summed per model first, so a report by key alone is priced right).
 A database that is down or too slow raises `DatabaseUnavailable` (503), as everywhere in `state`.

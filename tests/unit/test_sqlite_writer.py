@@ -1,0 +1,62 @@
+"""The SQLite writer thread (state/sqlite_writer.py): a batch of ledger rows is a few multi-row statements, not
+one step per row (each step gave the GIL up and waited to take it back behind the event loop: issue 36), and
+every row lands exactly as it was handed over, whatever the batch's size."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from llm_gateway.state.database import Database
+from llm_gateway.state.sqlite_writer import MAX_ROWS_PER_STATEMENT
+from llm_gateway.state.usage import ROW_COLUMNS, UsageStore
+
+DAY1_MS = 1_764_547_200_000  # 2025-12-01T00:00:00Z
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    opened = await Database.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}", statement_timeout_s=2)
+    yield opened
+    await opened.aclose()
+
+
+def row(i: int) -> tuple[object, ...]:
+    """A row of ROW_COLUMNS whose every value says which row it is (the last one crosses midnight)."""
+    at = DAY1_MS + 86_399_000 + i * 10  # the rows from i = 100 on are on 2025-12-02
+    return (at, f"req-{i}", f"key-{i % 3}", f"kc_{i % 3}", f"m{i % 2}", "b", "chat", 200 + i % 2, "success",
+            i, 2 * i, i % 2 == 1, None if i % 5 == 0 else i / 8, i / 4)  # fmt: skip
+
+
+async def stored(db: Database) -> list[tuple[object, ...]]:
+    cols = ", ".join(ROW_COLUMNS)
+    async with db.begin() as conn:
+        raw = await conn.exec_driver_sql(f"SELECT {cols}, day FROM usage_ledger ORDER BY at_ms")
+        return [tuple(r) for r in raw.all()]
+
+
+async def test_a_batch_is_a_few_multi_row_statements_not_a_step_per_row(db: Database):
+    store = UsageStore(db)
+    await store.insert_rows([row(0)])  # the writer thread and its connection exist from here on
+    writer = db._writer
+    assert writer is not None
+    seen: list[str] = []
+    writer._connection().set_trace_callback(seen.append)
+    await store.insert_rows([row(i) for i in range(1, 501)])
+    inserts = [s for s in seen if s.lstrip().upper().startswith("INSERT")]
+    # 500 = 256 + 128 + 64 + 32 + 16 + 4: six statements; executemany traced one per row
+    assert len(inserts) <= 9, f"{len(inserts)} INSERT statements for one batch of 500 rows"
+    assert max(s.count("(?") for s in inserts) <= MAX_ROWS_PER_STATEMENT
+    assert len(await stored(db)) == 501
+
+
+@pytest.mark.parametrize("n", [1, 2, 37, 255, 256, 257, 500, 1000])
+async def test_every_row_lands_exactly_as_handed_over_whatever_the_batch_size(db: Database, n: int):
+    rows = [row(i) for i in range(n)]
+    await UsageStore(db).insert_rows(rows)
+    got = await stored(db)
+    days = ["2025-12-01" if i < 100 else "2025-12-02" for i in range(n)]
+    want = [(*r[:11], int(r[11]), *r[12:], d) for r, d in zip(rows, days, strict=True)]  # SQLite keeps bools as 0/1
+    assert got == want
