@@ -18,7 +18,8 @@ def start_profile(ctx: Ctx, name: str, pid: int, dur: float) -> tuple | None:
     if not spy.exists():
         print("    (py-spy not installed: run bench/profile.sh, which installs it)", flush=True)
         return None
-    scn = ctx.current_scenario
+    # both gateway targets can be profiled in one run: gateway-minimal's files carry its name
+    scn = ctx.current_scenario if name == "gateway" else f"{name}-{ctx.current_scenario}"
     outs = (ctx.dir / f"profile-{scn}.svg", ctx.dir / f"profile-{scn}.collapsed.txt")
     procs = []
     for fmt, out in zip(("flamegraph", "raw"), outs, strict=True):
@@ -45,7 +46,7 @@ def finish_profile(procs: list[subprocess.Popen], outs: tuple[Path, Path], scn: 
 
     top = raw.with_name(f"profile-{scn}-top.txt")
     note = "CPU seconds per thread in that window, from /proc: " + ", ".join(f"{k} {v}" for k, v in threads.items())
-    top.write_text(profile_report.from_collapsed(raw.read_text(), title=f"gateway, {scn}, py-spy", threads_note=note))
+    top.write_text(profile_report.from_collapsed(raw.read_text(), title=f"{scn}, py-spy", threads_note=note))
     return {"svg": str(svg), "collapsed": str(raw), "top": str(top)}
 
 

@@ -56,7 +56,11 @@ def measure(
         sampler.window()
     w0 = ps.tree_wait_s(pid) if pid else 0.0
     c0, t0, o0 = ps.cpu_times(), (ps.tree_cpu_s(pid) if pid else 0.0), own()
-    prof = start_profile(ctx, name, pid, a.duration) if pid and name == "gateway" and a.profile == "py-spy" else None
+    prof = (
+        start_profile(ctx, name, pid, a.duration)
+        if pid and name.startswith("gateway") and a.profile == "py-spy"
+        else None
+    )
     th0 = ps.thread_cpu(ps.main_pid(pid)) if prof else {}
     if kind == "wrk":
         r = run_wrk(ctx, url, conc, a.duration, body)

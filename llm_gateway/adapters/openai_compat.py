@@ -28,6 +28,7 @@ from llm_gateway.adapters.relay_base import ChargedError, estimate_tokens
 from llm_gateway.adapters.sse_relay import SSERelay, text_bytes, usage_from
 from llm_gateway.errors import EngineErrorAnswer
 from llm_gateway.types import BackendInfo, CallContext, Endpoint, LoadSnapshot, ProbeResult, ProbeState, Usage
+from llm_gateway.wire.client_body import encode
 
 _AUTH_HINT = ": the engine refused the gateway's key (check backends[].api_key)"
 PATHS: dict[str, str] = {
@@ -149,7 +150,7 @@ class OpenAICompatAdapter(Adapter):
         if ctx.slot is not None and self.slot_field is not None:
             b[self.slot_field] = ctx.slot
         headers = {**self.headers, "X-Request-Id": ctx.request_id}
-        return UpstreamRequest("POST", PATHS[endpoint], headers, orjson.dumps(b))
+        return UpstreamRequest("POST", PATHS[endpoint], headers, encode(b, body))  # the client's bytes if it can
 
     def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
         """Engine-specific rewrites of request fields beyond `renames`, in place on the gateway's copy."""

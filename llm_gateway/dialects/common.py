@@ -25,6 +25,7 @@ from llm_gateway.routing.request_info import FORMAT_SEP
 from llm_gateway.service.pipeline import GenerationService
 from llm_gateway.service.runtime import Runtime
 from llm_gateway.settings import ServerConfig
+from llm_gateway.wire.client_body import ClientBody
 
 if TYPE_CHECKING:
     from llm_gateway.service.batch_runner import Batches
@@ -103,7 +104,13 @@ def record_model(rec: RequestRecord, rt: Runtime, body: dict[str, Any]) -> None:
             rec.model = route.name
 
 
-async def read_json_object(ctx: HandlerContext, call: Call) -> dict[str, Any]:
+async def read_client_body(ctx: HandlerContext, call: Call) -> ClientBody:
+    """The request body as a JSON object (see `read_json_object`) that keeps the bytes it was parsed from: an
+    OpenAI-compatible engine gets those bytes where the gateway only adds fields (wire/client_body.py)."""
+    return await read_json_object(ctx, call, keep_bytes=True)  # type: ignore[return-value]
+
+
+async def read_json_object(ctx: HandlerContext, call: Call, *, keep_bytes: bool = False) -> dict[str, Any]:
     """The request body as a JSON object, within the server's size and time limits."""
     ct = call.header(b"content-type")
     if ct is not None and not ct.lower().startswith(b"application/json"):
@@ -118,4 +125,4 @@ async def read_json_object(ctx: HandlerContext, call: Call) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    return body
+    return ClientBody(body, raw) if keep_bytes else body

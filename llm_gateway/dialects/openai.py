@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from llm_gateway.dialects.common import HandlerContext, authenticate, read_json_object
+from llm_gateway.dialects.common import HandlerContext, authenticate, read_client_body
 from llm_gateway.errors import ModelNotFound
 from llm_gateway.http.call import Call
 from llm_gateway.observability.record import RequestRecord
@@ -22,7 +22,7 @@ from llm_gateway.types import Endpoint
 async def _generation(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime, endpoint: Endpoint) -> None:
     rec.endpoint = endpoint
     who = authenticate(call, rec, rt)
-    body = await read_json_object(ctx, call)
+    body = await read_client_body(ctx, call)
     await ctx.service.handle(call, rec, rt, endpoint, body, who)
 
 

@@ -235,9 +235,11 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, list[str], int,
     turn) of chat messages."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty array", param="messages")
-    chars = 0
+    # one pass, its work per message inlined (issue 36: an agent's request has ~50 messages, most of them a text and
+    # one more field, a tool call or its id): the same sums as adding each message's share in turn
     texts: list[str] = []
     as_json: list[Any] = []  # the other fields that are not strings (tool calls), measured as JSON at the end
+    chars = 16 * len(messages)
     ceiling = CEILING_BASE + CEILING_PER_MESSAGE * len(messages)
     head: list[str] = []
     fresh = True
@@ -247,14 +249,13 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, list[str], int,
         role = m.get("role")
         if not isinstance(role, str):
             raise InvalidRequest(f"messages[{i}].role must be a string", param=f"messages[{i}].role")
-        if role == "assistant" or role == "tool":
+        if fresh and (role == "assistant" or role == "tool"):
             fresh = False
-        chars += 16
         content = m.get("content")
         if isinstance(content, str):
             chars += len(content)
             texts.append(content)
-            ceiling += _utf8_size(content)
+            ceiling += len(content) if content.isascii() else len(content.encode("utf-8", "surrogatepass"))
             if len(head) < 4:
                 head.append(content)
         elif isinstance(content, list):
@@ -277,28 +278,20 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, list[str], int,
         elif content is not None and role != "assistant":
             raise InvalidRequest(f"messages[{i}].content must be a string or an array", param=f"messages[{i}].content")
         if len(m) > 2:  # name, tool_calls, tool_call_id, reasoning_content...: rendered by templates too
-            size = _other_fields_size(m, as_json)
-            chars += size
-            ceiling += size
+            for k, v in m.items():  # of strings, their text; the rest measured as JSON (as_json)
+                if k == "role" or k == "content" or v is None:
+                    continue
+                if isinstance(v, str):
+                    size = len(v) if v.isascii() else len(v.encode("utf-8", "surrogatepass"))
+                    chars += size
+                    ceiling += size
+                else:
+                    as_json.append(v)
     if as_json:  # their JSON bytes, in one encoding: a list's is theirs, n - 1 commas and its brackets
         size = len(orjson.dumps(as_json)) - len(as_json) - 1
         chars += size
         ceiling += size
     return chars, "\x00".join(head), texts, ceiling, fresh
-
-
-def _other_fields_size(message: dict[str, Any], as_json: list[Any]) -> int:
-    """The bytes of a message's fields besides its role and content: of strings, their text; the rest are
-    added to `as_json`, measured as JSON."""
-    size = 0
-    for k, v in message.items():
-        if k in ("role", "content") or v is None:
-            continue
-        if isinstance(v, str):
-            size += _utf8_size(v)
-        else:
-            as_json.append(v)
-    return size
 
 
 def _text_size(value: Any, name: str) -> int:

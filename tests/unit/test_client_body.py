@@ -1,0 +1,95 @@
+"""An OpenAI-compatible engine's body is the client's bytes with the gateway's added fields spliced in (issue 36):
+whatever the splice gives parses to exactly the dict a re-encoding gave, in the same key order; a changed or
+removed field is encoded whole; and the agent-sized chat request takes the splice through a real adapter."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llm_gateway.adapters.vllm import VLLMAdapter
+from llm_gateway.types import BackendInfo, CallContext
+from llm_gateway.wire.client_body import ClientBody, encode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import agent_request
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)  # fmt: skip
+_keys = st.sampled_from(["model", "messages", "max_tokens", "stream", "n", "x"])
+
+
+def _client(sent: dict[str, Any], spaced: bool) -> ClientBody:
+    raw = orjson.dumps(sent, option=orjson.OPT_INDENT_2) + b"\n " if spaced else orjson.dumps(sent)
+    return ClientBody(orjson.loads(raw), raw)
+
+
+@given(
+    sent=st.dictionaries(_keys, _json, max_size=5),
+    spaced=st.booleans(),
+    changes=st.lists(st.tuples(st.sampled_from(["set", "add", "del", "same"]), _keys, _json), max_size=4),
+)
+def test_the_upstream_body_is_what_encoding_the_dict_gives(
+    sent: dict[str, Any], spaced: bool, changes: list[tuple[str, str, Any]]
+) -> None:
+    body = _client(sent, spaced)
+    out = dict(body)
+    for op, k, v in changes:
+        if op == "del":
+            out.pop(k, None)
+        elif op == "same" and k in out:
+            out[k] = orjson.loads(orjson.dumps(out[k]))  # an equal value, not the same object
+        elif op == "set" or (op == "add" and k not in out):
+            out[k] = v
+    got = encode(out, body)
+    assert orjson.loads(got) == out
+    assert list(orjson.loads(got)) == list(out)  # the same order of keys
+    assert encode(out, dict(body)) == orjson.dumps(out)  # a plain dict: encoded
+
+
+def test_only_added_fields_keep_the_clients_bytes() -> None:
+    raw = b'{"model": "m",\n "messages": [{"role": "user", "content": "hi  there"}], "max_tokens": 8}\n'
+    body = ClientBody(orjson.loads(raw), raw)
+    assert encode(dict(body), body) is raw
+    assert encode({**body, "model": "m"}, body) is raw  # an equal string is the same JSON
+    added = encode({**body, "max_completion_tokens": 8}, body)
+    assert added == raw.rstrip()[:-1] + b',"max_completion_tokens":8}'
+    assert encode({**body, "model": "other"}, body) == orjson.dumps({**body, "model": "other"})
+    assert encode({**body, "max_tokens": 8.0}, body) == orjson.dumps({**body, "max_tokens": 8.0})  # 8.0 is not 8
+    # the client's own value, moved after an added field: the keys come in the dict's order
+    moved = {k: body[k] for k in ["messages", "max_tokens"]} | {"n": 1, "model": body["model"]}
+    assert list(orjson.loads(encode(moved, body))) == ["messages", "max_tokens", "n", "model"]
+    del body["max_tokens"]
+    assert encode(dict(body), body) == orjson.dumps(dict(body))
+    empty = ClientBody({}, b"{ }")
+    assert orjson.loads(encode({"a": 1}, empty)) == {"a": 1}
+
+
+def _ctx(stream: bool) -> CallContext:
+    return CallContext("chat", "fake-model", "fake-model", stream, False, "rid")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_agent_request_reaches_vllm_as_the_clients_bytes(stream: bool) -> None:
+    sent = agent_request.bodies()["chat"]
+    if stream:
+        sent = {**sent, "stream": True}
+    raw = orjson.dumps(sent)
+    body = ClientBody(orjson.loads(raw), raw)
+    adapter = VLLMAdapter(BackendInfo("b", "http://127.0.0.1:1"))
+    req = adapter.build("chat", body, _ctx(stream))
+    assert req.body.startswith(raw[:-1])  # the client's bytes, the added fields after them
+    plain = adapter.build("chat", dict(orjson.loads(raw)), _ctx(stream))
+    assert orjson.loads(req.body) == orjson.loads(plain.body)
+    renamed = adapter.build("chat", body, CallContext("chat", "fake-model", "org/Model-7B", stream, False, "rid"))
+    assert orjson.loads(renamed.body)["model"] == "org/Model-7B" and not renamed.body.startswith(raw[:-1])
