@@ -5,8 +5,9 @@ A backend with `managed` (settings/managed.py) gets a `ManagedEngine` (set as `B
 admits a request to the deployment's queue as for any backend, then waits at the engine's `gate` until the
 engine is ready (the queue-wait budget counts that time; a stream hears the usual `: queued` comments).
 Each host has one loop (`Host`) that decides, with swap_policy.py, what loads next and what is unloaded to
-make room; loads run as tasks, readiness is the adapter's own probe. An engine's process is its own process
-group, stopped by that group only (launcher.py): the gateway never signals a process it did not start.
+make room (in its memory budget, and in a swap group, where one member runs at a time); loads run as tasks,
+readiness is the adapter's own probe. An engine's process is its own process group, stopped by that group
+only (launcher.py): the gateway never signals a process it did not start.
 One that exits by itself is restarted after a backoff doubling each time, at most `max_restarts` times in a
 row (reset after `HEALTHY_S` of service); then it is `failed` for `FAILED_COOLDOWN_S`: requests get 503 at once.
 A backend with an API `loader` is one model of an engine that runs anyway (Ollama, llama-server's router, vLLM's
@@ -111,13 +112,20 @@ class Host:
                 await e.stop("idle")
                 return True
         slots = [e.slot for e in engines if e.phase != "failed"]
-        budget = self.budget
+        budget, group_of = self.budget, self.cfg.group_of()
         over = budget is not None and used_mb(slots) > budget  # models found loaded (adopted) beyond the budget
         if over and (v := victim([s for s in slots if not s.waiting], now, 1, 0.0)) is not None:
             await self.engines[v.name].stop("over_budget")
             return True
+        for s in slots:  # two of one swap group found loaded (adopted): the idle one goes
+            mates = [t for t in slots if t.resident and t.name in group_of.get(s.name, ())]
+            if len(mates) > 1 and (v := victim([t for t in mates if not t.waiting], now, 1, 0.0)) is not None:
+                await self.engines[v.name].stop("over_budget")
+                return True
         nxt = next_to_load(slots)
-        fits = nxt is not None and (budget is None or used_mb(slots) + nxt.memory_mb <= budget)
+        # a resident engine of nxt's swap group must go before nxt loads, whatever the budget
+        rivals = [] if nxt is None else [s for s in slots if s.resident and s.name in group_of.get(nxt.name, ())]
+        fits = nxt is not None and not rivals and (budget is None or used_mb(slots) + nxt.memory_mb <= budget)
         contend(slots, nxt is not None and not fits, now)
         if nxt is None:
             return False
@@ -130,7 +138,7 @@ class Host:
             target.phase, target.failed_until = "failed", mono + FAILED_COOLDOWN_S
             target.notify()
             return False
-        v = victim(slots, now, self.cfg.swap_batch, self.cfg.swap_hold_s)
+        v = victim(rivals or slots, now, self.cfg.swap_batch, self.cfg.swap_hold_s)
         if v is None:
             for e in engines:  # held-back waiters re-check (a batch ended)
                 e.notify()

@@ -200,6 +200,23 @@ class GatewayConfig(BaseSettings):
                 raise ValueError(
                     f"backends[{bi}].url: a managed backend's URL must name its port (the command's {{port}})"
                 )
+        grouped: dict[str, str] = {}
+        for g, members in self.managed.swap_groups.items():
+            where = f"managed.swap_groups.{g}"
+            if len(set(members)) < 2:
+                raise ValueError(f"{where}: a swap group needs at least two backends (distinct)")
+            hosts: set[str] = set()
+            for name in members:
+                bg = backends.get(name)
+                if bg is None:
+                    raise ValueError(f"{where}: no backend named {name!r}")
+                if bg.managed is None:
+                    raise ValueError(f"{where}: backend {name!r} is not managed (a swap group starts and stops them)")
+                if grouped.setdefault(name, g) != g:
+                    raise ValueError(f"{where}: backend {name!r} is already in swap group {grouped[name]!r}")
+                hosts.add(bg.managed.host)
+            if len(hosts) > 1:
+                raise ValueError(f"{where}: its backends must share one host (managed.host), not {sorted(hosts)}")
         for mi, m in enumerate(self.models):
             for di, d in enumerate(m.deployments):
                 where = f"models[{mi}].deployments[{di}]"

@@ -1,5 +1,5 @@
-"""Managed backends: the command that starts a backend's engine, and the per-host memory budget that
-decides which managed engines may run at once (routing/managed.py runs them; README "Models on demand").
+"""Managed backends: the command that starts a backend's engine, and the per-host memory budget and swap
+groups that decide which managed engines may run at once (routing/managed.py runs them; README "Models on demand").
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ class ManagedConfig(Strict):
 
 
 class ManagedHosts(Strict):
-    """The memory budgets of the hosts managed engines run on, and the no-thrash rule of a swap."""
+    """The memory budgets of the hosts managed engines run on, their swap groups, and the no-thrash rule of a
+    swap. A swap group's backends exclude each other (one GPU, say): at most one of them runs at a time,
+    whatever the budget; they must be managed backends of one host (checked in settings/gateway.py)."""
 
     memory_budget_mb: dict[Name, float] = Field(
         default_factory=dict, description="per host (ManagedConfig.host): MB its managed engines may hold; none: no cap"
@@ -65,3 +67,10 @@ class ManagedHosts(Strict):
     swap_hold_s: float = Field(
         10.0, gt=0, description="once another model waits, a resident one admits newcomers for at most this long"
     )
+    swap_groups: dict[Name, tuple[Name, ...]] = Field(
+        default_factory=dict, description="group name: the managed backends of which at most one runs at a time"
+    )
+
+    def group_of(self) -> dict[str, frozenset[str]]:
+        """Each grouped backend's group (itself included)."""
+        return {b: frozenset(members) for members in self.swap_groups.values() for b in members}

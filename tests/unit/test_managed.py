@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from llm_gateway.errors import NoHealthyBackend
 from llm_gateway.observability.metrics import Metrics
@@ -111,7 +113,14 @@ class FakeLauncher:
         return p is not None and p.returncode is None
 
 
-def config(budget: float, ttl: float | None = 60.0, batch: int = 3, hold_s: float = 5.0) -> GatewayConfig:
+def config(
+    budget: float | None,
+    ttl: float | None = 60.0,
+    batch: int = 3,
+    hold_s: float = 5.0,
+    groups: dict[str, list[str]] | None = None,
+    n: int = 3,
+) -> GatewayConfig:
     backends = [
         {
             "name": f"m{i}",
@@ -125,15 +134,20 @@ def config(budget: float, ttl: float | None = 60.0, batch: int = 3, hold_s: floa
                 "max_restarts": 1,
             },
         }
-        for i in range(3)
+        for i in range(n)
     ]
     models = [
-        {"name": f"m{i}", "deployments": [{"backend": f"m{i}", "model": "tiny", "format": "gguf"}]} for i in range(3)
+        {"name": f"m{i}", "deployments": [{"backend": f"m{i}", "model": "tiny", "format": "gguf"}]} for i in range(n)
     ]
     return GatewayConfig(
         backends=backends,
         models=models,
-        managed={"memory_budget_mb": {"local": budget}, "swap_batch": batch, "swap_hold_s": hold_s},
+        managed={
+            "memory_budget_mb": {} if budget is None else {"local": budget},
+            "swap_batch": batch,
+            "swap_hold_s": hold_s,
+            "swap_groups": groups or {},
+        },
     )
 
 
@@ -272,3 +286,82 @@ async def test_a_request_waiting_for_a_load_is_told_its_place_at_once_and_then_e
         assert told == []
     finally:
         await m.aclose()
+
+
+# -- swap groups: models that exclude each other, whatever the budget -----------------------------------
+
+
+async def test_two_models_of_one_swap_group_alternate_with_one_resident_at_a_time() -> None:
+    launcher = FakeLauncher()
+    m, bs = await make(config(budget=None, groups={"gpu0": ["m0", "m1"]}, batch=2), launcher)
+    try:
+        for name in ("m0", "m1", "m0"):  # one after another: each load stops the other
+            await serve(bs[name], 1)
+        assert launcher.started == ["9100", "9101", "9100"]
+        order: list[str] = []
+        done = await asyncio.wait_for(asyncio.gather(serve(bs["m0"], 6, log=order), serve(bs["m1"], 6, log=order)), 30)
+        assert done == [6, 6]  # both served, alternating under the batching rule
+        assert max(len(list(g)) for _, g in itertools.groupby(order)) <= 3, order
+        assert launcher.max_alive == 1  # never both at once
+        await serve(bs["m2"], 1)  # outside the group, no budget: it runs beside the resident one
+        assert launcher.max_alive == 2
+    finally:
+        await m.aclose()
+
+
+async def test_models_of_different_swap_groups_without_a_budget_run_together() -> None:
+    launcher = FakeLauncher()
+    m, bs = await make(config(budget=None, groups={"a": ["m0", "m1"], "b": ["m2", "m3"]}, n=4), launcher)
+    try:
+        await serve(bs["m0"], 1)
+        await serve(bs["m2"], 1)
+        assert launcher.started == ["9100", "9102"]
+        assert launcher.procs["9100"].returncode is None and launcher.procs["9102"].returncode is None
+    finally:
+        await m.aclose()
+
+
+async def test_a_swap_group_never_unloads_an_engine_with_a_request_in_flight() -> None:
+    launcher = FakeLauncher()
+    m, bs = await make(config(budget=None, groups={"gpu0": ["m0", "m1"]}, hold_s=0.1, batch=1), launcher)
+    try:
+        a, b = bs["m0"], bs["m1"]
+        assert a.managed is not None and b.managed is not None
+        assert await a.managed.gate(5.0, None, 1.0)
+        a.in_flight += 1  # a long request on m0
+        assert await b.managed.gate(0.5, None, 1.0) is False  # m1 waits: m0 is busy, and stays
+        assert a.managed.describe()["phase"] == "ready"
+        assert launcher.max_alive == 1
+        a.in_flight -= 1
+        assert await b.managed.gate(5.0, None, 1.0)  # once m0 is idle, its group makes room
+        assert a.managed.describe()["phase"] == "stopped"
+        assert launcher.max_alive == 1
+    finally:
+        await m.aclose()
+
+
+@pytest.mark.parametrize(
+    ("groups", "error"),
+    [
+        ({"gpu0": ["m0", "nope"]}, "swap_groups.gpu0: no backend named 'nope'"),
+        ({"gpu0": ["m0", "plain"]}, "swap_groups.gpu0: backend 'plain' is not managed"),
+        (
+            {"gpu0": ["m0", "m1"], "gpu1": ["m1", "m2"]},
+            "swap_groups.gpu1: backend 'm1' is already in swap group 'gpu0'",
+        ),
+        ({"gpu0": ["m0"]}, "swap_groups.gpu0: a swap group needs at least two backends (distinct)"),
+        ({"gpu0": ["m0", "m0"]}, "swap_groups.gpu0: a swap group needs at least two backends (distinct)"),
+        ({"gpu0": ["m0", "far"]}, "swap_groups.gpu0: its backends must share one host"),
+        ({"gpu 0": ["m0", "m1"]}, "swap_groups"),
+        ({"gpu0": "m0,m1"}, "swap_groups"),
+    ],
+)
+def test_a_swap_group_naming_an_unknown_or_unfit_backend_is_a_config_error(groups: object, error: str) -> None:
+    cfg = config(budget=None).model_dump(mode="json")
+    cfg["backends"].append({"name": "plain", "engine": "llama-server", "url": "http://127.0.0.1:9200"})
+    far = dict(cfg["backends"][0], name="far", url="http://127.0.0.1:9201")
+    far["managed"] = dict(far["managed"], host="other")
+    cfg["backends"].append(far)
+    cfg["managed"]["swap_groups"] = groups
+    with pytest.raises(ValidationError, match=re.escape(error)):
+        GatewayConfig(**cfg)

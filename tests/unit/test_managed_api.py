@@ -22,7 +22,7 @@ VLLM = """
 server: {{access_log: false}}
 auth: {{mode: none}}
 routing: {{retries: 0}}
-managed: {{memory_budget_mb: {{local: 150}}, swap_batch: 2, swap_hold_s: 5}}
+managed: {{{room}, swap_batch: 2, swap_hold_s: 5}}
 backends:
   - {{name: vx, engine: vllm, url: "{x}", capacity: 1, queue_timeout_s: 30, probe: {{interval_s: 0.5}},
       managed: {{loader: vllm-sleep, memory_mb: 100, start_timeout_s: 10}}}}
@@ -67,11 +67,16 @@ def test_emulated_vllm_sleep_mode_answers_as_vllm_does(vllms: dict[str, str]) ->
     assert sleeping(url) is False
 
 
+@pytest.mark.parametrize(
+    "room",
+    ["memory_budget_mb: {local: 150}", "swap_groups: {gpu0: [vx, vy]}"],  # room for one: by memory, or by group
+    ids=["budget", "swap_group"],
+)
 def test_two_vllm_servers_in_sleep_mode_budget_for_one_sleep_and_wake_in_turn(
-    vllms: dict[str, str], tmp_path: Path
+    vllms: dict[str, str], tmp_path: Path, room: str
 ) -> None:
-    with GatewayProcess(VLLM.format(x=vllms["mx"], y=vllms["my"]), tmp_path) as gw:
-        # both awake at start: the gateway counts both (adopted) and puts one to sleep to fit the budget
+    with GatewayProcess(VLLM.format(x=vllms["mx"], y=vllms["my"], room=room), tmp_path) as gw:
+        # both awake at start: the gateway counts both (adopted) and puts one to sleep to fit the budget/group
         wait_until(lambda: sleeping(vllms["mx"]) != sleeping(vllms["my"]), timeout=20, what="one server asleep")
         for model in ("mx", "my", "mx", "my"):
             r = chat(gw, model)
