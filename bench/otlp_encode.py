@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from llm_gateway.observability import otlp
+from llm_gateway.observability.tracing import CLIENT_KEYS, SERVER_KEYS
 
 RESOURCE = {"service.name": "llm-gateway", "telemetry.sdk.language": "python"}
 
@@ -64,12 +65,19 @@ def spans(n: int) -> list[otlp.Span]:
             "gateway.priority_class": "default",
         }
         ev = (("gen_ai.first_token", t + 12_000_000),)
-        out.append(("chat fake-model", trace_id, root, 0, otlp.SERVER, t, t + 80_000_000, server, ev, None, ""))
+        fixed = tuple(server.pop(k, None) for k in SERVER_KEYS)  # the request's facts that recur (error.type: None)
+        head = ("chat fake-model", trace_id, root, 0, otlp.SERVER, t, t + 80_000_000)
+        out.append((*head, SERVER_KEYS, fixed, server, ev, None, ""))
         attempt = random.getrandbits(64)
-        out.append(
-            ("chat fake-model", trace_id, attempt, root, otlp.CLIENT, t + 10, t + 79_000_000, client, (), None, "")
-        )
+        head = ("chat fake-model", trace_id, attempt, root, otlp.CLIENT, t + 10, t + 79_000_000)
+        out.append((*head, CLIENT_KEYS, tuple(client[k] for k in CLIENT_KEYS), {}, (), None, ""))
     return out
+
+
+def merged(s: otlp.Span) -> dict[str, Any]:
+    """A span's fixed and other attributes in one dict, as the official classes and the SDK take them."""
+    keys, values, attrs = s[7], s[8], s[9]
+    return {**{k: v for k, v in zip(keys, values, strict=True) if v is not None}, **attrs}
 
 
 def writer(batch: list[otlp.Span]) -> bytes:
@@ -94,7 +102,9 @@ def official(batch: list[otlp.Span]) -> bytes:
     pb = PB
     KV, PbSpan = pb["KeyValue"], pb["Span"]
     out = []
-    for name, tid, sid, parent, kind, start, end, attrs, events, _error, state in batch:
+    for s in batch:
+        name, tid, sid, parent, kind, start, end, _, _, _, events, _, state = s
+        attrs = merged(s)
         out.append(
             PbSpan(
                 trace_id=tid.to_bytes(16, "big"),
@@ -133,7 +143,9 @@ def sdk_encoding(batch: list[otlp.Span]) -> Any:
     kinds = {otlp.SERVER: SpanKind.SERVER, otlp.CLIENT: SpanKind.CLIENT}
     flags = TraceFlags(1)
     readable = []
-    for name, tid, sid, parent, kind, start, end, attrs, events, _, _ in batch:
+    for s in batch:
+        name, tid, sid, parent, kind, start, end, _, _, _, events, _, _ = s
+        attrs = merged(s)
         ctx = SpanContext(tid, sid, False, flags)
         par = SpanContext(tid, parent, False, flags) if parent else None
         evs = tuple(Event(n, None, at) for n, at in events)

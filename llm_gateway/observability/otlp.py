@@ -29,9 +29,24 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 #: a finished span: name, trace id, span id, parent span id (0: a root), kind (OTLP's: 1 internal, 2 server,
-#: 3 client), start and end (unix ns), attributes, events ((name, unix ns), ...), error (None: no error status),
-#: tracestate (the W3C header's value, "" when none)
-Span = tuple[str, int, int, int, int, int, int, dict[str, Any], tuple[tuple[str, int], ...], str | None, str]
+#: 3 client), start and end (unix ns), its fixed attributes (a constant tuple of keys and a tuple of their values,
+#: a None value left out: encoded once per distinct values and kept), its other attributes, events ((name,
+#: unix ns), ...), error (None: no error status), tracestate (the W3C header's value, "" when none)
+Span = tuple[
+    str,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    tuple[str, ...],
+    tuple[Any, ...],
+    dict[str, Any],
+    tuple[tuple[str, int], ...],
+    str | None,
+    str,
+]
 INTERNAL, SERVER, CLIENT = 1, 2, 3
 _Q = struct.Struct("<Q").pack
 _D = struct.Struct("<d").pack
@@ -86,6 +101,8 @@ class Encoder:
         #: value type -> key -> value -> the encoded attribute (by type: True == 1, so bools and ints apart)
         self._caches: dict[type, dict[str, dict[Any, bytes]]] = {str: {}, int: {}, bool: {}}
         self._floats: dict[str, bytes] = {}  # key -> the attribute's bytes before its 8-byte double
+        #: id of a keys tuple (a module constant) -> its values -> their encoded attributes
+        self._blocks: dict[int, dict[tuple[Any, ...], bytes]] = {}
 
     def request(self, spans: list[Span]) -> bytes:
         """The ExportTraceServiceRequest of `spans` (resource_spans 1 -> scope_spans 2 -> spans 2)."""
@@ -94,7 +111,7 @@ class Encoder:
 
     def span(self, s: Span) -> bytes:
         """One Span message, as ScopeSpans.spans (field 2)."""
-        name, trace_id, span_id, parent, kind, start, end, attrs, events, error, state = s
+        name, trace_id, span_id, parent, kind, start, end, keys, values, attrs, events, error, state = s
         caches = self._caches
         parts = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
         if state:
@@ -102,6 +119,17 @@ class Encoder:
         if parent:
             parts += (b"\x22\x08", parent.to_bytes(8, "big"))  # parent_span_id 4
         parts += (_len(b"\x2a", name.encode()), b"\x30", _VARINT1[kind], b"\x39", _Q(start), b"\x41", _Q(end))
+        if keys:  # the fixed attributes: one lookup for all of them (a span's request facts recur)
+            blocks = self._blocks.get(id(keys))
+            if blocks is None:
+                blocks = self._blocks[id(keys)] = {}
+            block = blocks.get(values)
+            if block is None:
+                block = b"".join(key_value(b"\x4a", k, v) for k, v in zip(keys, values, strict=True) if v is not None)
+                if len(blocks) >= _CACHE_MAX:
+                    blocks.clear()
+                blocks[values] = block
+            parts.append(block)
         for k, v in attrs.items():  # attributes 9
             t = type(v)
             if t is float:  # a time or a wait: seldom the same twice
@@ -114,16 +142,16 @@ class Encoder:
             if cache is None:  # a list (finish reasons)
                 parts.append(key_value(b"\x4a", k, v))
                 continue
-            values = cache.get(k)
-            if values is None:
-                values = cache[k] = {}
-            kv = values.get(v)
+            known = cache.get(k)
+            if known is None:
+                known = cache[k] = {}
+            kv = known.get(v)
             if kv is None:
                 kv = key_value(b"\x4a", k, v)
                 if t is not str or len(v) <= 200:
-                    if len(values) >= _CACHE_MAX:
-                        values.clear()
-                    values[v] = kv
+                    if len(known) >= _CACHE_MAX:
+                        known.clear()
+                    known[v] = kv
             parts.append(kv)
         for ev_name, at in events:  # events 11: Event.time_unix_nano 1, name 2
             parts.append(_len(b"\x5a", b"\x09" + _Q(at) + _len(b"\x12", ev_name.encode())))

@@ -55,6 +55,40 @@ _FINISH = re.compile(
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _ID64 = 1 << 64
 _MASK64 = _ID64 - 1
+#: the attributes whose values recur from request to request, as otlp.Span's fixed keys (encoded once per values)
+SERVER_KEYS = (
+    "http.request.method",
+    "url.path",
+    "gen_ai.operation.name",
+    "gen_ai.request.model",
+    "gen_ai.response.model",
+    "gateway.deployment",
+    "gateway.engine",
+    "gateway.key.name",  # the name: never the key itself
+    "gateway.priority_class",
+    "gateway.stream",
+    "gateway.attempts",
+    "gateway.retries",
+    "gateway.outcome",
+    "gateway.cancelled",
+    "http.response.status_code",
+    "error.type",
+)
+CLIENT_KEYS = (
+    "gen_ai.operation.name",
+    "gen_ai.provider.name",
+    "gen_ai.request.model",
+    "server.address",
+    "server.port",
+    "gateway.deployment",
+    "gateway.engine",
+    "gateway.model",
+    "gateway.routing.strategy",
+    "gateway.attempt",
+    "gateway.priority_class",
+)
+QUEUE_KEYS = ("gateway.priority_class",)
+_NO_ATTRS: dict[str, Any] = {}
 CONTENT_LIMIT = 64 * 1024  # characters of a prompt or an answer put on a span (capture_content)
 
 
@@ -221,6 +255,7 @@ class RequestTrace:
         "_offset",
         "_waited",
         "attrs",
+        "klass",
         "parent",
         "sampled",
         "span_id",
@@ -236,7 +271,8 @@ class RequestTrace:
         self.parent = parent  # the client's span id (its traceparent), or 0
         self.sampled = sampled  # not sampled: its ids propagate (flag 00), no span is exported
         self.state = state  # the client's tracestate, passed on as it came
-        self.attrs: dict[str, Any] = {}
+        self.attrs: dict[str, Any] = {}  # the attributes that are not SERVER_KEYS'
+        self.klass: str | None = None  # the request's priority class, once an attempt is taken
         self._offset = time.time_ns() - time.perf_counter_ns()  # the record's perf_counter times as unix ns
         self._waited = 0.0  # the queue wait already told in a span
         self._attempts = 0
@@ -248,7 +284,7 @@ class RequestTrace:
         """An attempt starts on a deployment: its CLIENT span, after a `gateway.queue` span for the wait that led
         to it (queue or backoff pause); the request's span learns its class and, once, its prompt."""
         if not self.sampled:  # its ids still go to the engine (sampled flag off): nothing else is kept
-            return AttemptTrace(self, "", {}, 0)
+            return AttemptTrace(self, "", ())
         tr = self.tracing
         now = time.time_ns()
         waited = rec.waited_s - self._waited
@@ -256,32 +292,23 @@ class RequestTrace:
         klass = CLASS_NAMES.get(ticket.priority, "default")
         self._attempts += 1
         if self._attempts == 1:
-            self.attrs["gateway.priority_class"] = klass
+            self.klass = klass
             if tr.cfg.capture_content:
                 _capture_input(self.attrs, body)
         if waited > 0:
             self._waited = rec.waited_s
-            told = {"gateway.priority_class": klass, "gateway.queue_wait_s": waited}
+            told = {"gateway.queue_wait_s": waited}
             span_id = getrandbits(64) or 1
             start = now - int(waited * 1e9)
-            tr.emit(("gateway.queue", self.trace_id, span_id, self.span_id, INTERNAL, start, now, told, (), None, ""))
+            queued = (self.trace_id, span_id, self.span_id, INTERNAL, start, now, QUEUE_KEYS, (klass,), told, (), None)
+            tr.emit(("gateway.queue", *queued, ""))
         b = dep.backend
         address, port = tr.server(b.cfg.url)
         op = OPERATIONS.get(rec.endpoint, rec.endpoint)
-        attrs: dict[str, Any] = {
-            "gen_ai.operation.name": op,
-            "gen_ai.provider.name": b.kind,
-            "gen_ai.request.model": dep.upstream_model,
-            "server.address": address,
-            "server.port": port,
-            "gateway.deployment": b.name,
-            "gateway.engine": b.kind,
-            "gateway.model": route.name,
-            "gateway.routing.strategy": route.cfg.strategy,
-            "gateway.attempt": self._attempts,
-            "gateway.priority_class": klass,
-        }
-        return AttemptTrace(self, f"{op} {dep.upstream_model}", attrs, now)
+        model = dep.upstream_model
+        n = self._attempts
+        values = (op, b.kind, model, address, port, b.name, b.kind, route.name, route.cfg.strategy, n, klass)
+        return AttemptTrace(self, f"{op} {model}", values, now)
 
     def answered(self, out: bytes) -> None:
         """A whole answer went out: its finish reasons, and its text where content is captured."""
@@ -318,54 +345,43 @@ class RequestTrace:
         if not self.sampled:
             return
         a = self.attrs
-        a["http.request.method"], a["url.path"] = rec.method, rec.path
         op = OPERATIONS.get(rec.endpoint)
-        name = f"{rec.method} {rec.path}"
-        if op is not None:
-            name = f"{op} {rec.model}"
-            a["gen_ai.operation.name"], a["gen_ai.request.model"] = op, rec.model
-        if rec.upstream_model is not None:
-            a["gen_ai.response.model"] = rec.upstream_model
+        name = f"{op} {rec.model}" if op is not None else f"{rec.method} {rec.path}"
         if rec.prompt_tokens is not None:
             a["gen_ai.usage.input_tokens"] = rec.prompt_tokens
         if rec.completion_tokens is not None:
             a["gen_ai.usage.output_tokens"] = rec.completion_tokens
-        if rec.backend != "none":
-            a["gateway.deployment"], a["gateway.engine"] = rec.backend, rec.engine
         events: tuple[tuple[str, int], ...] = ()
         if rec.ttft_s is not None:
             a["gateway.ttft_s"] = rec.ttft_s
             events = (("gen_ai.first_token", self._ns(rec.t0 + rec.ttft_s)),)
-        a["gateway.key.name"] = rec.key  # the name: never the key itself
         a["gateway.request_id"] = rec.rid
-        a["gateway.stream"] = rec.stream
-        a["gateway.attempts"] = rec.attempts
-        a["gateway.retries"] = max(0, rec.attempts - 1)
         a["gateway.queue_wait_s"] = rec.waited_s
-        a["gateway.outcome"] = rec.outcome
-        a["gateway.cancelled"] = rec.status == 499
-        a["http.response.status_code"] = rec.status
         if rec.usage_estimated:
             a["gateway.usage_estimated"] = True
-        if rec.error:
-            a["error.type"] = rec.error
-        error = (rec.error or "error") if rec.status >= 500 else None  # a server span's error: a 5xx only
-        start = self._ns(rec.t0)
-        self.tracing.emit(
-            (
-                name,
-                self.trace_id,
-                self.span_id,
-                self.parent,
-                SERVER,
-                start,
-                time.time_ns(),
-                a,
-                events,
-                error,
-                self.state,
-            )
+        served = rec.backend != "none"
+        status = rec.status
+        values = (
+            rec.method,
+            rec.path,
+            op,
+            rec.model if op is not None else None,
+            rec.upstream_model,
+            rec.backend if served else None,
+            rec.engine if served else None,
+            rec.key,
+            self.klass,
+            rec.stream,
+            rec.attempts,
+            max(0, rec.attempts - 1),
+            rec.outcome,
+            status == 499,
+            status,
+            rec.error or None,
         )
+        error = (rec.error or "error") if status >= 500 else None  # a server span's error: a 5xx only
+        span = (name, self.trace_id, self.span_id, self.parent, SERVER, self._ns(rec.t0), time.time_ns(), SERVER_KEYS)
+        self.tracing.emit((*span, values, a, events, error, self.state))
 
     @property
     def ids(self) -> tuple[str, str]:
@@ -376,14 +392,15 @@ class RequestTrace:
 class AttemptTrace:
     """One attempt's CLIENT span: its child `traceparent` goes to the engine; it ends when the slot is freed."""
 
-    __slots__ = ("attrs", "error", "name", "request", "span_id", "start")
+    __slots__ = ("attrs", "error", "name", "request", "span_id", "start", "values")
 
-    def __init__(self, request: RequestTrace, name: str, attrs: dict[str, Any], start: int) -> None:
+    def __init__(self, request: RequestTrace, name: str, values: tuple[Any, ...], start: int = 0) -> None:
         self.request = request
         self.span_id = getrandbits(64) or 1
         self.name = name
-        self.attrs = attrs
+        self.values = values  # CLIENT_KEYS' values
         self.start = start
+        self.attrs = _NO_ATTRS  # its error's, when it failed
         self.error: str | None = None
 
     def inject(self, headers: dict[str, str]) -> None:
@@ -395,19 +412,18 @@ class AttemptTrace:
 
     def failed(self, err: Any) -> None:
         """The attempt failed before any output: the error on its span (code, status, retryable)."""
-        a = self.attrs
-        a["error.type"], a["http.response.status_code"], a["gateway.retryable"] = (
-            err.code,
-            err.status,
-            bool(err.retryable),
-        )
+        self.attrs = {
+            "error.type": err.code,
+            "http.response.status_code": err.status,
+            "gateway.retryable": bool(err.retryable),
+        }
         self.error = err.code
 
     def end(self) -> None:
         r = self.request
         if r.sampled:
-            span = (self.name, r.trace_id, self.span_id, r.span_id, CLIENT, self.start, time.time_ns(), self.attrs)
-            r.tracing.emit((*span, (), self.error, r.state))
+            span = (self.name, r.trace_id, self.span_id, r.span_id, CLIENT, self.start, time.time_ns(), CLIENT_KEYS)
+            r.tracing.emit((*span, self.values, self.attrs, (), self.error, r.state))
 
 
 def _capture_input(attrs: dict[str, Any], body: dict[str, Any]) -> None:
