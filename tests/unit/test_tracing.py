@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,6 +23,7 @@ from tests.support.fake_upstream import FakeAnswer, FakeUpstream, refused
 pytest.importorskip("opentelemetry.proto", reason="the official OTLP protobufs the receiver is built on (dev extra)")
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_grpc_receiver, otlp_receiver
 
+ROOT = Path(__file__).resolve().parents[2]
 ENGINE = "http://engine-a.test"
 ONE_MESSAGE = {"model": "pm", "messages": [{"role": "user", "content": "x"}]}
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -318,14 +321,25 @@ print(any(t.name == "otlp-export" for t in threading.enumerate()),
 
 
 @pytest.mark.parametrize("enabled", [False, True])
-def test_no_opentelemetry_package_is_imported_and_the_export_thread_runs_only_with_tracing_on(enabled: bool) -> None:
+def test_no_opentelemetry_package_is_imported_and_the_export_thread_runs_only_with_tracing_on(
+    enabled: bool, tmp_path: Path
+) -> None:
     text = (
         "server: {access_log: false}\nauth: {mode: none}\n"
         "backends: [{name: e, engine: vllm, url: 'http://127.0.0.1:9'}]\n"
         "models: [{name: m, deployments: [{backend: e, model: m, format: safetensors}]}]\n"
         f"tracing: {{enabled: {str(enabled).lower()}, endpoint: 'http://127.0.0.1:9'}}\n"
     )
-    out = subprocess.run([sys.executable, "-c", PROBE, text], capture_output=True, text=True, timeout=60, check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(  # in tmp_path: the app's data dir (a relative default) is made there
+        [sys.executable, "-c", PROBE, text],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert out.stdout.split() == [str(enabled), "False"], out.stderr
 
 
