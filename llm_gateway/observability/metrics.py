@@ -141,6 +141,15 @@ class Metrics:
         )
         for reason in ("buffer_full", "shutdown"):
             self.usage_rows_dropped.labels(reason)
+        self.trace_spans_dropped = Counter(
+            "gateway_trace_spans_dropped",
+            "Trace spans not exported: the export queue was full (OTEL_BSP_MAX_QUEUE_SIZE), or the OTLP receiver "
+            "failed their batch.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("queue_full", "export_failed"):
+            self.trace_spans_dropped.labels(reason)
         self.usage_flush_errors = Counter(
             "gateway_usage_flush_errors", "Usage-ledger writes that failed (the rows stay buffered).", registry=r
         )

@@ -95,7 +95,8 @@ class Gateway:
         self.config_path = config_path
         self.server = config.server  # fixed for the process (host, port, limits of the HTTP server)
         #: OpenTelemetry traces, fixed for the process (None: off, nothing of OpenTelemetry imported)
-        self.tracing: Tracing | None = make_tracing(config.tracing)
+        dropped = self.metrics.trace_spans_dropped
+        self.tracing: Tracing | None = make_tracing(config.tracing, lambda why, n: dropped.labels(why).inc(n))
         self._upstream = upstream
         self.store = store or make_store(config.limits, self.metrics)
         self.placements = make_placements(config.limits)  # fixed for the process, as the limits store is

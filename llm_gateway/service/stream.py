@@ -69,7 +69,10 @@ async def relay_stream(
     stamps: list[float] = []
     first = True
     write = call.write
-    feed = relay.feed
+    feed: Callable[[bytes], bytes] = relay.feed
+    trace = rec.trace
+    if trace is not None and trace.sampled:  # the finish reasons of what is relayed, for the request's span
+        feed = trace.watch(feed)
     err: GatewayError | None = None
     read = resp.read_chunk
 
@@ -188,7 +191,10 @@ async def relay_stream(
     if err is not None:
         rec.outcome, rec.error = "stream_error", err.code
     call.stop_watching()
-    await call.end(kept[0] if len(kept) == 1 else b"".join(kept))
+    last = kept[0] if len(kept) == 1 else b"".join(kept)
+    if trace is not None and trace.sampled and last:  # a cut at the cap or after a failure: its finish reason
+        trace.finished(last)
+    await call.end(last)
     if relay.done and err is None and not over:  # the client has its answer; the rest of the body frees the connection
         try:
             while await read():

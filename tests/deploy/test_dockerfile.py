@@ -67,6 +67,17 @@ def test_builder_stage_builds_wheels_and_runtime_installs_only_from_them(instruc
     assert not [i for i in runtime if i.cmd in ("COPY", "ADD")], "the runtime stage copies nothing from the context"
 
 
+def test_the_image_installs_the_tracing_extra_with_what_otlp_export_imports(instructions):
+    build, runtime = stages(instructions)
+    (wheel,) = [i for i in build if i.cmd == "RUN" and "pip wheel" in i.value[0]]
+    (install,) = [i for i in runtime if i.cmd == "RUN" and "pip install" in i.value[0]]
+    assert '".[tracing]"' in wheel.value[0] and '"llm-gateway[tracing]"' in install.value[0]
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tracing"]
+    # OTLP/gRPC's one import beyond the standard library (llm_gateway/observability/otlp.py: GrpcSender)
+    assert "import grpc" in (REPO / "llm_gateway/observability/otlp.py").read_text()
+    assert any(re.match(r"grpcio\b", req) for req in extra), extra
+
+
 def test_python_version_satisfies_the_project(instructions):
     specifiers = need_module("packaging.specifiers", "packaging")
     args = dict(i.value[0].split("=", 1) for i in instructions if i.cmd == "ARG")

@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -18,9 +20,10 @@ import pytest
 from tests.conftest import ONE_BACKEND, gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream, refused
 
-pytest.importorskip("opentelemetry.sdk", reason="the tracing extra (pip install -e .[tracing])")
+pytest.importorskip("opentelemetry.proto", reason="the official OTLP protobufs the receiver is built on (dev extra)")
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_grpc_receiver, otlp_receiver
 
+ROOT = Path(__file__).resolve().parents[2]
 ENGINE = "http://engine-a.test"
 ONE_MESSAGE = {"model": "pm", "messages": [{"role": "user", "content": "x"}]}
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -61,7 +64,7 @@ def chat_whole(delay_s: float = 0.0) -> FakeAnswer:
 async def flushed(app: Any, r: OtlpReceiver, n: int) -> list[ReceivedSpan]:
     """The gateway's batched spans exported now, and at least `n` received."""
     assert app.gw.tracing is not None
-    await asyncio.to_thread(app.gw.tracing.provider.force_flush)
+    await asyncio.to_thread(app.gw.tracing.force_flush)
     for _ in range(100):
         if len(r.spans) >= n:
             break
@@ -308,24 +311,36 @@ async def test_the_standard_otel_variables_fill_what_the_config_leaves_unset(mon
 
 
 PROBE = """
-import sys
+import sys, threading
 from llm_gateway.settings.loader import parse_config
 from llm_gateway.app import create_app
 create_app(parse_config(sys.argv[1], "t.yaml", {}), probes=False)
-print(any(m.startswith("opentelemetry.sdk") for m in sys.modules), "opentelemetry.exporter" in str(list(sys.modules)))
+print(any(t.name == "otlp-export" for t in threading.enumerate()),
+      any(m.startswith(("opentelemetry", "grpc")) for m in sys.modules))
 """
 
 
 @pytest.mark.parametrize("enabled", [False, True])
-def test_opentelemetry_is_imported_only_with_tracing_on(enabled: bool) -> None:
+def test_no_opentelemetry_package_is_imported_and_the_export_thread_runs_only_with_tracing_on(
+    enabled: bool, tmp_path: Path
+) -> None:
     text = (
         "server: {access_log: false}\nauth: {mode: none}\n"
         "backends: [{name: e, engine: vllm, url: 'http://127.0.0.1:9'}]\n"
         "models: [{name: m, deployments: [{backend: e, model: m, format: safetensors}]}]\n"
         f"tracing: {{enabled: {str(enabled).lower()}, endpoint: 'http://127.0.0.1:9'}}\n"
     )
-    out = subprocess.run([sys.executable, "-c", PROBE, text], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.split() == [str(enabled), str(enabled)], out.stderr
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(  # in tmp_path: the app's data dir (a relative default) is made there
+        [sys.executable, "-c", PROBE, text],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert out.stdout.split() == [str(enabled), "False"], out.stderr
 
 
 async def test_tracing_off_makes_no_trace_objects() -> None:
@@ -335,3 +350,71 @@ async def test_tracing_off_makes_no_trace_objects() -> None:
         resp = await client.post("/v1/chat/completions", json=ONE_MESSAGE)
         assert resp.status_code == 200
     assert "traceparent" not in up.calls[0].headers
+
+
+def anthropic_event(name: str, obj: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+
+
+def messages_stream(stop_reason: str) -> FakeAnswer:
+    """vLLM's native /v1/messages stream (the gateway relays it as it is)."""
+    message = {"id": "m1", "type": "message", "role": "assistant", "content": [], "model": "upstream-model"}
+    message |= {"stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 0}}
+    block = {"type": "text", "text": ""}
+    return FakeAnswer.sse(
+        anthropic_event("message_start", {"type": "message_start", "message": message}),
+        anthropic_event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
+        anthropic_event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+        ),
+        anthropic_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        anthropic_event(
+            "message_delta",
+            {"type": "message_delta", "delta": {"stop_reason": stop_reason}, "usage": {"output_tokens": 1}},
+        ),
+        anthropic_event("message_stop", {"type": "message_stop"}),
+    )
+
+
+def chat_stream_ending(finish: str) -> FakeAnswer:
+    return FakeAnswer.sse(
+        chunk({"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}}]}),
+        chunk({"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}),
+        chunk({"id": "c1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}),
+        b"data: [DONE]\n\n",
+    )
+
+
+STREAMS = {  # API -> (client path, request body, engine path, engine stream, finish reasons on the span)
+    "chat": ("/v1/chat/completions", ONE_MESSAGE, "/v1/chat/completions", chat_stream_ending("length"), ["length"]),
+    "messages": (
+        "/v1/messages",
+        {"model": "pm", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+        "/v1/messages",
+        messages_stream("max_tokens"),
+        ["max_tokens"],
+    ),
+    # translated from the engine's chat stream: a Response that ran to its end
+    "responses": (
+        "/v1/responses",
+        {"model": "pm", "input": "x"},
+        "/v1/chat/completions",
+        chat_stream_ending("stop"),
+        ["completed"],
+    ),
+}
+
+
+@pytest.mark.parametrize("api", list(STREAMS))
+async def test_a_streams_finish_reasons_are_on_the_request_span(api: str) -> None:
+    path, body, engine_path, stream, reasons = STREAMS[api]
+    up = FakeUpstream({("POST", f"{ENGINE}{engine_path}"): stream})
+    with otlp_receiver() as r:
+        async with gateway_client(make_config(ONE_BACKEND + tracing_section(r)), upstream=up) as (client, app):
+            resp = await client.post(path, json={**body, "stream": True})
+            assert resp.status_code == 200, resp.text
+            spans = await flushed(app, r, 2)
+    root = one(spans, kind="server")
+    assert root.attributes["gateway.stream"] is True
+    assert root.attributes["gen_ai.response.finish_reasons"] == reasons

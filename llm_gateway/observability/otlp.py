@@ -1,0 +1,334 @@
+"""OTLP trace export without the OpenTelemetry SDK on the request path: finished spans as plain tuples in a bounded
+queue, encoded in the export thread straight to `ExportTraceServiceRequest` protobuf bytes, sent in batches over
+OTLP/HTTP (POST /v1/traces, application/x-protobuf) or OTLP/gRPC (`TraceService/Export`, the bytes as they are).
+
+Why not the SDK: its span objects and its OTLP encoding (message objects per attribute) cost ~54 µs per span on
+this VM, 1.56x-2.02x the CPU of an untraced request at 100 % sampling (issue 40). Here the request path appends one
+tuple per span (`Span`) and the batch thread writes the wire format itself; a span's string attributes recur
+(model, deployment, engine, route), so each key/value pair is encoded once and kept (a bounded dict).
+
+The wire format is opentelemetry-proto's trace.proto / common.proto / resource.proto (v1, field numbers as
+there; github.com/open-telemetry/opentelemetry-proto, opentelemetry/proto/trace/v1/trace.proto); a test parses
+what this writes with the official generated classes. Batching follows the SDK's BatchSpanProcessor and its
+OTEL_BSP_* variables: a queue of at most OTEL_BSP_MAX_QUEUE_SIZE spans (2048; a span that finds it full is dropped
+and counted, the loop never waits), exported every OTEL_BSP_SCHEDULE_DELAY ms (5000) or as soon as
+OTEL_BSP_MAX_EXPORT_BATCH_SIZE (512) are queued, each export bounded by OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT
+(seconds, as the Python SDK reads it; 10). OTEL_EXPORTER_OTLP_(TRACES_)HEADERS and _COMPRESSION (gzip) are sent.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import os
+import struct
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+#: a finished span: name, trace id, span id, parent span id (0: a root), kind (OTLP's: 1 internal, 2 server,
+#: 3 client), start and end (unix ns), its fixed attributes (a constant tuple of keys and a tuple of their values,
+#: a None value left out: encoded once per distinct values and kept), its other attributes, events ((name,
+#: unix ns), ...), error (None: no error status), tracestate (the W3C header's value, "" when none)
+Span = tuple[
+    str,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    tuple[str, ...],
+    tuple[Any, ...],
+    dict[str, Any],
+    tuple[tuple[str, int], ...],
+    str | None,
+    str,
+]
+INTERNAL, SERVER, CLIENT = 1, 2, 3
+_Q = struct.Struct("<Q").pack
+_D = struct.Struct("<d").pack
+_VARINT1 = [bytes((i,)) for i in range(128)]
+_CACHE_MAX = 1024  # encoded values kept per attribute key (model, deployment, ... recur; a request id does not)
+
+
+def _varint(n: int) -> bytes:
+    if n < 128:
+        return _VARINT1[n]
+    out = bytearray()
+    while n > 127:
+        out.append((n & 127) | 128)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _len(tag: bytes, data: bytes) -> bytes:
+    """A length-delimited field: tag, length, data."""
+    return tag + _varint(len(data)) + data
+
+
+def _any(value: Any) -> bytes:
+    """An AnyValue: string 1, bool 2, int 3 (int64), double 4, array 5 (ArrayValue.values 1)."""
+    t = type(value)
+    if t is str:
+        return _len(b"\x0a", value.encode())
+    if t is bool:
+        return b"\x10\x01" if value else b"\x10\x00"
+    if t is int:
+        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
+    if t is float:
+        return b"\x21" + _D(value)
+    if t is list or t is tuple:
+        return _len(b"\x2a", b"".join(_len(b"\x0a", _any(v)) for v in value))
+    return _len(b"\x0a", str(value).encode())
+
+
+def key_value(tag: bytes, key: str, value: Any) -> bytes:
+    """A KeyValue (key 1, value 2) as field `tag` of its message (a span's attributes are field 9)."""
+    return _len(tag, _len(b"\x0a", key.encode()) + _len(b"\x12", _any(value)))
+
+
+class Encoder:
+    """Spans to an ExportTraceServiceRequest: one ResourceSpans (the process's resource) with one ScopeSpans."""
+
+    def __init__(self, resource: dict[str, Any], scope: str) -> None:
+        res = b"".join(key_value(b"\x0a", k, v) for k, v in resource.items())  # Resource.attributes 1
+        self._resource = _len(b"\x0a", res)  # ResourceSpans.resource 1
+        self._scope = _len(b"\x0a", _len(b"\x0a", scope.encode()))  # ScopeSpans.scope 1 (InstrumentationScope.name)
+        #: value type -> key -> value -> the encoded attribute (by type: True == 1, so bools and ints apart)
+        self._caches: dict[type, dict[str, dict[Any, bytes]]] = {str: {}, int: {}, bool: {}}
+        self._floats: dict[str, bytes] = {}  # key -> the attribute's bytes before its 8-byte double
+        #: id of a keys tuple (a module constant) -> its values -> their encoded attributes
+        self._blocks: dict[int, dict[tuple[Any, ...], bytes]] = {}
+
+    def request(self, spans: list[Span]) -> bytes:
+        """The ExportTraceServiceRequest of `spans` (resource_spans 1 -> scope_spans 2 -> spans 2)."""
+        scope_spans = self._scope + b"".join(map(self.span, spans))
+        return _len(b"\x0a", self._resource + _len(b"\x12", scope_spans))
+
+    def span(self, s: Span) -> bytes:
+        """One Span message, as ScopeSpans.spans (field 2)."""
+        name, trace_id, span_id, parent, kind, start, end, keys, values, attrs, events, error, state = s
+        caches = self._caches
+        parts = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
+        if state:
+            parts.append(_len(b"\x1a", state.encode()))  # trace_state 3
+        if parent:
+            parts += (b"\x22\x08", parent.to_bytes(8, "big"))  # parent_span_id 4
+        parts += (_len(b"\x2a", name.encode()), b"\x30", _VARINT1[kind], b"\x39", _Q(start), b"\x41", _Q(end))
+        if keys:  # the fixed attributes: one lookup for all of them (a span's request facts recur)
+            blocks = self._blocks.get(id(keys))
+            if blocks is None:
+                blocks = self._blocks[id(keys)] = {}
+            block = blocks.get(values)
+            if block is None:
+                block = b"".join(key_value(b"\x4a", k, v) for k, v in zip(keys, values, strict=True) if v is not None)
+                if len(blocks) >= _CACHE_MAX:
+                    blocks.clear()
+                blocks[values] = block
+            parts.append(block)
+        for k, v in attrs.items():  # attributes 9
+            t = type(v)
+            if t is float:  # a time or a wait: seldom the same twice
+                kv = self._floats.get(k)
+                if kv is None:
+                    kv = self._floats[k] = _len(b"\x0a", k.encode()) + b"\x12\x09\x21"
+                parts += (b"\x4a", _VARINT1[len(kv) + 8], kv, _D(v)) if len(kv) < 120 else (key_value(b"\x4a", k, v),)
+                continue
+            cache = caches.get(t)
+            if cache is None:  # a list (finish reasons)
+                parts.append(key_value(b"\x4a", k, v))
+                continue
+            known = cache.get(k)
+            if known is None:
+                known = cache[k] = {}
+            kv = known.get(v)
+            if kv is None:
+                kv = key_value(b"\x4a", k, v)
+                if t is not str or len(v) <= 200:
+                    if len(known) >= _CACHE_MAX:
+                        known.clear()
+                    known[v] = kv
+            parts.append(kv)
+        for ev_name, at in events:  # events 11: Event.time_unix_nano 1, name 2
+            parts.append(_len(b"\x5a", b"\x09" + _Q(at) + _len(b"\x12", ev_name.encode())))
+        if error is not None:  # status 15: Status.message 2, code 3 (2: error)
+            parts.append(_len(b"\x7a", _len(b"\x12", error.encode()) + b"\x18\x02"))
+        return _len(b"\x12", b"".join(parts))
+
+
+def env_headers(var_names: tuple[str, ...]) -> dict[str, str]:
+    """OTEL_EXPORTER_OTLP_(TRACES_)HEADERS: `k=v,k2=v2`, URL-encoded (the first variable set wins)."""
+    for name in var_names:
+        raw = os.environ.get(name)
+        if raw:
+            out = {}
+            for item in raw.split(","):
+                k, sep, v = item.partition("=")
+                if sep and k.strip():
+                    out[unquote(k.strip()).lower()] = unquote(v.strip())
+            return out
+    return {}
+
+
+def _env(*names: str) -> str | None:
+    for n in names:
+        v = os.environ.get(n)
+        if v:
+            return v
+    return None
+
+
+class HttpSender:
+    """OTLP/HTTP: POST protobuf bytes to the traces URL on one kept connection (the export thread's)."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        u = urlsplit(url)
+        self.url, self.timeout_s = url, timeout_s
+        self._https, self._host, self._path = u.scheme == "https", u.netloc, u.path or "/v1/traces"
+        if u.query:
+            self._path += "?" + u.query
+        self._headers = {"content-type": "application/x-protobuf", "user-agent": "llm-gateway"}
+        self._headers.update(env_headers(("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")))
+        self._gzip = _env("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION") == "gzip"
+        if self._gzip:
+            self._headers["content-encoding"] = "gzip"
+        self._conn: http.client.HTTPConnection | None = None
+
+    def send(self, body: bytes) -> None:
+        if self._gzip:
+            body = gzip.compress(body)
+        for retry in (False, True):  # a kept connection the receiver closed: once more on a new one
+            if self._conn is None:
+                cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+                self._conn = cls(self._host, timeout=self.timeout_s)
+            try:
+                self._conn.request("POST", self._path, body, self._headers)
+                resp = self._conn.getresponse()
+                resp.read()
+            except (OSError, http.client.HTTPException):
+                self.close()
+                if retry:
+                    raise
+                continue
+            if resp.status >= 300:
+                raise OSError(f"OTLP receiver answered {resp.status}")
+            return
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class GrpcSender:
+    """OTLP/gRPC: the bytes as the request of `TraceService/Export` (no serializer: grpcio sends bytes as they are)."""
+
+    METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+    def __init__(self, endpoint: str, timeout_s: float, insecure: bool | None) -> None:
+        import grpc  # type: ignore[import-untyped]
+
+        u = urlsplit(endpoint if "://" in endpoint else "//" + endpoint)
+        target = u.netloc or endpoint
+        if insecure is None:
+            flag = _env("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE") or ""
+            insecure = u.scheme == "http" or flag.lower() == "true"
+        self.url, self.timeout_s = target, timeout_s
+        self._channel = (
+            grpc.insecure_channel(target) if insecure else grpc.secure_channel(target, grpc.ssl_channel_credentials())
+        )
+        self._export: Callable[..., Any] = self._channel.unary_unary(self.METHOD)
+        headers = env_headers(("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"))
+        self._metadata = tuple(headers.items())
+        gz = _env("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION") == "gzip"
+        self._compression = grpc.Compression.Gzip if gz else None
+
+    def send(self, body: bytes) -> None:
+        self._export(body, timeout=self.timeout_s, metadata=self._metadata, compression=self._compression)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class Batcher:
+    """The bounded queue of finished spans and the thread that exports them in batches (the SDK's BSP, simpler:
+    `add` is a deque append, and wakes the thread only when a batch is full)."""
+
+    def __init__(self, encoder: Encoder, sender: Any, on_drop: Callable[[str, int], None]) -> None:
+        num = _int_env
+        self.max_queue = num("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
+        self.batch = min(num("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), self.max_queue)
+        self.delay_s = num("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self.encoder, self.sender, self._on_drop = encoder, sender, on_drop
+        self._queue: deque[Span] = deque()
+        self._wake = threading.Event()
+        self._flushed = threading.Condition()
+        self._flush_asked = 0
+        self._flush_done = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="otlp-export", daemon=True)
+        self._thread.start()
+
+    def add(self, span: Span) -> None:
+        """A finished span (on the loop: never waits; a full queue drops it, counted)."""
+        q = self._queue
+        n = len(q)
+        if n >= self.max_queue:
+            self._on_drop("queue_full", 1)
+            return
+        q.append(span)
+        if n + 1 == self.batch:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.delay_s)
+            self._wake.clear()
+            with self._flushed:
+                asked = self._flush_asked
+            self._export_all()
+            with self._flushed:
+                self._flush_done = asked
+                self._flushed.notify_all()
+            if self._stop:
+                return
+
+    def _export_all(self) -> None:
+        """Export what is queued now, in batches; what comes in meanwhile waits for the next wake (else each send
+        would be followed by another of the few spans that came in during it: many small requests)."""
+        q = self._queue
+        left = len(q)
+        while left > 0:
+            n = min(self.batch, left)
+            left -= n
+            batch = [q.popleft() for _ in range(n)]
+            try:
+                self.sender.send(self.encoder.request(batch))
+            except Exception:  # a receiver down or slow: these spans are lost, counted; the next batch tries again
+                self._on_drop("export_failed", len(batch))
+
+    def force_flush(self, timeout_s: float = 30.0) -> bool:
+        """Export what is queued now (blocking: not on the loop); True when done in time."""
+        with self._flushed:
+            self._flush_asked += 1
+            target = self._flush_asked
+            self._wake.set()
+            return self._flushed.wait_for(lambda: self._flush_done >= target, timeout_s)
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Export what is queued, then stop the thread and close the connection (blocking)."""
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout_s)
+        self.sender.close()
+
+
+def _int_env(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, "") or default))
+    except ValueError:
+        return default

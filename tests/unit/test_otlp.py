@@ -1,0 +1,189 @@
+"""The gateway's own OTLP writer and batcher (observability/otlp.py): what it writes is what the official protobufs
+(opentelemetry-proto) parse, field for field and value for value; a full queue drops and counts, never waits; a
+failed export is counted; only what was queued at a wake goes in that wake's batches; the sampler follows
+OTEL_TRACES_SAMPLER as the SDK does."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from llm_gateway.observability import otlp
+from llm_gateway.observability.tracing import Tracing
+from llm_gateway.settings import TracingConfig
+
+pb = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan  # noqa: E402
+
+KEYS = ("fixed.str", "fixed.none", "fixed.int", "fixed.bool")
+SPAN: otlp.Span = (
+    "chat modèle",
+    0x4BF92F3577B34DA6A3CE929D0E0E4736,
+    0x00F067AA0BA902B7,
+    0x1122334455667788,
+    otlp.CLIENT,
+    1_700_000_000_123_456_789,
+    1_700_000_000_987_654_321,
+    KEYS,
+    ("é", None, 300, True),
+    {
+        "s": "x" * 300,  # a 2-byte length
+        "neg": -5,
+        "big": 2**62,
+        "f": 0.125,
+        "t": True,
+        "no": False,
+        "zero": 0,
+        "reasons": ["stop", "length"],
+        "ints": [1, 2],
+    },
+    (("gen_ai.first_token", 1_700_000_000_200_000_000),),
+    "upstream_unreachable",
+    "vendor=abc",
+)
+
+
+def value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [value(x) for x in v.array_value.values]
+    return getattr(v, kind)
+
+
+def parsed(data: bytes) -> Any:
+    return pb.ExportTraceServiceRequest.FromString(data)
+
+
+def test_what_the_writer_writes_is_what_the_official_protobufs_read() -> None:
+    enc = otlp.Encoder({"service.name": "gw", "n": 1}, "llm_gateway")
+    req = parsed(enc.request([SPAN, SPAN]))  # twice: the second from the caches
+    (rs,) = req.resource_spans
+    assert {a.key: value(a.value) for a in rs.resource.attributes} == {"service.name": "gw", "n": 1}
+    (ss,) = rs.scope_spans
+    assert ss.scope.name == "llm_gateway" and len(ss.spans) == 2 and ss.spans[0] == ss.spans[1]
+    s = ss.spans[0]
+    assert s.name == "chat modèle" and s.kind == PbSpan.SPAN_KIND_CLIENT
+    assert (s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex()) == (
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+        "00f067aa0ba902b7",
+        "1122334455667788",
+    )
+    assert (s.start_time_unix_nano, s.end_time_unix_nano) == (SPAN[5], SPAN[6]) and s.trace_state == "vendor=abc"
+    attrs = {a.key: value(a.value) for a in s.attributes}
+    assert attrs == {"fixed.str": "é", "fixed.int": 300, "fixed.bool": True, **SPAN[9]}
+    assert [(e.name, e.time_unix_nano) for e in s.events] == [("gen_ai.first_token", 1_700_000_000_200_000_000)]
+    assert s.status.code == s.status.STATUS_CODE_ERROR and s.status.message == "upstream_unreachable"
+
+
+def test_a_root_span_without_error_has_no_parent_and_an_unset_status() -> None:
+    root = ("r", 1, 2, 0, otlp.SERVER, 1, 2, (), (), {}, (), None, "")
+    (s,) = parsed(otlp.Encoder({}, "x").request([root])).resource_spans[0].scope_spans[0].spans
+    assert s.parent_span_id == b"" and s.status.code == s.status.STATUS_CODE_UNSET and s.kind == PbSpan.SPAN_KIND_SERVER
+    assert s.trace_id == (1).to_bytes(16, "big") and s.trace_state == ""
+
+
+class Sender:
+    def __init__(self, fail: bool = False, slow_s: float = 0.0) -> None:
+        self.batches: list[int] = []
+        self.fail, self.slow_s = fail, slow_s
+        self.closed = False
+
+    def send(self, body: bytes) -> None:
+        time.sleep(self.slow_s)
+        if self.fail:
+            raise OSError("refused")
+        self.batches.append(len(parsed(body).resource_spans[0].scope_spans[0].spans))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_full_queue_drops_and_counts_without_waiting_and_a_failed_export_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "4")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
+    drops: list[tuple[str, int]] = []
+    b = otlp.Batcher(otlp.Encoder({}, "x"), Sender(fail=True), lambda why, n: drops.append((why, n)))
+    t = time.perf_counter()
+    for _ in range(10):
+        b.add(SPAN)
+    assert time.perf_counter() - t < 0.05
+    assert drops == [("queue_full", 1)] * 6
+    assert b.force_flush(5)
+    assert drops[-1] == ("export_failed", 4)
+    b.shutdown()
+
+
+def test_a_wake_exports_what_was_queued_and_leaves_what_came_in_during_the_send_for_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
+    sender = Sender(slow_s=0.1)
+    b = otlp.Batcher(otlp.Encoder({}, "x"), sender, lambda why, n: None)
+    b.add(SPAN)
+    b.add(SPAN)  # a full batch: the thread wakes and sends it (0.1 s)
+    time.sleep(0.03)
+    b.add(SPAN)  # during that send
+    time.sleep(0.2)
+    assert sender.batches == [2]  # not a send of its own right after: it waits for the next wake
+    assert b.force_flush(5)
+    b.shutdown()
+    assert sender.batches == [2, 1] and sender.closed
+
+
+@pytest.mark.parametrize(
+    ("sampler", "arg", "new_kept", "unsampled_parent_kept"),
+    [
+        ("parentbased_always_on", None, True, False),
+        ("always_on", None, True, True),
+        ("parentbased_always_off", None, False, False),
+        ("parentbased_traceidratio", "0", False, False),
+        ("traceidratio", "1", True, True),
+    ],
+)
+def test_otel_traces_sampler_decides_as_the_sdk_does(
+    monkeypatch: pytest.MonkeyPatch, sampler: str, arg: str | None, new_kept: bool, unsampled_parent_kept: bool
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    if arg is not None:
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    tr = Tracing(TracingConfig(enabled=True, endpoint="http://127.0.0.1:9"))
+    try:
+        assert tr.begin(None, {}).sampled is new_kept  # type: ignore[arg-type]
+        parent = {b"traceparent": b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}
+        got = tr.begin(None, parent)  # type: ignore[arg-type]
+        assert got.sampled is unsampled_parent_kept and got.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736
+    finally:
+        tr.shutdown()
+
+
+def test_the_sampling_ratio_keeps_the_share_of_new_traces_the_sdk_would() -> None:
+    tr = Tracing(TracingConfig(enabled=True, endpoint="http://127.0.0.1:9", sampling_ratio=0.25))
+    try:
+        kept = sum(tr.begin(None, {}).sampled for _ in range(20_000))  # type: ignore[arg-type]
+        assert 4_400 < kept < 5_600
+    finally:
+        tr.shutdown()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # all-zero trace id
+        b"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # all-zero span id
+        b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # version ff
+        b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",  # version 00 with more fields
+        b"00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",  # short
+    ],
+)
+def test_an_invalid_traceparent_starts_a_new_trace(header: bytes) -> None:
+    tr = Tracing(TracingConfig(enabled=True, endpoint="http://127.0.0.1:9"))
+    try:
+        got = tr.begin(None, {b"traceparent": header})  # type: ignore[arg-type]
+        assert got.parent == 0 and got.trace_id != 0x4BF92F3577B34DA6A3CE929D0E0E4736
+    finally:
+        tr.shutdown()
