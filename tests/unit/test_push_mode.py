@@ -101,7 +101,7 @@ class DirectExchange(Exchange):
 
 
 def _job(call: Exchange) -> Any:
-    rec = SimpleNamespace(t0=0.0, ttft_s=None, live=None, outcome="ok", error=None)
+    rec = SimpleNamespace(t0=0.0, ttft_s=None, live=None, outcome="ok", error=None, trace=None)
     info = SimpleNamespace(prompt_tokens=3, choices=1)
     return SimpleNamespace(
         call=call, rec=rec, info=info, native=None, progress=None, output_cap=None, answered=lambda attempt: []
