@@ -40,6 +40,7 @@ def form(model: str = "whisper", audio: bytes = AUDIO, **fields: str) -> tuple[b
 
 
 @pytest.mark.parametrize("task", ["transcriptions", "translations"])
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the SDK marks `audio.translations` deprecated
 async def test_the_sdk_form_reaches_vllm_with_the_engines_model_name(task: str) -> None:
     up = FakeUpstream({("POST", f"http://vllm.test/v1/audio/{task}"): FakeAnswer.json(HEARD)})
     app = create_app(make_config(CONFIG), upstream=up, probes=False)
@@ -48,7 +49,7 @@ async def test_the_sdk_form_reaches_vllm_with_the_engines_model_name(task: str) 
         client = openai.AsyncOpenAI(base_url="http://gw.test/v1", api_key=TEST_KEY, http_client=http)
         create = client.audio.transcriptions.create if task == "transcriptions" else client.audio.translations.create
         got = await create(model="whisper", file=("a.wav", AUDIO, "audio/wav"))
-    await app.gw.aclose()
+    await app.shutdown()
     assert got.text == "hello there"
     sent = up.calls[0]
     assert sent.headers["content-type"].startswith("multipart/form-data; boundary=")
