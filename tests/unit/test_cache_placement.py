@@ -4,9 +4,11 @@ Deterministically: a conversation's placement key (its session, else the block k
 is the same every turn and differs between conversations that share only a system prompt; a conversation nobody
 placed goes to the rendezvous hash of that key over the candidates, whatever their order or the rotation, so every
 replica derives the same deployment, and removing a deployment moves only the conversations that were on it; the
-replicas' shared record (`assigned`) wins over the local one, and a hot assigned replica still yields.
+replicas' shared record (`assigned`) wins over the local one, and a hot assigned replica still yields; under hash
+placement (no Redis) the hash wins over the local record too, so a yield lasts one turn.
 Through HTTP: three in-process gateway replicas in front of the same two engines, each turn to the next replica,
-keep every conversation on one engine (without Redis, by the hash alone); with a real Redis, the replicas follow a
+keep every conversation on one engine (without Redis, by the hash alone), and after one replica moved a turn away
+from a hot engine, all three send the next turn home once it is cool; with a real Redis, the replicas follow a
 placement another replica recorded (a moved conversation) instead of the hash, and no session id reaches Redis.
 """
 
