@@ -28,15 +28,21 @@ the failover order). Strategies:
   1. hot replicas yield: a candidate with `spare` > `max_imbalance` goes after every other (by load);
      imbalance, not absolute load, so a uniformly busy pool keeps its affinity;
   2. a session seen before stays where it was last served: where the replicas' shared record says
-     (`assigned`, routing/placements.py), else where this replica last sent it (the most recent);
+     (`assigned`, routing/placements.py), else, with `spread_new` or without a placement key, where this
+     replica last sent it (the most recent);
   3. a conversation with a placement key (`affinity_key`: its session key, or its first user message's
-     block key, prefix_cache.anchor_key) that no record places goes to the highest rendezvous hash of
-     that key over the candidates left: every gateway replica derives the same deployment from the same
+     block key, prefix_cache.anchor_key) that no shared record places goes to the highest rendezvous hash
+     of that key over the candidates left: every gateway replica derives the same deployment from the same
      key, so the turns of one conversation meet on one engine without any replica having seen it before.
+     Without `spread_new` (hash placement: `affinity.new_conversations: hash`, or `auto` without Redis)
+     the hash wins over this replica's own record: a yield (rule 1) is a detour for one turn, and the
+     next goes home again unless home is still hot there. Otherwise the replica that moved a conversation
+     would keep it away through its record while the others, which never saw the move, sent it home: the
+     turns would flip-flop between engines (bench/agent_cache.py, 3 replicas: 1.21x the recompute of one).
      With `spread_new` (where the replicas share their placements through Redis, or
      `affinity.new_conversations: load`) a new conversation spreads by load instead (rule 4): the shared
-     record carries its placement to the other replicas, and load spreads a handful of sessions more
-     evenly than a hash does;
+     record (or, with one replica, its own) carries its placement to the later turns, and load spreads a
+     handful of sessions more evenly than a hash does;
   4. a new conversation (no assistant turn yet, `fresh`) or one no candidate holds any of spreads by
      least load (ties take turns);
   5. otherwise the highest `match - load_weight * spare` goes first (production-stack's `loadaware`
@@ -150,7 +156,7 @@ def order(
         return by_load
     if strategy == "cache_aware":
         key = None if spread_new and fresh else affinity_key
-        return _cache_aware(cands, scores, by_load, fresh, load_weight, max_imbalance, key)
+        return _cache_aware(cands, scores, by_load, fresh, load_weight, max_imbalance, key, not spread_new)
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
@@ -162,6 +168,7 @@ def _cache_aware(
     load_weight: float,
     max_imbalance: float,
     key: str | None = None,
+    hashed: bool = False,
 ) -> list[int]:
     """The `cache_aware` order (the module's docstring has the rules). Its load leaves the KV-cache fill out:
     a full cache is what this strategy routes to, and llama-server's fill (its busy slots) repeats a probe ago
@@ -174,9 +181,10 @@ def _cache_aware(
     for i in cool:
         if cands[i].assigned:
             return [i] + [j for j in by_load if j != i]
-    seen = max(cool, key=lambda i: cands[i].session_at)
-    if cands[seen].session_at > 0.0:
-        return [seen] + [i for i in by_load if i != seen]
+    if key is None or not hashed:  # hash placement: the hash, the same on every replica, wins over this record
+        seen = max(cool, key=lambda i: cands[i].session_at)
+        if cands[seen].session_at > 0.0:
+            return [seen] + [i for i in by_load if i != seen]
     if key is not None:
         first = max(cool, key=lambda i: _rendezvous(key, cands[i].key))
         return [first] + [i for i in by_load if i != first]

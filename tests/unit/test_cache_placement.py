@@ -4,9 +4,11 @@ Deterministically: a conversation's placement key (its session, else the block k
 is the same every turn and differs between conversations that share only a system prompt; a conversation nobody
 placed goes to the rendezvous hash of that key over the candidates, whatever their order or the rotation, so every
 replica derives the same deployment, and removing a deployment moves only the conversations that were on it; the
-replicas' shared record (`assigned`) wins over the local one, and a hot assigned replica still yields.
+replicas' shared record (`assigned`) wins over the local one, and a hot assigned replica still yields; under hash
+placement (no Redis) the hash wins over the local record too, so a yield lasts one turn.
 Through HTTP: three in-process gateway replicas in front of the same two engines, each turn to the next replica,
-keep every conversation on one engine (without Redis, by the hash alone); with a real Redis, the replicas follow a
+keep every conversation on one engine (without Redis, by the hash alone), and after one replica moved a turn away
+from a hot engine, all three send the next turn home once it is cool; with a real Redis, the replicas follow a
 placement another replica recorded (a moved conversation) instead of the hash, and no session id reaches Redis.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
@@ -128,8 +131,17 @@ def test_the_shared_record_wins_over_the_local_one_and_the_hash() -> None:
     k = next(f"c{i:x}" for i in range(100) if first([view("a/m"), view("b/m")], f"c{i:x}") == "a/m")
     assert first([view("a/m"), view("b/m", assigned=True)], k) == "b/m"
     assert first([view("a/m", session_at=NOW - 1), view("b/m", assigned=True)], k) == "b/m"
-    assert first([view("a/m", session_at=NOW - 1), view("b/m")], k) == "a/m"  # the local record next
+    assert first([view("a/m"), view("b/m", session_at=NOW - 1)], k, spread_new=True) == "b/m"  # the local record next
     assert first([view("a/m"), view("b/m", assigned=True, in_flight=3)], k) == "a/m"  # hot: it yields
+
+
+def test_with_hash_placement_the_hash_wins_over_the_local_record_unless_home_is_hot() -> None:
+    # this replica moved the conversation to b (a was hot here); the other replicas never saw the move
+    k = next(f"c{i:x}" for i in range(100) if first([view("a/m"), view("b/m")], f"c{i:x}") == "a/m")
+    moved = [view("a/m", session_at=NOW - 20), view("b/m", session_at=NOW - 1)]
+    assert first(moved, k) == "a/m"  # home is no longer hot: home again, as every other replica would
+    assert first([view("a/m", session_at=NOW - 20, in_flight=3), view("b/m", session_at=NOW - 1)], k) == "b/m"
+    assert first(moved, None) == "b/m"  # no placement key: the local record still decides
 
 
 # -- three replicas through HTTP --------------------------------------------------------------------------
@@ -165,6 +177,31 @@ async def test_three_replicas_keep_each_conversation_on_one_engine_without_a_sha
     served = await replicas_run(3, sessions=6, turns=4)
     assert all(len(set(turns)) == 1 for turns in served.values()), served
     assert len({turns[0] for turns in served.values()}) == 2, served  # and the conversations use both engines
+
+
+async def test_after_a_yield_every_replica_sends_the_next_turn_home_once_home_is_cool() -> None:
+    """Without Redis: one replica sees the conversation's home engine hot and moves a turn to the other engine;
+    once home is cool again, that replica and the two that never saw the move all send the next turn home."""
+    from llm_gateway.types import LoadSnapshot
+
+    up = engines()
+    async with AsyncExitStack() as stack:
+        pairs = [await stack.enter_async_context(gateway_client(config("cache_aware"), upstream=up)) for _ in range(3)]
+        clients = [c for c, _ in pairs]
+
+        async def turn(r: int, t: int) -> str:
+            body = {"model": "agent", "messages": conversation(0, t)}
+            resp = await clients[r].post("/v1/chat/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            return str(resp.headers["x-gateway-backend"])
+
+        home = await turn(0, 1)
+        away = next(n for n in NAMES if n != home)
+        backend = pairs[1][1].gw.runtime.table.backends[home]
+        backend.load = LoadSnapshot(running=0.0, waiting=10_000.0, kv=0.0, at=time.monotonic())  # hot on replica 1
+        assert await turn(1, 2) == away  # it yields
+        backend.load = None  # home is cool again
+        assert [await turn(r, 3 + r) for r in (1, 2, 0)] == [home] * 3
 
 
 async def test_new_conversations_load_spreads_them_evenly_on_one_replica_and_hash_does_not() -> None:
