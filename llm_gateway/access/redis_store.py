@@ -41,6 +41,21 @@ log = logging.getLogger("gateway.limits")
 _KINDS = {1: "requests", 2: "tokens", 3: "concurrency", 4: "budget", 5: "budget"}
 
 
+def fail_fast_client(url: str, timeout_ms: int, pool_size: int) -> aioredis.Redis:
+    """A Redis client for a shared store on the request path: every call bounded by `timeout_ms` (connect
+    included), no retries and no health-check round trips, at most `pool_size` connections. Its callers fall back
+    (fail open or closed, as each decides) when it raises, so a slow Redis never stalls a request."""
+    t = timeout_ms / 1000
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=t,
+        socket_connect_timeout=t,
+        retry=Retry(NoBackoff(), 0),
+        max_connections=pool_size,
+        health_check_interval=0,
+    )
+
+
 class RedisStore:
     def __init__(
         self,
@@ -51,16 +66,8 @@ class RedisStore:
         on_state: Callable[[bool], None] | None = None,
         pool_size: int = 64,
     ) -> None:
-        t = timeout_ms / 1000
-        self._timeout = t
-        self._redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=t,
-            socket_connect_timeout=t,
-            retry=Retry(NoBackoff(), 0),
-            max_connections=pool_size,
-            health_check_interval=0,
-        )
+        self._timeout = timeout_ms / 1000
+        self._redis = fail_fast_client(url, timeout_ms, pool_size)
         self._reserve = self._redis.register_script(RESERVE)
         self._finish = self._redis.register_script(FINISH)
         self._tag = "{" + prefix + "}"

@@ -42,21 +42,12 @@ class RedisPlacements:
     """The shared placements in Redis (one GET per cache_aware request, one SET when the placement changed)."""
 
     def __init__(self, url: str, *, prefix: str = "llmgw", timeout_ms: int = 100) -> None:
-        import redis.asyncio as aioredis  # imported only when the limits store is Redis
-        from redis.backoff import NoBackoff
-        from redis.exceptions import RedisError
-        from redis.retry import Retry
+        from redis.exceptions import RedisError  # imported only when the limits store is Redis
 
-        t = timeout_ms / 1000
-        self._timeout = t
-        self._redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=t,
-            socket_connect_timeout=t,
-            retry=Retry(NoBackoff(), 0),
-            max_connections=32,
-            health_check_interval=0,
-        )
+        from llm_gateway.access.redis_store import fail_fast_client
+
+        self._timeout = timeout_ms / 1000
+        self._redis = fail_fast_client(url, timeout_ms, 32)
         self._tag = "{" + prefix + "}:place:"
         self._down_until = 0.0
         self._errors: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
