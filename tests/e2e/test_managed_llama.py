@@ -33,7 +33,7 @@ BACKEND = """
     probe: {{interval_s: 0.5}}
     managed:
       command: [{binary}, -m, {gguf}, --alias, "{{model}}", --host, "{{host}}", --port, "{{port}}",
-                -c, "512", -np, "1", -t, "1", --no-ui]
+                -c, "4096", -np, "1", -t, "1", --no-ui]
       memory_mb: 100
       idle_ttl_s: {ttl}
       start_timeout_s: 60
@@ -169,19 +169,27 @@ def test_an_idle_engine_is_stopped_after_its_ttl(short_ttl_gateway: GatewayProce
 def test_kill_9_mid_stream_gives_an_error_event_and_the_next_request_a_restarted_engine(
     gateway: GatewayProcess,
 ) -> None:
-    body = {**BODY, "model": "m2", "max_tokens": 400, "stream": True, "temperature": 0}  # greedy: no early end
+    # the engine is started (and its PID known) before the stream, and the stream asks for far more tokens
+    # than the tiny model writes before the kill: the kill lands right after the first content event, not
+    # after a /readyz round trip during which the tiny model (well under a millisecond a token) could finish
+    # a short answer (it did: 400 tokens, a whole answer, one run in three on a loaded machine)
+    assert chat(gateway, "m2").status_code == 200
+    [killed] = engine_pids(gateway)
+    body = {**BODY, "model": "m2", "max_tokens": 3500, "stream": True, "temperature": 0}  # greedy: no early end
     events: list[str] = []
-    killed = None
+    sent = False
     with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=150) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if not line.startswith("data: "):
                 continue
             events.append(line[6:])
-            if killed is None and len(events) >= 3:
-                [killed] = engine_pids(gateway)
+            if not sent and '"content":"' in line[6:] and '"content":""' not in line[6:]:
                 os.kill(killed, signal.SIGKILL)  # the engine the gateway started, by its PID
-    assert killed is not None, events  # it was still streaming when killed
+                sent = True
+    assert sent, events
+    finished = [e for e in events if '"finish_reason":"' in e]
+    assert not finished, finished  # cut mid-answer: the engine never finished it
     assert events[-1] == "[DONE]"
     errors = [orjson.loads(e)["error"] for e in events if e.startswith('{"error"')]
     assert len(errors) == 1, (len(events), events[-3:])
