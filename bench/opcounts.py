@@ -18,8 +18,10 @@ bytecodes for C calls is measured by instructions.sh or run.sh.
 
 `--tokens 0` (the default) sends whole (non-streamed) requests; `--tokens 8` streams of 8 tokens at the
 engine's `--tpot-ms`; `--dialect messages` or `responses` asks for them as Anthropic's or the Responses
-API's (translated, as the board's msg64/resp64 do). `--gateway-dir` counts another checkout (a `git worktree`
-of the commit before a change), run by the same interpreter (BENCH_PY, as every bench script).
+API's (translated, as the board's msg64/resp64 do). `--agent` sends agent_request.py's 74 KB coding-agent
+request (20 tools, 46 messages) in the dialect's own shape instead of request.json. `--gateway-dir` counts
+another checkout (a `git worktree` of the commit before a change), run by the same interpreter (BENCH_PY, as
+every bench script).
 """
 
 from __future__ import annotations
@@ -89,17 +91,26 @@ def _name(code: types.CodeType) -> str:
 
 
 # -- the load: N requests, one at a time ------------------------------------------------------------------
-def _request(port: int, tokens: int, dialect: str = "chat") -> bytes:
+def _request(port: int, tokens: int, dialect: str = "chat", agent: bool = False) -> bytes:
     import stream_client as sc
     import targets as tg
 
-    body = json.loads((BENCH / "request.json").read_bytes())
-    body["stream"] = tokens > 0
-    if tokens:
-        body["max_tokens"] = tokens
-    if dialect != "chat":  # the same stream asked for in another API (as the board's msg64/resp64 ask for it)
-        body = sc.dialect_body(body, dialect, tokens)
-    data = json.dumps(body).encode()
+    if agent:  # agent_request.py's 74 KB coding-agent request, in the dialect's own shape
+        import agent_request
+
+        body = agent_request.bodies()[dialect]
+        body["stream"] = tokens > 0
+        if tokens:
+            body["max_tokens"] = tokens
+        data = agent_request.encode(body)
+    else:
+        body = json.loads((BENCH / "request.json").read_bytes())
+        body["stream"] = tokens > 0
+        if tokens:
+            body["max_tokens"] = tokens
+        if dialect != "chat":  # the same stream asked for in another API (as the board's msg64/resp64 ask for it)
+            body = sc.dialect_body(body, dialect, tokens)
+        data = json.dumps(body).encode()
     headers = "".join(f"{k}: {v}\r\n" for k, v in sc.request_headers(dialect, tg.API_KEY).items())
     return (
         f"POST {sc.PATHS[dialect]} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}Content-Length: {len(data)}\r\n\r\n"
@@ -121,9 +132,15 @@ def _answer_done(buf: bytes, streamed: bool) -> bool:
 
 
 def send_requests(
-    port: int, n: int, tokens: int, new_connections: bool, timeout: float = 30.0, dialect: str = "chat"
+    port: int,
+    n: int,
+    tokens: int,
+    new_connections: bool,
+    timeout: float = 30.0,
+    dialect: str = "chat",
+    agent: bool = False,
 ) -> None:
-    req = _request(port, tokens, dialect)
+    req = _request(port, tokens, dialect, agent)
     sock: socket.socket | None = None
     try:
         for _ in range(n):
@@ -195,11 +212,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             )
             _wait_port(gw, gateway, "the gateway", glog)
             send_requests(
-                gw, a.warmup, a.tokens, a.new_connections, dialect=a.dialect
+                gw, a.warmup, a.tokens, a.new_connections, dialect=a.dialect, agent=a.agent
             )  # caches, pools, the first probes
             gateway.send_signal(signal.SIGUSR1)
             time.sleep(0.2)
-            send_requests(gw, a.requests, a.tokens, a.new_connections, dialect=a.dialect)
+            send_requests(gw, a.requests, a.tokens, a.new_connections, dialect=a.dialect, agent=a.agent)
             gateway.send_signal(signal.SIGUSR2)
             if not ps.wait_until(out.exists, 10, 0.05):
                 raise RuntimeError(f"the gateway wrote no counts; see {glog}")
@@ -215,6 +232,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "tpot_ms": a.tpot_ms,
         "new_connections": a.new_connections,
         "dialect": a.dialect,
+        "agent": a.agent,
         "gateway_dir": str(gdir),
         "python": sys.version.split()[0],
         "executable": sys.executable,
@@ -313,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--new-connections", action="store_true", help="each request on a new connection")
     r.add_argument(
         "--dialect", choices=("chat", "messages", "responses"), default="chat", help="streams asked for in this API"
+    )
+    r.add_argument(
+        "--agent", action="store_true", help="agent_request.py's 74 KB coding-agent request instead of request.json"
     )
     r.add_argument("--top", type=int, default=30)
     r.add_argument("--out", help="write the counts here (JSON, for `diff`)")
