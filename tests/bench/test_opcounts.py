@@ -68,9 +68,20 @@ def _run(tmp_path: Path, **kw: Any) -> dict[str, Any]:
         tpot_ms=1.0,
         new_connections=False,
         dialect="chat",
+        agent=False,
     )
     vars(a).update(kw)
     return opcounts.run(a)
+
+
+def test_an_agent_run_counts_the_74_kb_request_in_its_dialect(tmp_path: Path) -> None:
+    counts = _run(tmp_path, requests=3, warmup=1, tokens=8, dialect="messages", agent=True)
+    assert counts["config"]["agent"] is True
+    agent = opcounts.per_function(counts)
+    small = opcounts.per_function(_run(tmp_path, requests=3, warmup=1, tokens=8, dialect="messages"))
+    estimate = ("llm_gateway/routing/request_info.py", "_messages")
+    assert agent[estimate] > 10 * small[estimate]  # 46 messages sized, not request.json's one
+    assert agent[("llm_gateway/dialects/anthropic/blocks.py", "_assistant")] > 0  # translated from Anthropic blocks
 
 
 def test_a_dialect_run_counts_its_translated_streams(tmp_path: Path) -> None:
