@@ -407,7 +407,10 @@ STREAMS = {  # API -> (client path, request body, engine path, engine stream, fi
 
 
 @pytest.mark.parametrize("api", list(STREAMS))
-async def test_a_streams_finish_reasons_are_on_the_request_span(api: str) -> None:
+async def test_a_streams_finish_reasons_are_on_the_request_span(
+    api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a stored response goes to the default data dir (./data): not the checkout's
     path, body, engine_path, stream, reasons = STREAMS[api]
     up = FakeUpstream({("POST", f"{ENGINE}{engine_path}"): stream})
     with otlp_receiver() as r:
