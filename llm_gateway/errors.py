@@ -29,7 +29,8 @@ The tree says what each error means, so that callers branch on classes, never on
             │   └── ConnectFailed     the TCP connection could not be made: the backend is down
             ├── UpstreamTimeout
             ├── UpstreamProtocolError
-            └── StreamInterrupted
+            ├── StreamInterrupted
+            └── AdapterLoadFailed     the engine would not load a LoRA adapter (routing/lora.py)
 
 `retryable` (another backend could succeed where this one failed) is a class attribute where it is
 constant, and an instance attribute on `EngineErrorAnswer`, where the adapter decides it per answer.
@@ -228,3 +229,9 @@ class StreamInterrupted(BackendFailure):
     """The upstream stream ended abnormally after the first byte reached the client."""
 
     code = "stream_interrupted"
+
+
+class AdapterLoadFailed(BackendFailure):
+    """The engine refused or failed to load the LoRA adapter a request asked for (another replica may load it)."""
+
+    code = "adapter_load_failed"

@@ -28,6 +28,21 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class LoraCall:
+    """The LoRA adapter one call asks for (routing/lora.py): its name on the engine, the engine's own handle for
+    it where it has one (llama-server's adapter id), and its scale."""
+
+    name: str
+    engine_id: int | None = None
+    scale: float = 1.0
+
+
+#: a call for the model itself where the model has adapters: an engine that would apply its start-up adapters to
+#: a request that names none (llama-server) is told to apply none
+NO_ADAPTER = LoraCall("", None, 0.0)
+
+
 @dataclass(slots=True)
 class CallContext:
     """What an adapter needs to know about one call."""
@@ -48,6 +63,8 @@ class CallContext:
     priority_rank: int | None = None
     #: the engine slot to ask for (routing/slots.py), for an engine whose adapter names a `slot_field`
     slot: int | None = None
+    #: the LoRA adapter to apply (a model's adapter: adapters/lora.py names it in the body); None: the base model
+    lora: LoraCall | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from llm_gateway.adapters.lora import LoraDriver
 from llm_gateway.errors import EngineErrorAnswer, GatewayError
 from llm_gateway.types import BackendInfo, CallContext, Endpoint, ProbeResult, Usage
 from llm_gateway.wire.chat_events import ChatTranslation
@@ -137,6 +138,8 @@ class Adapter(ABC):
     #: None where an engine takes none; `slot_count` is how many the engine said it has at the last probe
     slot_field: ClassVar[str | None] = None
     slot_count: int = 0
+    #: how the engine serves LoRA adapters of its model (adapters/lora.py); None: it serves none
+    lora: ClassVar[LoraDriver | None] = None
 
     def engine_priority(self, rank: int) -> int:
         """The engine's `priority` value for a gateway class rank (higher rank: sooner)."""

@@ -76,6 +76,7 @@ import orjson
 from llm_gateway.adapters.base import ProbeClient, TokenizeClient
 from llm_gateway.adapters.error_bodies import EngineError, upstream_error
 from llm_gateway.adapters.field_table import FieldTable, chat_fields, completions_fields, passed, refused
+from llm_gateway.adapters.lora import LlamaServerLora, LoraDriver
 from llm_gateway.adapters.openai_compat import OpenAICompatAdapter, json_field, prompt_fields, window_size
 from llm_gateway.errors import EngineErrorAnswer
 from llm_gateway.types import Endpoint, LoadSnapshot
@@ -147,6 +148,7 @@ class LlamaServerAdapter(OpenAICompatAdapter):
     field_table: ClassVar[FieldTable | None] = FIELDS
     #: each model's `status.value` when the last probe found a router, else None (a single-model server)
     router_status: dict[str, str] | None = None
+    lora: ClassVar[LoraDriver | None] = LlamaServerLora()
 
     def translate(self, endpoint: Endpoint, body: dict[str, Any]) -> None:
         if endpoint == "completions":  # the values left (the table refused the others) ask nothing: not sent

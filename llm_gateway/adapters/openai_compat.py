@@ -149,6 +149,8 @@ class OpenAICompatAdapter(Adapter):
         self.translate(endpoint, b)
         if ctx.slot is not None and self.slot_field is not None:
             b[self.slot_field] = ctx.slot
+        if ctx.lora is not None and self.lora is not None:
+            self.lora.apply(b, ctx.lora)
         headers = {**self.headers, "X-Request-Id": ctx.request_id}
         return UpstreamRequest("POST", PATHS[endpoint], headers, encode(b, body))  # the client's bytes if it can
 

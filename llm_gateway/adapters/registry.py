@@ -59,5 +59,10 @@ def unsupported_capabilities(kind: str) -> frozenset[str]:
     return ADAPTERS[kind].unsupported_capabilities | {cap for cap, kinds in served.items() if kind not in kinds}
 
 
+def serves_lora(kind: str) -> bool:
+    """Can the engine serve LoRA adapters of its model (adapters/lora.py)?"""
+    return ADAPTERS[kind].lora is not None
+
+
 def schedules_by_priority(kind: str) -> bool:
     return ADAPTERS[kind].schedules_by_priority

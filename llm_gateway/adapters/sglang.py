@@ -48,6 +48,7 @@ import orjson
 
 from llm_gateway.adapters.base import ProbeClient
 from llm_gateway.adapters.field_table import FieldTable, chat_fields, completions_fields, passed, refused
+from llm_gateway.adapters.lora import LoraDriver, SGLangLora
 from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, OpenAICompatAdapter
 from llm_gateway.types import LoadSnapshot
 
@@ -90,6 +91,7 @@ class SGLangAdapter(OpenAICompatAdapter):
     #: `--enable-priority-scheduling` reads the request's `priority`, higher values first unless
     #: `--schedule-low-priority-values-first` (sglang srt/managers/schedule_policy.py `priority_sign`)
     schedules_by_priority: ClassVar[bool] = True
+    lora: ClassVar[LoraDriver | None] = SGLangLora()
 
     def engine_priority(self, rank: int) -> int:
         return rank  # interactive 2, default 1, batch 0

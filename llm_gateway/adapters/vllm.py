@@ -59,6 +59,7 @@ import orjson
 from llm_gateway.adapters.anthropic_native import MessagesNativeAdapter
 from llm_gateway.adapters.base import TokenizeClient
 from llm_gateway.adapters.field_table import FieldTable, chat_fields, completions_fields, passed, refused
+from llm_gateway.adapters.lora import LoraDriver, VLLMLora
 from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, json_field, prompt_fields
 from llm_gateway.types import Endpoint
 
@@ -114,6 +115,7 @@ class VLLMAdapter(MessagesNativeAdapter):
     #: `--scheduling-policy priority` reads the request's `priority`, lower values first (vLLM
     #: entrypoints/openai/chat_completion/protocol.py `priority`, v1/core/sched/scheduler.py)
     schedules_by_priority: ClassVar[bool] = True
+    lora: ClassVar[LoraDriver | None] = VLLMLora()
 
     def engine_priority(self, rank: int) -> int:
         return 2 - rank  # interactive 0, default 1, batch 2

@@ -62,6 +62,7 @@ def snapshot(ctx: AdminContext) -> dict[str, Any]:
                 "in_flight": b.in_flight,
                 "capacity": b.cfg.capacity,
                 "managed": b.managed.describe() if b.managed is not None else None,  # routing/managed.py
+                "lora": b.loras.describe() if b.loras.held else None,  # its engine's LoRA adapters (routing/lora.py)
                 "load": None
                 if load is None
                 else {

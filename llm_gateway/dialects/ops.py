@@ -34,6 +34,8 @@ async def readyz(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
         if b.managed is not None:
             entry["managed"] = b.managed.describe()
             on_demand = on_demand or b.managed.startable()
+        if b.loras.held:  # the LoRA adapters its engine holds (routing/lora.py)
+            entry["lora"] = b.loras.describe()
         backends[b.name] = entry
     ready = on_demand or any(v["state"] in ("ready", "busy") for v in backends.values())
     status = 200 if ready else 503

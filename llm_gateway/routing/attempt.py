@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from llm_gateway.errors import BackendFailure, ConnectFailed, EngineErrorAnswer, GatewayError
 from llm_gateway.routing.admission import Ticket
 from llm_gateway.routing.table import Deployment, ModelRoute
+from llm_gateway.types import LoraCall
 
 if TYPE_CHECKING:
     from llm_gateway.observability.tracing import AttemptTrace
@@ -50,7 +51,7 @@ class Attempt:
     """One try on `deployment` (of `route`: the model or the fallback it belongs to), holding its slot from
     creation until `release`."""
 
-    __slots__ = ("_held", "_open", "deployment", "route", "slot", "ticket", "trace")
+    __slots__ = ("_held", "_open", "deployment", "lora", "route", "slot", "ticket", "trace")
 
     def __init__(self, deployment: Deployment, route: ModelRoute, ticket: Ticket) -> None:
         """Taken: the caller has its admission slot and the breaker's permission; the backend counts it."""
@@ -61,6 +62,9 @@ class Attempt:
         self._open = True  # the breaker not told yet
         self.trace: AttemptTrace | None = None  # its span, where the request is traced (service/request.py)
         self.slot: int | None = None  # the engine slot it asks for (routing/slots.py), given back on release
+        self.lora: LoraCall | None = (
+            None  # the LoRA adapter it pinned on its engine (routing/lora.py), unpinned on release
+        )
         deployment.backend.in_flight += 1
 
     def ok(self) -> None:
@@ -104,6 +108,8 @@ class Attempt:
             dep.backend.in_flight -= 1
             if self.slot is not None:
                 dep.slots.give_back(self.slot)
+            if self.lora is not None:
+                dep.backend.loras.unpin(self.lora.name, time.monotonic())
             if self.trace is not None:
                 self.trace.end()
 

@@ -35,6 +35,7 @@ from llm_gateway.routing import prefix_cache, selection
 from llm_gateway.routing.admission import Ticket
 from llm_gateway.routing.attempt import Attempt
 from llm_gateway.routing.candidates import eligible, explain_ineligible, explain_too_long, fits, fits_in_any
+from llm_gateway.routing.lora import LoraPlacer
 from llm_gateway.routing.placements import SessionPlacements
 from llm_gateway.routing.request_info import RequestInfo, affinity_key
 from llm_gateway.routing.table import Deployment, ModelRoute, RoutingTable
@@ -144,11 +145,13 @@ class Dispatcher:
         metrics: Metrics,
         rng: random.Random | None = None,
         placements: SessionPlacements | None = None,
+        loras: LoraPlacer | None = None,
     ) -> None:
         self.cfg = routing
         self.metrics = metrics
         self.rng = rng or random.Random()
         self.placements = placements  # cache_aware's placements shared by the replicas (routing/placements.py)
+        self.loras = loras  # loads a model's LoRA adapter where a request needs it (routing/lora.py)
 
     def _order(
         self,
@@ -315,10 +318,16 @@ class Dispatcher:
                 attempts += 1
                 job.took(attempt)
                 try:
+                    if dep.adapter is not None and self.loras is not None:  # its engine must hold the adapter
+                        t = time.monotonic()
+                        attempt.lora = await self.loras.acquire(dep, dep.backend.cfg.queue_timeout_s)
+                        job.waited(time.monotonic() - t)  # a load is a wait, not the gateway's overhead
                     result = await exchange(attempt)
                 except GatewayError as e:
                     attempt.failed(e)
                     attempt.release()
+                    if attempt.lora is not None and e.code == "upstream_model_not_found":
+                        dep.backend.loras.forget(attempt.lora.name)  # the engine lost it (a restart): load it again
                     if not e.retryable:
                         raise
                     last = e

@@ -16,9 +16,17 @@ from llm_gateway.adapters.base import Adapter
 from llm_gateway.adapters.registry import adapter_for
 from llm_gateway.routing.admission import Admission
 from llm_gateway.routing.breaker import Breaker
+from llm_gateway.routing.lora_book import LoraBook
 from llm_gateway.routing.prefix_cache import PrefixRecord
 from llm_gateway.routing.slots import SlotBook
-from llm_gateway.settings import PRIORITY_RANKS, BackendConfig, DeploymentConfig, GatewayConfig, ModelConfig
+from llm_gateway.settings import (
+    PRIORITY_RANKS,
+    AdapterConfig,
+    BackendConfig,
+    DeploymentConfig,
+    GatewayConfig,
+    ModelConfig,
+)
 from llm_gateway.types import BackendInfo, LoadSnapshot
 from llm_gateway.upstream.base import UpstreamTimeouts
 
@@ -59,6 +67,8 @@ class Backend:
     busy_until: float = 0.0
     #: the engine the gateway starts and stops (a backend with `managed`), set by routing/managed.py
     managed: OnDemand | None = None
+    #: the LoRA adapters its engine holds (routing/lora.py)
+    loras: LoraBook = field(default_factory=LoraBook)
     #: the config's name and the adapter's engine kind, read on every request: plain attributes, not
     #: properties over the pydantic config (a Python call each); a reload keeps a backend only with the
     #: same name and engine, so they never change
@@ -92,6 +102,10 @@ class Deployment:
     admission: Admission
     breaker: Breaker
     key: str
+    #: the LoRA adapter this deployment serves on top of its model (a model's `adapters`); None: the model itself
+    adapter: AdapterConfig | None = None
+    #: the model itself, of a model with adapters: its engine is told to apply none (adapters/lora.py)
+    base_of_adapters: bool = False
     #: the engine's name for the model (the config's `model`), fixed: it is part of the deployment's key
     upstream_model: str = field(init=False)
     #: what cache_aware routing sent it (prefix_cache.py); kept across reloads with the deployment
@@ -125,11 +139,13 @@ class Deployment:
         """Is the deployment's model loaded on its engine (no cold load ahead)? None: the engine cannot tell.
         Looked up like the context window: by the upstream model's name, else an engine's one model."""
         known = self.backend.resident
-        if not known:
-            return None
-        found = known.get(self.upstream_model)
-        if found is None and self.backend.adapter.ignores_model_name and len(known) == 1:
-            return next(iter(known.values()))
+        found = None
+        if known:
+            found = known.get(self.upstream_model)
+            if found is None and self.backend.adapter.ignores_model_name and len(known) == 1:
+                found = next(iter(known.values()))
+        if self.adapter is not None and found is not False:  # an adapter: resident where its engine holds it
+            return self.backend.loras.holds(self.adapter.name)
         return found
 
     def model_present(self) -> bool:
@@ -173,6 +189,16 @@ def _timeouts(b: BackendConfig) -> UpstreamTimeouts:
     return UpstreamTimeouts(t.connect_s, t.first_byte_s, t.idle_s, t.total_s)
 
 
+def _with_adapters(models: Iterable[ModelConfig]) -> Iterable[tuple[ModelConfig, AdapterConfig | None]]:
+    """Each model, then one model per LoRA adapter of it: named `<model>:<adapter>` with the adapter's aliases and
+    the model's deployments (those on engines that serve adapters), each deployment serving that adapter."""
+    for mc in models:
+        yield mc, None
+        for a in mc.adapters:
+            name, *aliases = mc.adapter_names(a)
+            yield mc.model_copy(update={"name": name, "aliases": tuple(aliases), "adapters": (), "fallbacks": ()}), a
+
+
 def build_table(cfg: GatewayConfig, previous: RoutingTable | None = None) -> RoutingTable:
     old_backends = previous.backends if previous else {}
     old_deps: dict[tuple[str, str], Deployment] = {}
@@ -191,20 +217,24 @@ def build_table(cfg: GatewayConfig, previous: RoutingTable | None = None) -> Rou
             backends[bc.name] = old
         else:
             backends[bc.name] = Backend(bc, adapter, _timeouts(bc))
+        backends[bc.name].loras.limit = bc.max_adapters
 
     routes: dict[str, ModelRoute] = {}
     models: list[ModelRoute] = []
     r = cfg.routing
     reserved = {PRIORITY_RANKS[c]: n for c, n in r.reserved_slots.items()}
-    for mc in cfg.models:
+    for mc, lora in _with_adapters(cfg.models):
         deps = []
         for dc in mc.deployments:
             b = backends[dc.backend]
-            key = f"{b.name}/{dc.model}"
+            if lora is not None and b.adapter.lora is None:
+                continue  # an engine that serves no adapters serves only the model itself
+            key = f"{b.name}/{dc.model}" + (f":{lora.name}" if lora is not None else "")
             limit = dc.max_concurrency or b.cfg.max_concurrency
             prev = old_deps.get((mc.name, key))
             if prev is not None and prev.backend is b:
-                prev.cfg = dc
+                prev.cfg, prev.adapter = dc, lora
+                prev.base_of_adapters = lora is None and bool(mc.adapters)
                 prev.admission.limit, prev.admission.max_queue = limit, b.cfg.max_queue
                 prev.admission.starvation_s = r.starvation_s
                 prev.admission.reserved = reserved
@@ -226,6 +256,8 @@ def build_table(cfg: GatewayConfig, previous: RoutingTable | None = None) -> Rou
                         ),
                         Breaker(r.breaker_failures, r.breaker_cooldown_s),
                         key,
+                        lora,
+                        lora is None and bool(mc.adapters),
                     )
                 )
         route = ModelRoute(mc, deps)

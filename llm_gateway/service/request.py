@@ -24,7 +24,7 @@ from llm_gateway.routing.session_key import session_of
 from llm_gateway.routing.table import ModelRoute
 from llm_gateway.service.queue_progress import QueueProgress
 from llm_gateway.service.runtime import Runtime
-from llm_gateway.types import CallContext, Endpoint
+from llm_gateway.types import NO_ADAPTER, CallContext, Endpoint
 
 
 @dataclass(slots=True)
@@ -80,9 +80,13 @@ class Job:
             self.call.rid,
             self.rt.config.server.reasoning_field,
             self.body.get("encoding_format") == "base64",
-            nat.native_api if nat and dep.backend.adapter.speaks_natively(nat.native_api, nat.native_body) else None,
+            # (an adapter is named in the engine's OpenAI body: a native pass-through would not name it)
+            nat.native_api
+            if nat and attempt.lora is None and dep.backend.adapter.speaks_natively(nat.native_api, nat.native_body)
+            else None,
             attempt.ticket.priority if dep.cfg.engine_priority else None,  # for engines that schedule by it
             attempt.slot,
+            attempt.lora if attempt.lora is not None else NO_ADAPTER if dep.base_of_adapters else None,
         )
 
     def answered(self, attempt: Attempt) -> Headers:

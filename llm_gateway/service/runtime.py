@@ -22,6 +22,7 @@ from llm_gateway.observability.metrics import Metrics
 from llm_gateway.observability.tracing import Tracing, make_tracing
 from llm_gateway.routing.dispatch import Dispatcher
 from llm_gateway.routing.gauges import TableGauges
+from llm_gateway.routing.lora import LoraMetrics, LoraPlacer
 from llm_gateway.routing.placements import SessionPlacements
 from llm_gateway.routing.table import RoutingTable, build_table
 from llm_gateway.settings import GatewayConfig, LimitsConfig
@@ -100,6 +101,8 @@ class Gateway:
         self._upstream = upstream
         self.store = store or make_store(config.limits, self.metrics)
         self.placements = make_placements(config.limits)  # fixed for the process, as the limits store is
+        #: loads models' LoRA adapters where requests need them (routing/lora.py); its metrics from the start
+        self.loras = LoraPlacer(lambda: self.upstream, lambda: LoraMetrics(self.metrics, lambda: self.runtime.table))
         self.runtime = self.build_runtime(config, None)
         self.metrics.watch(TableGauges(lambda: self.runtime.table))
 
@@ -125,7 +128,7 @@ class Gateway:
             table=build_table(config, previous.table if previous else None),
             auth=Authenticator(config.auth),
             limiter=limiter,
-            dispatcher=Dispatcher(config.routing, m, placements=self.placements),
+            dispatcher=Dispatcher(config.routing, m, placements=self.placements, loras=self.loras),
             session_header=config.routing.session_header.lower().encode(),
             format_header=config.routing.format_header.lower().encode(),
             priority_header=config.routing.priority_header.lower().encode(),

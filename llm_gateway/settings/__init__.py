@@ -23,6 +23,7 @@ from llm_gateway.settings.access import (
     Price,
 )
 from llm_gateway.settings.gateway import (
+    AdapterConfig,
     AffinityConfig,
     BackendConfig,
     DeploymentConfig,
@@ -57,6 +58,7 @@ __all__ = [
     "CLASS_NAMES",
     "DATABASE_SCHEMES",
     "PRIORITY_RANKS",
+    "AdapterConfig",
     "AdminConfig",
     "AdminKeyConfig",
     "AffinityConfig",

