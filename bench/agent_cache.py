@@ -29,6 +29,10 @@ session moves are not known (-).
 (s + t) mod 3 (a round-robin balancer in front of them, per request); `--redis` gives them a real redis-server
 (`limits.store: redis`), through which cache_aware shares its placements (routing/placements.py).
 
+`--engine vllm` runs two vLLM CPU servers (tests/support/real_engines.py's VllmServer: the tiny HF model, the v1
+engine's prefix caching, on by default) instead: their computed prompt tokens are `vllm:prompt_tokens_total` less
+`vllm:prefix_cache_hits_total` (both in tokens), smg's per-engine requests come from `vllm:generation_tokens_total`.
+
 `--session-header claude-code` sends `x-claude-code-session-id` on every turn, as Claude Code does (then
 prefix_affinity and cache_aware also have the session); the default sends none, so routing sees only prompts.
 Engine flags go through `--engine-args` (e.g. `"--slot-prompt-similarity 0"`, `"--cache-ram 0"`).
@@ -56,12 +60,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "emulators")]
 
 from bench.routing_compare import free_port, start, stop  # noqa: E402
-from tests.support.real_engines import LlamaServer  # noqa: E402
+from tests.support.real_engines import LlamaServer, VllmServer  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 
 WORDS = ["read", "edit", "grep", "file", "line", "error", "test", "build", "module", "function", "value", "path"]
 PROMPT_COUNTER = re.compile(rb"^llamacpp:prompt_tokens_total\s+([0-9.e+]+)", re.M)
 PREDICTED_COUNTER = re.compile(rb"^llamacpp:tokens_predicted_total\s+([0-9.e+]+)", re.M)
+#: vLLM (v1 engine, prefix caching on by default): prompt tokens received, and of them those found in its prefix
+#: cache (tokens, not blocks: vllm/v1/metrics/loggers.py), so computed = prompt - hits; generated tokens for smg's row
+VLLM_PROMPT = re.compile(rb"^vllm:prompt_tokens_total\{[^}]*\}\s+([0-9.e+]+)", re.M)
+VLLM_HITS = re.compile(rb"^vllm:prefix_cache_hits_total\{[^}]*\}\s+([0-9.e+]+)", re.M)
+VLLM_GENERATED = re.compile(rb"^vllm:generation_tokens_total\{[^}]*\}\s+([0-9.e+]+)", re.M)
 SMG = ROOT / "bench" / ".venvs" / "smg" / "bin" / "smg"
 
 
@@ -93,6 +102,17 @@ async def prompt_tokens_total(
     async with session.get(url + "/metrics") as r:
         m = counter.search(await r.read())
         return float(m.group(1)) if m else 0.0
+
+
+async def computed_total(session: aiohttp.ClientSession, url: str, engine: str) -> float:
+    """The prompt tokens an engine computed so far: llama-server counts only those it evaluated; vLLM counts
+    every prompt token, and apart those its prefix cache held."""
+    if engine == "llama-server":
+        return await prompt_tokens_total(session, url)
+    async with session.get(url + "/metrics") as r:
+        text = await r.read()
+    prompt, hits = VLLM_PROMPT.search(text), VLLM_HITS.search(text)
+    return (float(prompt.group(1)) if prompt else 0.0) - (float(hits.group(1)) if hits else 0.0)
 
 
 async def one_turn(
@@ -174,13 +194,16 @@ async def workload(a: argparse.Namespace, targets: list[str], pin: bool) -> dict
     return {"sent": sent, "ttfts": ttfts, "by": by_backend, "errors": errors, "moves": moves, "paths": paths}
 
 
-def gateway_config(strategy: str, urls: list[str], parallel: int, affinity: str, redis: str | None = None) -> str:
+def gateway_config(
+    strategy: str, urls: list[str], parallel: int, affinity: str, redis: str | None = None, engine: str = "llama-server"
+) -> str:
+    fmt = "gguf" if engine == "llama-server" else "safetensors"
     backends = "".join(
-        f'  - {{name: e{i}, engine: llama-server, url: "{u}", capacity: {parallel}, probe: {{interval_s: 0.5}}}}\n'
+        f'  - {{name: e{i}, engine: {engine}, url: "{u}", capacity: {parallel}, probe: {{interval_s: 0.5}}}}\n'
         for i, u in enumerate(urls)
     )
     deps = "".join(
-        f"      - {{backend: e{i}, model: agent, format: gguf, capabilities: [chat, tools]}}\n"
+        f"      - {{backend: e{i}, model: agent, format: {fmt}, capabilities: [chat, tools]}}\n"
         for i in range(len(urls))
     )
     return f"""
@@ -208,10 +231,17 @@ async def metric_lines(url: str, prefix: str) -> list[str]:
 
 def run_one(a: argparse.Namespace, strategy: str) -> dict[str, Any]:
     extra = shlex.split(a.engine_args)
-    engines = [
-        LlamaServer(alias="agent", parallel=a.parallel, ctx_size=a.ctx, threads=1, extra_args=extra).start()
-        for _ in range(2)
-    ]
+    engines: list[Any] = []
+    for _ in range(2):
+        if a.engine == "vllm":  # tools need a parser (vLLM refuses `tools` without one); prefix caching is its default
+            tools = ("--enable-auto-tool-choice", "--tool-call-parser", "pythonic")
+            eng: Any = VllmServer(
+                served_model_name="agent", max_model_len=a.ctx, max_num_seqs=a.parallel, extra_args=(*tools, *extra)
+            )
+        else:
+            eng = LlamaServer(alias="agent", parallel=a.parallel, ctx_size=a.ctx, threads=1, extra_args=extra)
+        engines.append(eng)
+        eng.start()
     gws: list[Any] = []
     cfg_path = None
     redis = None
@@ -220,11 +250,13 @@ def run_one(a: argparse.Namespace, strategy: str) -> dict[str, Any]:
 
         async def counters() -> list[float]:
             async with aiohttp.ClientSession() as http:
-                return [await prompt_tokens_total(http, u) for u in urls]
+                return [await computed_total(http, u, a.engine) for u in urls]
+
+        generated = PREDICTED_COUNTER if a.engine == "llama-server" else VLLM_GENERATED
 
         async def predicted() -> list[float]:
             async with aiohttp.ClientSession() as http:
-                return [await prompt_tokens_total(http, u, PREDICTED_COUNTER) for u in urls]
+                return [await prompt_tokens_total(http, u, generated) for u in urls]
 
         before = asyncio.run(counters())
         predicted_before = asyncio.run(predicted())
@@ -242,7 +274,7 @@ def run_one(a: argparse.Namespace, strategy: str) -> dict[str, Any]:
             if a.redis:
                 redis = RedisServer(Path(tempfile.mkdtemp(prefix="agent-cache-redis-"))).start()
             with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-                f.write(gateway_config(strategy, urls, a.parallel, a.affinity, redis.url if redis else None))
+                f.write(gateway_config(strategy, urls, a.parallel, a.affinity, redis.url if redis else None, a.engine))
             cfg_path = f.name
             targets, pin = [], False
             for _ in range(a.replicas):
@@ -282,8 +314,11 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--strategies", default="oracle,round_robin,least_load,prefix_affinity,cache_aware")
-    ap.add_argument("--parallel", type=int, default=2, help="slots per llama-server")
-    ap.add_argument("--ctx", type=int, default=16384, help="llama-server -c (split over its slots)")
+    ap.add_argument("--engine", choices=["llama-server", "vllm"], default="llama-server")
+    ap.add_argument("--parallel", type=int, default=2, help="slots per llama-server (vLLM: --max-num-seqs)")
+    ap.add_argument(
+        "--ctx", type=int, default=16384, help="llama-server -c (split over its slots); vLLM: max model len"
+    )
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--tool-words", type=int, default=80, help="words of tool output added per turn")
     ap.add_argument("--think-ms", type=float, default=0)
@@ -301,7 +336,7 @@ def main() -> None:
         paths = " ".join("".join(b[-1] for b in p) for p in r["paths"].values())
         print(f"{strategy}: {r['by']} sent {r['sent']} computed {r['computed']:.0f} paths {paths}", file=sys.stderr)
     print(
-        f"\n{a.sessions} sessions x {a.turns} turns, 2 llama-servers x {a.parallel} slots (-c {a.ctx}), "
+        f"\n{a.sessions} sessions x {a.turns} turns, 2 {a.engine}s x {a.parallel} slots (-c {a.ctx}), "
         f"max_tokens {a.max_tokens}, session header: {a.session_header}, engine args: {a.engine_args or '-'}, "
         f"affinity: {a.affinity}, gateway replicas: {a.replicas}{' sharing Redis' if a.redis else ''}\n"
     )
