@@ -17,8 +17,9 @@ input). File inputs and other item types are a 400.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from llm_gateway.dialects.field_checks import PromptChars, as_list, as_obj, as_str, check_hint
@@ -58,16 +59,11 @@ def item_references(value: Any) -> list[str]:
     if not isinstance(value, list):
         return []
     try:  # the usual input: objects that all have their type (read in C, not item by item)
-        if None not in (kinds := set(map(dict.get, value, repeat("type")))) and "item_reference" not in kinds:
+        if None not in (kinds := set(map(dict.get, value, _TYPES))) and "item_reference" not in kinds:
             return []
     except TypeError:  # an item that is not an object (input_messages answers it)
         pass
     return [it["id"] for it in value if isinstance(it, dict) and _is_reference(it) and isinstance(it.get("id"), str)]
-
-
-def _path(value: list[Any], it: Any) -> str:
-    """The parameter path of an input item, for its error (built only when there is one)."""
-    return f"input.{next(i for i, x in enumerate(value) if x is it)}"
 
 
 # -- input items --------------------------------------------------------------------------------------
@@ -85,8 +81,8 @@ def input_messages(
     and the ids of those it used are added to `referenced`. `items_too` false: no items (an empty list),
     for a response that is not stored, their one use (an agent's history is 60-odd items, each given an id).
 
-    An agent's input is dozens of items: the usual ones (function calls and their string outputs, messages
-    of text) are read inline, paths are built for errors only, and the rest goes through the helpers."""
+    An agent's input is dozens of items: their types are read in C, the usual ones (function calls, their
+    string outputs, messages of text) inline with paths built for errors only, and the rest by helpers."""
     if isinstance(value, str):
         seen.chars += len(value)
         if not items_too:
@@ -98,41 +94,30 @@ def input_messages(
             "content": [{"type": "input_text", "text": value}],
         }
         return [{"role": "user", "content": value}], [item]
-    messages: list[dict[str, Any]] = []
-    items: list[dict[str, Any]] = []
-    reasoning: list[str] = []  # reasoning items waiting for the assistant turn they belong to
     chars = 16 * len(as_list(value, "input"))
+    try:
+        kinds: list[Any] = list(map(dict.get, value, _TYPES))
+    except TypeError:  # an item that is not an object: read item by item, which answers it
+        kinds = [None]
+    resolved: list[tuple[dict[str, Any], Any]] | None = None  # the items with their types, when not as sent
+    pairs: Iterable[tuple[dict[str, Any], Any]] = zip(value, kinds, strict=True)
+    if None in kinds or "item_reference" in kinds:  # references, or items without their type
+        resolved = []
+        pairs = _resolved(value, found, referenced, resolved)
+    messages: list[dict[str, Any]] = []
+    reasoning: list[str] = []  # reasoning items waiting for the assistant turn they belong to
     asst: dict[str, Any] | None = None  # the last message, when function calls that follow join it
     calls: list[dict[str, Any]] | None = None  # its tool calls, once it has some
-    for raw in value:
-        try:
-            kind = raw.get("type")
-        except AttributeError:  # a JSON value other than an object has no .get
-            as_obj(raw, _path(value, raw))  # raises
-            raise
-        it = raw
-        if kind is None or kind == "item_reference":
-            if kind is None and "role" in it:
-                kind = "message"
-            elif kind == "item_reference" or "id" in it:
-                ref = as_str(it.get("id"), f"{_path(value, raw)}.id")
-                stored = found.get(ref) if found is not None else None
-                if stored is None:
-                    raise missing_item(ref)
-                it = stored
-                if referenced is not None:
-                    referenced.add(ref)
-                kind = it.get("type", "message")
-            else:
-                kind = "message"
+    for i, (it, kind) in enumerate(pairs):
         if kind == "function_call":
-            args, call_id, name = it.get("arguments"), it.get("call_id"), it.get("name")
-            if not isinstance(args, str) or not isinstance(call_id, str) or not isinstance(name, str):
-                p = _path(value, raw)
-                as_str(args, f"{p}.arguments")
-                as_str(call_id, f"{p}.call_id")
-                as_str(name, f"{p}.name")
-            chars += len(args)
+            try:
+                call_id, name, args = _CALL_FIELDS(it)
+                chars += _str_len(args)  # and a TypeError when the arguments are not a string
+            except (KeyError, TypeError):
+                _call_fields(it, f"input.{i}")
+                raise
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                _call_fields(it, f"input.{i}")
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             if calls is not None:
                 calls.append(call)
@@ -141,26 +126,33 @@ def input_messages(
                 if asst["content"] == "":
                     asst["content"] = None
             else:
-                asst = {"role": "assistant", "content": None, "tool_calls": [call]}
-                calls = asst["tool_calls"]
+                calls = [call]
+                asst = {"role": "assistant", "content": None, "tool_calls": calls}
                 if reasoning:
                     asst["reasoning_content"] = "\n\n".join(reasoning)
                     reasoning = []
                 messages.append(asst)
         elif kind == "function_call_output":
-            out, call_id = it.get("output"), it.get("call_id")
-            if isinstance(out, str) and isinstance(call_id, str):
-                chars += len(out) + 16
-                messages.append({"role": "tool", "tool_call_id": call_id, "content": out})
+            try:
+                call_id, out = _OUTPUT_FIELDS(it)
+                chars += _str_len(out) + 16  # a TypeError when the output is parts
+            except (KeyError, TypeError):
+                _tool_output(it, f"input.{i}", messages, seen)
             else:
-                _tool_output(it, _path(value, raw), messages, seen)
+                if not isinstance(call_id, str):
+                    _tool_output(it, f"input.{i}", messages, seen)
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": out})
             asst = calls = None
         elif kind == "message":
-            msg = _text_message(it)
-            if msg is None:
-                msg = _message(it, _path(value, raw), seen)
-            else:
-                chars += len(msg["content"])
+            try:  # a known role, and a string or text parts: anything else is a KeyError or a TypeError
+                role = _ROLES[it["role"]]
+                content = it["content"]
+                if isinstance(content, list) and _TEXT_PARTS.issuperset(map(dict.get, content, _TYPES)):
+                    content = "".join(map(dict.get, content, _TEXTS))  # type: ignore[arg-type]
+                chars += _str_len(content)  # a TypeError for parts that are not all text
+                msg = {"role": role, "content": content}
+            except (KeyError, TypeError):
+                msg = _message(it, f"input.{i}", seen)
             if msg["role"] == "assistant":
                 if reasoning:
                     msg["reasoning_content"] = "\n\n".join(reasoning)
@@ -170,19 +162,57 @@ def input_messages(
                 asst = calls = None
             messages.append(msg)
         elif kind == "reasoning":
-            text = _reasoning_text(it, _path(value, raw))
+            text = _reasoning_text(it, f"input.{i}")
             chars += len(text)
             if text:
                 reasoning.append(text)
                 asst = calls = None  # the next assistant turn is a new message, with this reasoning
         elif isinstance(kind, str):
-            raise unsupported(f"'{kind}' input items are not supported by this gateway", f"{_path(value, raw)}.type")
+            raise unsupported(f"'{kind}' input items are not supported by this gateway", f"input.{i}.type")
         else:
-            raise invalid("expected an input item type.", f"{_path(value, raw)}.type")
-        if items_too:
-            items.append(_item(it, kind))
+            raise invalid("expected an input item type.", f"input.{i}.type")
     seen.chars += chars
-    return messages, items
+    if not items_too:
+        return messages, []
+    return messages, [
+        _item(it, kind) for it, kind in (zip(value, kinds, strict=True) if resolved is None else resolved)
+    ]
+
+
+_TYPES, _TEXTS = repeat("type"), repeat("text")  # map(dict.get, items, _TYPES): each item's type
+_CALL_FIELDS = itemgetter("call_id", "name", "arguments")
+_OUTPUT_FIELDS = itemgetter("call_id", "output")
+_TEXT_PARTS = frozenset({"input_text", "output_text"})
+_str_len = str.__len__  # a string's length, and a TypeError for anything else
+
+
+def _resolved(
+    value: list[Any],
+    found: Mapping[str, dict[str, Any]] | None,
+    referenced: set[str] | None,
+    out: list[tuple[dict[str, Any], Any]],
+) -> Iterator[tuple[dict[str, Any], Any]]:
+    """The items with their types, references replaced by the items they name, each checked in its turn (so
+    that the first item in error is the one answered); what it yields is kept in `out` too."""
+    for i, raw in enumerate(value):
+        it = as_obj(raw, f"input.{i}")
+        if _is_reference(it):
+            ref = as_str(it.get("id"), f"input.{i}.id")
+            stored = found.get(ref) if found is not None else None
+            if stored is None:
+                raise missing_item(ref)
+            it = stored
+            if referenced is not None:
+                referenced.add(ref)
+        out.append((it, it.get("type", "message")))
+        yield out[-1]
+
+
+def _call_fields(it: dict[str, Any], p: str) -> None:
+    """Answers what is wrong with a function call's fields."""
+    as_str(it.get("arguments"), f"{p}.arguments")
+    as_str(it.get("call_id"), f"{p}.call_id")
+    as_str(it.get("name"), f"{p}.name")
 
 
 def _item(it: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -198,30 +228,6 @@ def _item(it: dict[str, Any], kind: str) -> dict[str, Any]:
 
 _ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-_TEXT_PARTS = ("input_text", "output_text")
-
-
-def _text_message(it: dict[str, Any]) -> dict[str, Any] | None:
-    """The usual message, read without paths: a known role, its content a string or text parts; None for any
-    other (`_message` reads it, and answers what is wrong with it)."""
-    try:
-        role = _ROLES[it.get("role")]  # type: ignore[index]
-    except (KeyError, TypeError):  # not a role, or not even a string
-        return None
-    content = it.get("content")
-    if isinstance(content, str):
-        return {"role": role, "content": content}
-    if not isinstance(content, list):
-        return None
-    texts = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
-            return None
-        text = part.get("text")
-        if not isinstance(text, str):
-            return None
-        texts.append(text)
-    return {"role": role, "content": "".join(texts)}
 
 
 def _message(it: dict[str, Any], p: str, seen: PromptChars) -> dict[str, Any]:
