@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import contains
 from typing import Any
 
 import orjson
@@ -261,13 +263,40 @@ def _sampling(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any]
 
 
 _TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict", "defer_loading"})
+_PLAIN_FIELDS = frozenset({"type", "name", "description", "parameters", "strict"})
+_ECHO_TOOL = {"type": "function", "name": None, "description": None, "parameters": None, "strict": True}
+_NONE = type(None)
+
+
+def _plain_functions(tools: list[Any]) -> bool:
+    """Whether every tool is a function tool with no field but its name, description, parameters and strict,
+    none of them null, each of its type (so that a copy without its type is the chat function): read in C,
+    not tool by tool. False for any other (`_tools` reads those one by one, and answers what is wrong)."""
+    try:
+        return (
+            set(map(dict.get, tools, repeat("type"))) <= {"function"}
+            and all(map(_PLAIN_FIELDS.issuperset, tools))
+            and not any(map(contains, map(dict.values, tools), repeat(None)))
+            and set(map(type, map(dict.get, tools, repeat("name")))) <= {str}
+            and set(map(type, map(dict.get, tools, repeat("description")))) <= {str, _NONE}
+            and set(map(type, map(dict.get, tools, repeat("parameters")))) <= {dict, _NONE}
+            and set(map(type, map(dict.get, tools, repeat("strict")))) <= {bool, _NONE}
+        )
+    except TypeError:  # a tool that is not an object, or a type that is not a string
+        return False
 
 
 def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], seen: PromptChars) -> None:
-    tools: list[dict[str, Any]] = []
+    fns: list[dict[str, Any]] = []  # the chat functions
     echo["tools"] = []
-    if req.get("tools") is not None:
-        for j, t in enumerate(as_list(req["tools"], "tools")):
+    given = req.get("tools")
+    if given is not None and _plain_functions(as_list(given, "tools")):  # the usual tools, checked in C
+        fns = list(map(dict.copy, given))
+        for f in fns:
+            del f["type"]
+        echo["tools"] = list(map(_ECHO_TOOL.__or__, given))
+    elif given is not None:
+        for j, t in enumerate(given):
             t = t if isinstance(t, dict) else as_obj(t, f"tools.{j}")  # paths built for their errors only
             kind = t.get("type")
             if kind != "function":
@@ -286,7 +315,7 @@ def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], s
                 fn["parameters"] = params if isinstance(params, dict) else as_obj(params, f"tools.{j}.parameters")
             if t.get("strict") is not None:
                 fn["strict"] = as_bool(t["strict"], f"tools.{j}.strict")
-            tools.append({"type": "function", "function": fn})
+            fns.append(fn)
             echo["tools"].append(
                 {
                     "type": "function",
@@ -296,10 +325,10 @@ def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], s
                     "strict": fn.get("strict", True),
                 }
             )
-    if tools:
-        options["tools"] = tools
+    if fns:
+        options["tools"] = [{"type": "function", "function": fn} for fn in fns]
         # each function's JSON bytes, in one encoding: a list's is theirs, n - 1 commas and its brackets
-        seen.chars += len(orjson.dumps([t["function"] for t in tools])) - len(tools) - 1
+        seen.chars += len(orjson.dumps(fns)) - len(fns) - 1
     echo["tool_choice"] = "auto"
     choice = req.get("tool_choice")
     if choice is not None:
