@@ -6,21 +6,32 @@
 - Input messages of text are read inline; a message is the same chat message `_message` makes of it, for
   every content shape (a string, text parts, none, refusals, images), and function call outputs of parts
   are the same as of a string.
+- An input of messages of text, function calls and their string outputs (an agent's history) is read a kind
+  at a time (`_usual_input`): the chat messages and the characters counted are what reading it item by item
+  gives, for any order of such items (calls that begin a turn, join one, follow a message with no text);
+  any other input, or one with an item in error, is read item by item.
 - Input items are read in their order, references included: the first item in error is the one answered,
   even when a later one is a reference the key has no item for, or not an object at all.
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from llm_gateway.dialects.field_checks import PromptChars
 from llm_gateway.dialects.responses import items as responses_items
 from llm_gateway.dialects.responses import request as responses_request
 from llm_gateway.dialects.responses.request import parse
 from llm_gateway.errors import GatewayError, InvalidRequest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import agent_request
 
 _F = {"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}}
 TOOL_LISTS = [
@@ -63,6 +74,7 @@ def test_tools_with_nulls_or_other_fields_are_read_one_by_one() -> None:
         assert not plain([_F, odd])
 
 
+_CALL = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
 _IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "low"}
 CONTENTS = [
     "plain",
@@ -115,7 +127,7 @@ def test_a_function_call_output_of_text_parts_is_its_text() -> None:
 
 @pytest.mark.parametrize(
     "later",
-    [{"type": "item_reference", "id": "msg_missing"}, {"id": "msg_missing"}, "not an object", 7],
+    [{"type": "item_reference", "id": "msg_missing"}, {"id": "msg_missing"}, "not an object", 7, {"type": ["x"]}],
 )
 def test_the_first_item_in_error_is_answered_before_a_later_one(later: Any) -> None:
     body = {"model": "m", "input": [{"role": "user", "content": "q"}, {"role": "bogus", "content": "x"}, later]}
@@ -124,7 +136,7 @@ def test_the_first_item_in_error_is_answered_before_a_later_one(later: Any) -> N
     assert e.value.param == "input.1.role"
     with pytest.raises(GatewayError) as e2:  # alone, the later item is answered
         parse({"model": "m", "input": [{"role": "user", "content": "q"}, later]}, {})
-    assert e2.value.param in ("input", "input.1")
+    assert e2.value.param in ("input", "input.1", "input.1.type")
 
 
 def test_a_reference_is_read_as_the_item_it_names_in_its_place() -> None:
@@ -149,3 +161,80 @@ def test_a_reference_is_read_as_the_item_it_names_in_its_place() -> None:
     assert req.referenced == {"fc_1"}
     assert [it["type"] for it in req.items] == ["message", "function_call", "function_call_output"]
     assert req.items[1]["id"] == "fc_1"
+
+
+# -- the usual input, read a kind at a time ---------------------------------------------------------------
+_texts = st.sampled_from(["", "a", "done.", "é漢"])
+_part = st.builds(lambda k, t: {"type": k, "text": t}, st.sampled_from(["input_text", "output_text"]), _texts)
+_content = st.one_of(
+    _texts,
+    st.lists(_part, max_size=3),
+    st.just([{"type": "refusal", "refusal": "no"}]),  # read by the helper
+    st.just([{"type": "input_text", "text": None}]),  # in error
+    st.just({}),  # in error
+)
+_message_item = st.builds(
+    lambda role, content: {"type": "message", "role": role, "content": content},
+    st.sampled_from(["user", "assistant", "system", "developer", "assistant", "nobody"]),
+    _content,
+)
+_call_item = st.builds(
+    lambda cid, name, args: {"type": "function_call", "call_id": cid, "name": name, "arguments": args},
+    st.sampled_from(["c1", "c2"]),
+    st.sampled_from(["read_file", "grep"]),
+    st.sampled_from(["{}", '{"path": "a.py"}', 7]),  # 7: in error
+)
+_output_item = st.builds(
+    lambda cid, out: {"type": "function_call_output", "call_id": cid, "output": out},
+    st.sampled_from(["c1", "c2", 3]),  # 3: in error
+    st.sampled_from(["", "ok", [{"type": "input_text", "text": "parts"}]]),  # parts: read by the helper
+)
+_usual_inputs = st.lists(st.one_of(_message_item, _call_item, _output_item), max_size=12)
+
+
+def _one_by_one(value: list[dict[str, Any]]) -> Any:
+    seen = PromptChars()
+    try:
+        messages, chars = responses_items._item_by_item(zip(value, [it["type"] for it in value], strict=True), seen)
+    except InvalidRequest as e:
+        return e.param
+    return messages, chars + seen.chars
+
+
+@given(_usual_inputs)
+@example([{"type": "message", "role": "assistant", "content": ""}, {**_CALL}, {**_CALL, "call_id": "c2"}])
+@example([{**_CALL}, {"type": "function_call_output", "call_id": "c1", "output": "r"}, {**_CALL}])
+@example([{"type": "message", "role": "user", "content": "q"}, {**_CALL}])
+def test_the_usual_input_read_a_kind_at_a_time_is_what_item_by_item_makes(value: list[dict[str, Any]]) -> None:
+    expected = _one_by_one(value)
+    got = responses_items._usual_input(value, [it["type"] for it in value])
+    if got is None:  # read item by item, then: only what that reads with a helper, or answers
+        assert isinstance(expected, str) or _has_other_shapes(value)
+    else:
+        assert got == expected
+
+
+def _has_other_shapes(value: list[dict[str, Any]]) -> bool:
+    for it in value:
+        content = it.get("content", it.get("output"))
+        if isinstance(content, list) and any(p.get("type") not in ("input_text", "output_text") for p in content):
+            return True
+        if it["type"] == "function_call_output" and isinstance(content, list):
+            return True
+    return False
+
+
+def test_the_agent_request_is_the_same_read_item_by_item(monkeypatch: pytest.MonkeyPatch) -> None:
+    body = agent_request.bodies()["responses"]
+    fast = parse(body)
+    monkeypatch.setattr(responses_items, "_usual_input", lambda value, kinds: None)
+    slow = parse(body)
+    assert fast.messages == slow.messages
+    assert fast.prompt_estimate == slow.prompt_estimate
+
+
+def test_an_item_type_that_is_not_a_string_is_answered_as_such() -> None:
+    body = {"model": "m", "input": [{"type": "message", "role": "user", "content": "q"}, {"type": ["message"]}]}
+    with pytest.raises(InvalidRequest) as e:
+        parse(body)
+    assert (e.value.param, e.value.code) == ("input.1.type", "invalid_value")

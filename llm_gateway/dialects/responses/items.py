@@ -12,13 +12,17 @@ An `item_reference` (`{"type": "item_reference", "id"}`, or OpenAI's short form:
 reference of a request in one query (`item_references` lists them without reading the rest) and the
 item is read as if the client had sent it; one the key has no such item for is OpenAI's 404 (`param`
 input). File inputs and other item types are a 400.
+
+An agent's history (messages of text, function calls, their string outputs) is read a kind at a time, each
+field over all the items of its kind in C (`_usual_input`), and makes exactly what reading it item by item
+makes; any other input is read item by item, which answers the first item in error.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import repeat
+from itertools import chain, compress, count, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -81,8 +85,8 @@ def input_messages(
     and the ids of those it used are added to `referenced`. `items_too` false: no items (an empty list),
     for a response that is not stored, their one use (an agent's history is 60-odd items, each given an id).
 
-    An agent's input is dozens of items: their types are read in C, the usual ones (function calls, their
-    string outputs, messages of text) inline with paths built for errors only, and the rest by helpers."""
+    An agent's input is dozens of items: their types are read in C; an input of the usual kinds is read a kind
+    at a time (`_usual_input`), any other item by item (`_item_by_item`: paths built for errors only)."""
     if isinstance(value, str):
         seen.chars += len(value)
         if not items_too:
@@ -104,6 +108,107 @@ def input_messages(
     if None in kinds or "item_reference" in kinds:  # references, or items without their type
         resolved = []
         pairs = _resolved(value, found, referenced, resolved)
+    got = _usual_input(value, kinds) if resolved is None else None
+    messages, more = got if got is not None else _item_by_item(pairs, seen)
+    seen.chars += chars + more
+    if not items_too:
+        return messages, []
+    return messages, [
+        _item(it, kind) for it, kind in (zip(value, kinds, strict=True) if resolved is None else resolved)
+    ]
+
+
+_TYPES, _TEXTS = repeat("type"), repeat("text")  # map(dict.get, items, _TYPES): each item's type
+_CALL_FIELDS = itemgetter("call_id", "name", "arguments")
+_OUTPUT_FIELDS = itemgetter("call_id", "output")
+_TEXT_PARTS = frozenset({"input_text", "output_text"})
+_str_len = str.__len__  # a string's length, and a TypeError for anything else
+
+
+_USUAL_KINDS = frozenset({"message", "function_call", "function_call_output"})
+_IS_CALL, _IS_OUTPUT, _IS_MESSAGE = "function_call".__eq__, "function_call_output".__eq__, "message".__eq__
+_ROLE, _CONTENT = itemgetter("role"), itemgetter("content")
+_ARGUMENTS, _OUTPUT = itemgetter(2), itemgetter(1)
+_STR_ONLY = frozenset({str})
+
+
+def _usual_input(value: list[dict[str, Any]], kinds: list[Any]) -> tuple[list[dict[str, Any]], int] | None:
+    """The usual input (messages of text, function calls, their string outputs: an agent's history), as chat
+    messages with the characters of its text, read field by field over all the items of a kind at once (in C,
+    not item by item); None for any other input or any item in error (`_item_by_item` reads those, and answers
+    the first item in error). What it makes is exactly what `_item_by_item` makes of the same input."""
+    try:
+        if not _USUAL_KINDS.issuperset(kinds):
+            return None
+        is_call = list(map(_IS_CALL, kinds))
+        calls = list(map(_CALL_FIELDS, compress(value, is_call)))  # (call_id, name, arguments)
+        outputs = list(map(_OUTPUT_FIELDS, compress(value, map(_IS_OUTPUT, kinds))))  # (call_id, output)
+        said = list(compress(value, map(_IS_MESSAGE, kinds)))
+        roles = list(map(_ROLES.__getitem__, map(_ROLE, said)))
+        texts = _texts(list(map(_CONTENT, said)))
+    except (KeyError, TypeError):  # a type, role or content that is not one, a field missing
+        return None
+    if not (
+        _STR_ONLY.issuperset(map(type, chain.from_iterable(calls)))
+        and _STR_ONLY.issuperset(map(type, chain.from_iterable(outputs)))
+        and _STR_ONLY.issuperset(map(type, texts))
+    ):
+        return None
+    chars = sum(map(len, map(_ARGUMENTS, calls))) + sum(map(len, texts))
+    chars += sum(map(len, map(_OUTPUT, outputs))) + 16 * len(outputs)
+    # each kind's chat messages, then all of them in the items' order (each kind's next, in C); a call's
+    # place is None until it is known whether it begins an assistant message
+    of_kind = {
+        "message": iter([{"role": r, "content": t} for r, t in zip(roles, texts, strict=True)]),
+        "function_call": repeat(None),
+        "function_call_output": iter([{"role": "tool", "tool_call_id": c, "content": o} for c, o in outputs]),
+    }
+    pieces: list[Any] = list(map(next, map(of_kind.__getitem__, kinds)))
+    # a function call joins the calls just before it, or the assistant message just before it, else begins one
+    befores = list(compress(chain((_START,), pieces), is_call))
+    turn: list[dict[str, Any]] = []
+    for i, (c, n, a), before in zip(compress(count(), is_call), calls, befores, strict=True):
+        call = {"id": c, "type": "function", "function": {"name": n, "arguments": a}}
+        if before is None:  # a call
+            turn.append(call)
+        elif before["role"] == "assistant":
+            before["tool_calls"] = turn = [call]
+            if before["content"] == "":
+                before["content"] = None
+        else:
+            turn = [call]
+            pieces[i] = {"role": "assistant", "content": None, "tool_calls": turn}
+    return list(filter(None, pieces)), chars
+
+
+def _texts(contents: list[Any]) -> list[Any]:
+    """The text of each message's content: a string, or text parts joined (None for other content, or a
+    TypeError). Read in C when all are strings, or all one text part (an agent's history is either)."""
+    kinds = set(map(type, contents))
+    if kinds <= _STR_ONLY:
+        return contents
+    if kinds <= _LIST_ONLY and set(map(len, contents)) == _ONE:
+        parts = list(map(_FIRST, contents))
+        if _TEXT_PARTS.issuperset(map(dict.get, parts, _TYPES)):
+            return list(map(dict.get, parts, _TEXTS))
+    return [c if isinstance(c, str) else _parts_text(c) for c in contents]
+
+
+_LIST_ONLY, _ONE, _FIRST = frozenset({list}), {1}, itemgetter(0)
+_START = {"role": None}  # what is before the first item
+
+
+def _parts_text(content: Any) -> str | None:
+    """The text of content parts that are all text; None for other content, or a TypeError."""
+    if isinstance(content, list) and _TEXT_PARTS.issuperset(map(dict.get, content, _TYPES)):
+        return "".join(map(dict.get, content, _TEXTS))  # type: ignore[arg-type]
+    return None
+
+
+def _item_by_item(pairs: Iterable[tuple[dict[str, Any], Any]], seen: PromptChars) -> tuple[list[dict[str, Any]], int]:
+    """Items (with their types) as chat messages, one by one, answering the first that is wrong; with the
+    characters of text read (the helpers add theirs to `seen`)."""
+    chars = 0
     messages: list[dict[str, Any]] = []
     reasoning: list[str] = []  # reasoning items waiting for the assistant turn they belong to
     asst: dict[str, Any] | None = None  # the last message, when function calls that follow join it
@@ -171,19 +276,7 @@ def input_messages(
             raise unsupported(f"'{kind}' input items are not supported by this gateway", f"input.{i}.type")
         else:
             raise invalid("expected an input item type.", f"input.{i}.type")
-    seen.chars += chars
-    if not items_too:
-        return messages, []
-    return messages, [
-        _item(it, kind) for it, kind in (zip(value, kinds, strict=True) if resolved is None else resolved)
-    ]
-
-
-_TYPES, _TEXTS = repeat("type"), repeat("text")  # map(dict.get, items, _TYPES): each item's type
-_CALL_FIELDS = itemgetter("call_id", "name", "arguments")
-_OUTPUT_FIELDS = itemgetter("call_id", "output")
-_TEXT_PARTS = frozenset({"input_text", "output_text"})
-_str_len = str.__len__  # a string's length, and a TypeError for anything else
+    return messages, chars
 
 
 def _resolved(
