@@ -12,18 +12,13 @@ An `item_reference` (`{"type": "item_reference", "id"}`, or OpenAI's short form:
 reference of a request in one query (`item_references` lists them without reading the rest) and the
 item is read as if the client had sent it; one the key has no such item for is OpenAI's 404 (`param`
 input). File inputs and other item types are a 400.
-
-An agent's history (messages of text, function calls, their string outputs) is read a kind at a time, each
-field over all the items of its kind in C (`_usual_input`), and makes exactly what reading it item by item
-makes; any other input is read item by item, which answers the first item in error.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
-from itertools import chain, compress, count, repeat
-from operator import itemgetter
+from collections.abc import Mapping
+from itertools import repeat
 from typing import Any
 
 from llm_gateway.dialects.field_checks import PromptChars, as_list, as_obj, as_str, check_hint
@@ -63,11 +58,16 @@ def item_references(value: Any) -> list[str]:
     if not isinstance(value, list):
         return []
     try:  # the usual input: objects that all have their type (read in C, not item by item)
-        if None not in (kinds := set(map(dict.get, value, _TYPES))) and "item_reference" not in kinds:
+        if None not in (kinds := set(map(dict.get, value, repeat("type")))) and "item_reference" not in kinds:
             return []
     except TypeError:  # an item that is not an object (input_messages answers it)
         pass
     return [it["id"] for it in value if isinstance(it, dict) and _is_reference(it) and isinstance(it.get("id"), str)]
+
+
+def _path(value: list[Any], it: Any) -> str:
+    """The parameter path of an input item, for its error (built only when there is one)."""
+    return f"input.{next(i for i, x in enumerate(value) if x is it)}"
 
 
 # -- input items --------------------------------------------------------------------------------------
@@ -85,8 +85,8 @@ def input_messages(
     and the ids of those it used are added to `referenced`. `items_too` false: no items (an empty list),
     for a response that is not stored, their one use (an agent's history is 60-odd items, each given an id).
 
-    An agent's input is dozens of items: their types are read in C; an input of the usual kinds is read a kind
-    at a time (`_usual_input`), any other item by item (`_item_by_item`: paths built for errors only)."""
+    An agent's input is dozens of items: the usual ones (function calls and their string outputs, messages
+    of text) are read inline, paths are built for errors only, and the rest goes through the helpers."""
     if isinstance(value, str):
         seen.chars += len(value)
         if not items_too:
@@ -98,131 +98,44 @@ def input_messages(
             "content": [{"type": "input_text", "text": value}],
         }
         return [{"role": "user", "content": value}], [item]
-    chars = 16 * len(as_list(value, "input"))
-    try:
-        kinds: list[Any] = list(map(dict.get, value, _TYPES))
-    except TypeError:  # an item that is not an object: read item by item, which answers it
-        kinds = [None]
-    resolved: list[tuple[dict[str, Any], Any]] | None = None  # the items with their types, when not as sent
-    pairs: Iterable[tuple[dict[str, Any], Any]] = zip(value, kinds, strict=True)
-    if None in kinds or "item_reference" in kinds:  # references, or items without their type
-        resolved = []
-        pairs = _resolved(value, found, referenced, resolved)
-    got = _usual_input(value, kinds) if resolved is None else None
-    messages, more = got if got is not None else _item_by_item(pairs, seen)
-    seen.chars += chars + more
-    if not items_too:
-        return messages, []
-    return messages, [
-        _item(it, kind) for it, kind in (zip(value, kinds, strict=True) if resolved is None else resolved)
-    ]
-
-
-_TYPES, _TEXTS = repeat("type"), repeat("text")  # map(dict.get, items, _TYPES): each item's type
-_CALL_FIELDS = itemgetter("call_id", "name", "arguments")
-_OUTPUT_FIELDS = itemgetter("call_id", "output")
-_TEXT_PARTS = frozenset({"input_text", "output_text"})
-_str_len = str.__len__  # a string's length, and a TypeError for anything else
-
-
-_USUAL_KINDS = frozenset({"message", "function_call", "function_call_output"})
-_IS_CALL, _IS_OUTPUT, _IS_MESSAGE = "function_call".__eq__, "function_call_output".__eq__, "message".__eq__
-_ROLE, _CONTENT = itemgetter("role"), itemgetter("content")
-_ARGUMENTS, _OUTPUT = itemgetter(2), itemgetter(1)
-_STR_ONLY = frozenset({str})
-
-
-def _usual_input(value: list[dict[str, Any]], kinds: list[Any]) -> tuple[list[dict[str, Any]], int] | None:
-    """The usual input (messages of text, function calls, their string outputs: an agent's history), as chat
-    messages with the characters of its text, read field by field over all the items of a kind at once (in C,
-    not item by item); None for any other input or any item in error (`_item_by_item` reads those, and answers
-    the first item in error). What it makes is exactly what `_item_by_item` makes of the same input."""
-    try:
-        if not _USUAL_KINDS.issuperset(kinds):
-            return None
-        is_call = list(map(_IS_CALL, kinds))
-        calls = list(map(_CALL_FIELDS, compress(value, is_call)))  # (call_id, name, arguments)
-        outputs = list(map(_OUTPUT_FIELDS, compress(value, map(_IS_OUTPUT, kinds))))  # (call_id, output)
-        said = list(compress(value, map(_IS_MESSAGE, kinds)))
-        roles = list(map(_ROLES.__getitem__, map(_ROLE, said)))
-        texts = _texts(list(map(_CONTENT, said)))
-    except (KeyError, TypeError):  # a type, role or content that is not one, a field missing
-        return None
-    if not (
-        _STR_ONLY.issuperset(map(type, chain.from_iterable(calls)))
-        and _STR_ONLY.issuperset(map(type, chain.from_iterable(outputs)))
-        and _STR_ONLY.issuperset(map(type, texts))
-    ):
-        return None
-    chars = sum(map(len, map(_ARGUMENTS, calls))) + sum(map(len, texts))
-    chars += sum(map(len, map(_OUTPUT, outputs))) + 16 * len(outputs)
-    # each kind's chat messages, then all of them in the items' order (each kind's next, in C); a call's
-    # place is None until it is known whether it begins an assistant message
-    of_kind = {
-        "message": iter([{"role": r, "content": t} for r, t in zip(roles, texts, strict=True)]),
-        "function_call": repeat(None),
-        "function_call_output": iter([{"role": "tool", "tool_call_id": c, "content": o} for c, o in outputs]),
-    }
-    pieces: list[Any] = list(map(next, map(of_kind.__getitem__, kinds)))
-    # a function call joins the calls just before it, or the assistant message just before it, else begins one
-    befores = list(compress(chain((_START,), pieces), is_call))
-    turn: list[dict[str, Any]] = []
-    for i, (c, n, a), before in zip(compress(count(), is_call), calls, befores, strict=True):
-        call = {"id": c, "type": "function", "function": {"name": n, "arguments": a}}
-        if before is None:  # a call
-            turn.append(call)
-        elif before["role"] == "assistant":
-            before["tool_calls"] = turn = [call]
-            if before["content"] == "":
-                before["content"] = None
-        else:
-            turn = [call]
-            pieces[i] = {"role": "assistant", "content": None, "tool_calls": turn}
-    return list(filter(None, pieces)), chars
-
-
-def _texts(contents: list[Any]) -> list[Any]:
-    """The text of each message's content: a string, or text parts joined (None for other content, or a
-    TypeError). Read in C when all are strings, or all one text part (an agent's history is either)."""
-    kinds = set(map(type, contents))
-    if kinds <= _STR_ONLY:
-        return contents
-    if kinds <= _LIST_ONLY and set(map(len, contents)) == _ONE:
-        parts = list(map(_FIRST, contents))
-        if _TEXT_PARTS.issuperset(map(dict.get, parts, _TYPES)):
-            return list(map(dict.get, parts, _TEXTS))
-    return [c if isinstance(c, str) else _parts_text(c) for c in contents]
-
-
-_LIST_ONLY, _ONE, _FIRST = frozenset({list}), {1}, itemgetter(0)
-_START = {"role": None}  # what is before the first item
-
-
-def _parts_text(content: Any) -> str | None:
-    """The text of content parts that are all text; None for other content, or a TypeError."""
-    if isinstance(content, list) and _TEXT_PARTS.issuperset(map(dict.get, content, _TYPES)):
-        return "".join(map(dict.get, content, _TEXTS))  # type: ignore[arg-type]
-    return None
-
-
-def _item_by_item(pairs: Iterable[tuple[dict[str, Any], Any]], seen: PromptChars) -> tuple[list[dict[str, Any]], int]:
-    """Items (with their types) as chat messages, one by one, answering the first that is wrong; with the
-    characters of text read (the helpers add theirs to `seen`)."""
-    chars = 0
     messages: list[dict[str, Any]] = []
+    items: list[dict[str, Any]] = []
     reasoning: list[str] = []  # reasoning items waiting for the assistant turn they belong to
+    chars = 16 * len(as_list(value, "input"))
     asst: dict[str, Any] | None = None  # the last message, when function calls that follow join it
     calls: list[dict[str, Any]] | None = None  # its tool calls, once it has some
-    for i, (it, kind) in enumerate(pairs):
+    for raw in value:
+        try:
+            kind = raw.get("type")
+        except AttributeError:  # a JSON value other than an object has no .get
+            as_obj(raw, _path(value, raw))  # raises
+            raise
+        it = raw
+        if kind is None or kind == "item_reference":
+            if kind is None and "role" in it:
+                kind = "message"
+            elif kind == "item_reference" or "id" in it:
+                ref = as_str(it.get("id"), f"{_path(value, raw)}.id")
+                stored = found.get(ref) if found is not None else None
+                if stored is None:
+                    raise missing_item(ref)
+                it = stored
+                if referenced is not None:
+                    referenced.add(ref)
+                kind = it.get("type", "message")
+            else:
+                kind = "message"
         if kind == "function_call":
             try:
-                call_id, name, args = _CALL_FIELDS(it)
-                chars += _str_len(args)  # and a TypeError when the arguments are not a string
-            except (KeyError, TypeError):
-                _call_fields(it, f"input.{i}")
-                raise
-            if not isinstance(call_id, str) or not isinstance(name, str):
-                _call_fields(it, f"input.{i}")
+                args, call_id, name = it["arguments"], it["call_id"], it["name"]
+            except KeyError:
+                args = call_id = name = None
+            if not isinstance(args, str) or not isinstance(call_id, str) or not isinstance(name, str):
+                p = _path(value, raw)
+                as_str(it.get("arguments"), f"{p}.arguments")
+                as_str(it.get("call_id"), f"{p}.call_id")
+                as_str(it.get("name"), f"{p}.name")
+            chars += len(args)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             if calls is not None:
                 calls.append(call)
@@ -231,33 +144,29 @@ def _item_by_item(pairs: Iterable[tuple[dict[str, Any], Any]], seen: PromptChars
                 if asst["content"] == "":
                     asst["content"] = None
             else:
-                calls = [call]
-                asst = {"role": "assistant", "content": None, "tool_calls": calls}
+                asst = {"role": "assistant", "content": None, "tool_calls": [call]}
+                calls = asst["tool_calls"]
                 if reasoning:
                     asst["reasoning_content"] = "\n\n".join(reasoning)
                     reasoning = []
                 messages.append(asst)
         elif kind == "function_call_output":
             try:
-                call_id, out = _OUTPUT_FIELDS(it)
-                chars += _str_len(out) + 16  # a TypeError when the output is parts
-            except (KeyError, TypeError):
-                _tool_output(it, f"input.{i}", messages, seen)
-            else:
-                if not isinstance(call_id, str):
-                    _tool_output(it, f"input.{i}", messages, seen)
+                out, call_id = it["output"], it["call_id"]
+            except KeyError:
+                out = call_id = None
+            if isinstance(out, str) and isinstance(call_id, str):
+                chars += len(out) + 16
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": out})
+            else:
+                _tool_output(it, _path(value, raw), messages, seen)
             asst = calls = None
         elif kind == "message":
-            try:  # a known role, and a string or text parts: anything else is a KeyError or a TypeError
-                role = _ROLES[it["role"]]
-                content = it["content"]
-                if isinstance(content, list) and _TEXT_PARTS.issuperset(map(dict.get, content, _TYPES)):
-                    content = "".join(map(dict.get, content, _TEXTS))  # type: ignore[arg-type]
-                chars += _str_len(content)  # a TypeError for parts that are not all text
-                msg = {"role": role, "content": content}
-            except (KeyError, TypeError):
-                msg = _message(it, f"input.{i}", seen)
+            msg = _text_message(it)
+            if msg is None:
+                msg = _message(it, _path(value, raw), seen)
+            else:
+                chars += len(msg["content"])
             if msg["role"] == "assistant":
                 if reasoning:
                     msg["reasoning_content"] = "\n\n".join(reasoning)
@@ -267,45 +176,19 @@ def _item_by_item(pairs: Iterable[tuple[dict[str, Any], Any]], seen: PromptChars
                 asst = calls = None
             messages.append(msg)
         elif kind == "reasoning":
-            text = _reasoning_text(it, f"input.{i}")
+            text = _reasoning_text(it, _path(value, raw))
             chars += len(text)
             if text:
                 reasoning.append(text)
                 asst = calls = None  # the next assistant turn is a new message, with this reasoning
         elif isinstance(kind, str):
-            raise unsupported(f"'{kind}' input items are not supported by this gateway", f"input.{i}.type")
+            raise unsupported(f"'{kind}' input items are not supported by this gateway", f"{_path(value, raw)}.type")
         else:
-            raise invalid("expected an input item type.", f"input.{i}.type")
-    return messages, chars
-
-
-def _resolved(
-    value: list[Any],
-    found: Mapping[str, dict[str, Any]] | None,
-    referenced: set[str] | None,
-    out: list[tuple[dict[str, Any], Any]],
-) -> Iterator[tuple[dict[str, Any], Any]]:
-    """The items with their types, references replaced by the items they name, each checked in its turn (so
-    that the first item in error is the one answered); what it yields is kept in `out` too."""
-    for i, raw in enumerate(value):
-        it = as_obj(raw, f"input.{i}")
-        if _is_reference(it):
-            ref = as_str(it.get("id"), f"input.{i}.id")
-            stored = found.get(ref) if found is not None else None
-            if stored is None:
-                raise missing_item(ref)
-            it = stored
-            if referenced is not None:
-                referenced.add(ref)
-        out.append((it, it.get("type", "message")))
-        yield out[-1]
-
-
-def _call_fields(it: dict[str, Any], p: str) -> None:
-    """Answers what is wrong with a function call's fields."""
-    as_str(it.get("arguments"), f"{p}.arguments")
-    as_str(it.get("call_id"), f"{p}.call_id")
-    as_str(it.get("name"), f"{p}.name")
+            raise invalid("expected an input item type.", f"{_path(value, raw)}.type")
+        if items_too:
+            items.append(_item(it, kind))
+    seen.chars += chars
+    return messages, items
 
 
 def _item(it: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -321,6 +204,37 @@ def _item(it: dict[str, Any], kind: str) -> dict[str, Any]:
 
 _ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+_TEXT_PARTS = ("input_text", "output_text")
+
+
+def _text_message(it: dict[str, Any]) -> dict[str, Any] | None:
+    """The usual message, read without paths: a known role, its content a string or text parts; None for any
+    other (`_message` reads it, and answers what is wrong with it)."""
+    try:
+        role = _ROLES[it.get("role")]  # type: ignore[index]
+    except (KeyError, TypeError):  # not a role, or not even a string
+        return None
+    content = it.get("content")
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    if not isinstance(content, list):
+        return None
+    if len(content) == 1:  # the usual: one text part
+        part = content[0]
+        if isinstance(part, dict) and part.get("type") in _TEXT_PARTS:
+            text = part.get("text")
+            if isinstance(text, str):
+                return {"role": role, "content": text}
+        return None
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
+            return None
+        text = part.get("text")
+        if not isinstance(text, str):
+            return None
+        texts.append(text)
+    return {"role": role, "content": "".join(texts)}
 
 
 def _message(it: dict[str, Any], p: str, seen: PromptChars) -> dict[str, Any]:

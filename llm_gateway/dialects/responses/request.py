@@ -36,8 +36,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import contains
 from typing import Any
 
 import orjson
@@ -263,41 +261,16 @@ def _sampling(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any]
 
 
 _TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict", "defer_loading"})
-_PLAIN_FIELDS = frozenset({"type", "name", "description", "parameters", "strict"})
-_ECHO_TOOL = {"type": "function", "name": None, "description": None, "parameters": None, "strict": True}
-_NONE = type(None)
-
-
-def _plain_functions(tools: list[Any]) -> bool:
-    """Whether every tool is a function tool with no field but its name, description, parameters and strict,
-    none of them null, each of its type (so that a copy without its type is the chat function): read in C,
-    not tool by tool. False for any other (`_tools` reads those one by one, and answers what is wrong)."""
-    try:
-        return (
-            set(map(dict.get, tools, repeat("type"))) <= {"function"}
-            and all(map(_PLAIN_FIELDS.issuperset, tools))
-            and not any(map(contains, map(dict.values, tools), repeat(None)))
-            and set(map(type, map(dict.get, tools, repeat("name")))) <= {str}
-            and set(map(type, map(dict.get, tools, repeat("description")))) <= {str, _NONE}
-            and set(map(type, map(dict.get, tools, repeat("parameters")))) <= {dict, _NONE}
-            and set(map(type, map(dict.get, tools, repeat("strict")))) <= {bool, _NONE}
-        )
-    except TypeError:  # a tool that is not an object, or a type that is not a string
-        return False
 
 
 def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], seen: PromptChars) -> None:
     fns: list[dict[str, Any]] = []  # the chat functions
-    echo["tools"] = []
-    given = req.get("tools")
-    if given is not None and _plain_functions(as_list(given, "tools")):  # the usual tools, checked in C
-        fns = list(map(dict.copy, given))
-        for f in fns:
-            del f["type"]
-        echo["tools"] = list(map(_ECHO_TOOL.__or__, given))
-    elif given is not None:
-        for j, t in enumerate(given):
-            t = t if isinstance(t, dict) else as_obj(t, f"tools.{j}")  # paths built for their errors only
+    echoed: list[dict[str, Any]] = []
+    echo["tools"] = echoed
+    if req.get("tools") is not None:
+        for j, t in enumerate(as_list(req["tools"], "tools")):  # paths built for their errors only
+            if not isinstance(t, dict):
+                as_obj(t, f"tools.{j}")
             kind = t.get("type")
             if kind != "function":
                 if not isinstance(kind, str):
@@ -307,23 +280,25 @@ def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], s
                 )
             if not t.keys() <= _TOOL_FIELDS:
                 only_fields(t, _TOOL_FIELDS, f"tools.{j}")
-            name, desc, params = t.get("name"), t.get("description"), t.get("parameters")
-            fn: dict[str, Any] = {"name": name if isinstance(name, str) else as_str(name, f"tools.{j}.name")}
+            name, desc, params, strict = t.get("name"), t.get("description"), t.get("parameters"), t.get("strict")
+            if not isinstance(name, str):
+                as_str(name, f"tools.{j}.name")
+            fn: dict[str, Any] = {"name": name}
             if desc is not None:
-                fn["description"] = desc if isinstance(desc, str) else as_str(desc, f"tools.{j}.description")
+                if not isinstance(desc, str):
+                    as_str(desc, f"tools.{j}.description")
+                fn["description"] = desc
             if params is not None:
-                fn["parameters"] = params if isinstance(params, dict) else as_obj(params, f"tools.{j}.parameters")
-            if t.get("strict") is not None:
-                fn["strict"] = as_bool(t["strict"], f"tools.{j}.strict")
+                if not isinstance(params, dict):
+                    as_obj(params, f"tools.{j}.parameters")
+                fn["parameters"] = params
+            if strict is not None:
+                fn["strict"] = as_bool(strict, f"tools.{j}.strict")
+            else:
+                strict = True
             fns.append(fn)
-            echo["tools"].append(
-                {
-                    "type": "function",
-                    "name": fn["name"],
-                    "description": fn.get("description"),
-                    "parameters": fn.get("parameters"),
-                    "strict": fn.get("strict", True),
-                }
+            echoed.append(
+                {"type": "function", "name": name, "description": desc, "parameters": params, "strict": strict}
             )
     if fns:
         options["tools"] = [{"type": "function", "function": fn} for fn in fns]
