@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from itertools import repeat
 from typing import Any
 
 from llm_gateway.dialects.field_checks import PromptChars, as_list, as_obj, as_str, check_hint
@@ -56,7 +57,17 @@ def item_references(value: Any) -> list[str]:
     """The ids an `input` refers to (none for a string, or for items that are all given whole)."""
     if not isinstance(value, list):
         return []
+    try:  # the usual input: objects that all have their type (read in C, not item by item)
+        if None not in (kinds := set(map(dict.get, value, repeat("type")))) and "item_reference" not in kinds:
+            return []
+    except TypeError:  # an item that is not an object (input_messages answers it)
+        pass
     return [it["id"] for it in value if isinstance(it, dict) and _is_reference(it) and isinstance(it.get("id"), str)]
+
+
+def _path(value: list[Any], it: Any) -> str:
+    """The parameter path of an input item, for its error (built only when there is one)."""
+    return f"input.{next(i for i, x in enumerate(value) if x is it)}"
 
 
 # -- input items --------------------------------------------------------------------------------------
@@ -72,7 +83,10 @@ def input_messages(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The input as chat messages and as items; `found`: the stored items its references name (by id),
     and the ids of those it used are added to `referenced`. `items_too` false: no items (an empty list),
-    for a response that is not stored, their one use (an agent's history is 60-odd items, each given an id)."""
+    for a response that is not stored, their one use (an agent's history is 60-odd items, each given an id).
+
+    An agent's input is dozens of items: the usual ones (function calls and their string outputs, messages
+    of text) are read inline, paths are built for errors only, and the rest goes through the helpers."""
     if isinstance(value, str):
         seen.chars += len(value)
         if not items_too:
@@ -87,57 +101,93 @@ def input_messages(
     messages: list[dict[str, Any]] = []
     items: list[dict[str, Any]] = []
     reasoning: list[str] = []  # reasoning items waiting for the assistant turn they belong to
-    for i, raw in enumerate(as_list(value, "input")):
-        p = f"input.{i}"
-        it = as_obj(raw, p)
-        if _is_reference(it):
-            ref = as_str(it.get("id"), f"{p}.id")
-            stored = found.get(ref) if found is not None else None
-            if stored is None:
-                raise missing_item(ref)
-            it = stored
-            if referenced is not None:
-                referenced.add(ref)
-        kind = it.get("type", "message")
-        seen.chars += 16
-        if kind == "message":
-            msg = _message(it, p, seen)
-            if msg["role"] == "assistant" and reasoning:
-                msg["reasoning_content"] = "\n\n".join(reasoning)
-                reasoning = []
-            messages.append(msg)
-        elif kind == "function_call":
-            # each field's path is built for its error only (an agent's history has dozens of calls)
-            args, call_id, name = it.get("arguments"), it.get("call_id"), it.get("name")
-            args = args if isinstance(args, str) else as_str(args, f"{p}.arguments")
-            seen.chars += len(args)
-            call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"{p}.call_id")
-            name = name if isinstance(name, str) else as_str(name, f"{p}.name")
-            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and not reasoning:
-                last.setdefault("tool_calls", []).append(call)
-                if last.get("content") == "":
-                    last["content"] = None
+    chars = 16 * len(as_list(value, "input"))
+    asst: dict[str, Any] | None = None  # the last message, when function calls that follow join it
+    calls: list[dict[str, Any]] | None = None  # its tool calls, once it has some
+    for raw in value:
+        try:
+            kind = raw.get("type")
+        except AttributeError:  # a JSON value other than an object has no .get
+            as_obj(raw, _path(value, raw))  # raises
+            raise
+        it = raw
+        if kind is None or kind == "item_reference":
+            if kind is None and "role" in it:
+                kind = "message"
+            elif kind == "item_reference" or "id" in it:
+                ref = as_str(it.get("id"), f"{_path(value, raw)}.id")
+                stored = found.get(ref) if found is not None else None
+                if stored is None:
+                    raise missing_item(ref)
+                it = stored
+                if referenced is not None:
+                    referenced.add(ref)
+                kind = it.get("type", "message")
             else:
-                msg = {"role": "assistant", "content": None, "tool_calls": [call]}
+                kind = "message"
+        if kind == "function_call":
+            try:
+                args, call_id, name = it["arguments"], it["call_id"], it["name"]
+            except KeyError:
+                args = call_id = name = None
+            if not isinstance(args, str) or not isinstance(call_id, str) or not isinstance(name, str):
+                p = _path(value, raw)
+                as_str(it.get("arguments"), f"{p}.arguments")
+                as_str(it.get("call_id"), f"{p}.call_id")
+                as_str(it.get("name"), f"{p}.name")
+            chars += len(args)
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            if calls is not None:
+                calls.append(call)
+            elif asst is not None:
+                asst["tool_calls"] = calls = [call]
+                if asst["content"] == "":
+                    asst["content"] = None
+            else:
+                asst = {"role": "assistant", "content": None, "tool_calls": [call]}
+                calls = asst["tool_calls"]
+                if reasoning:
+                    asst["reasoning_content"] = "\n\n".join(reasoning)
+                    reasoning = []
+                messages.append(asst)
+        elif kind == "function_call_output":
+            try:
+                out, call_id = it["output"], it["call_id"]
+            except KeyError:
+                out = call_id = None
+            if isinstance(out, str) and isinstance(call_id, str):
+                chars += len(out) + 16
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": out})
+            else:
+                _tool_output(it, _path(value, raw), messages, seen)
+            asst = calls = None
+        elif kind == "message":
+            msg = _text_message(it)
+            if msg is None:
+                msg = _message(it, _path(value, raw), seen)
+            else:
+                chars += len(msg["content"])
+            if msg["role"] == "assistant":
                 if reasoning:
                     msg["reasoning_content"] = "\n\n".join(reasoning)
                     reasoning = []
-                messages.append(msg)
-        elif kind == "function_call_output":
-            _tool_output(it, p, messages, seen)
+                asst, calls = msg, None
+            else:
+                asst = calls = None
+            messages.append(msg)
         elif kind == "reasoning":
-            text = _reasoning_text(it, p)
-            seen.chars += len(text)
+            text = _reasoning_text(it, _path(value, raw))
+            chars += len(text)
             if text:
                 reasoning.append(text)
+                asst = calls = None  # the next assistant turn is a new message, with this reasoning
         elif isinstance(kind, str):
-            raise unsupported(f"'{kind}' input items are not supported by this gateway", f"{p}.type")
+            raise unsupported(f"'{kind}' input items are not supported by this gateway", f"{_path(value, raw)}.type")
         else:
-            raise invalid("expected an input item type.", f"{p}.type")
+            raise invalid("expected an input item type.", f"{_path(value, raw)}.type")
         if items_too:
-            items.append(_item(it, str(kind)))
+            items.append(_item(it, kind))
+    seen.chars += chars
     return messages, items
 
 
@@ -154,6 +204,37 @@ def _item(it: dict[str, Any], kind: str) -> dict[str, Any]:
 
 _ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+_TEXT_PARTS = ("input_text", "output_text")
+
+
+def _text_message(it: dict[str, Any]) -> dict[str, Any] | None:
+    """The usual message, read without paths: a known role, its content a string or text parts; None for any
+    other (`_message` reads it, and answers what is wrong with it)."""
+    try:
+        role = _ROLES[it.get("role")]  # type: ignore[index]
+    except (KeyError, TypeError):  # not a role, or not even a string
+        return None
+    content = it.get("content")
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    if not isinstance(content, list):
+        return None
+    if len(content) == 1:  # the usual: one text part
+        part = content[0]
+        if isinstance(part, dict) and part.get("type") in _TEXT_PARTS:
+            text = part.get("text")
+            if isinstance(text, str):
+                return {"role": role, "content": text}
+        return None
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
+            return None
+        text = part.get("text")
+        if not isinstance(text, str):
+            return None
+        texts.append(text)
+    return {"role": role, "content": "".join(texts)}
 
 
 def _message(it: dict[str, Any], p: str, seen: PromptChars) -> dict[str, Any]:

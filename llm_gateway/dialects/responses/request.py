@@ -264,11 +264,13 @@ _TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict",
 
 
 def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], seen: PromptChars) -> None:
-    tools: list[dict[str, Any]] = []
-    echo["tools"] = []
+    fns: list[dict[str, Any]] = []  # the chat functions
+    echoed: list[dict[str, Any]] = []
+    echo["tools"] = echoed
     if req.get("tools") is not None:
-        for j, t in enumerate(as_list(req["tools"], "tools")):
-            t = t if isinstance(t, dict) else as_obj(t, f"tools.{j}")  # paths built for their errors only
+        for j, t in enumerate(as_list(req["tools"], "tools")):  # paths built for their errors only
+            if not isinstance(t, dict):
+                as_obj(t, f"tools.{j}")
             kind = t.get("type")
             if kind != "function":
                 if not isinstance(kind, str):
@@ -278,28 +280,30 @@ def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], s
                 )
             if not t.keys() <= _TOOL_FIELDS:
                 only_fields(t, _TOOL_FIELDS, f"tools.{j}")
-            name, desc, params = t.get("name"), t.get("description"), t.get("parameters")
-            fn: dict[str, Any] = {"name": name if isinstance(name, str) else as_str(name, f"tools.{j}.name")}
+            name, desc, params, strict = t.get("name"), t.get("description"), t.get("parameters"), t.get("strict")
+            if not isinstance(name, str):
+                as_str(name, f"tools.{j}.name")
+            fn: dict[str, Any] = {"name": name}
             if desc is not None:
-                fn["description"] = desc if isinstance(desc, str) else as_str(desc, f"tools.{j}.description")
+                if not isinstance(desc, str):
+                    as_str(desc, f"tools.{j}.description")
+                fn["description"] = desc
             if params is not None:
-                fn["parameters"] = params if isinstance(params, dict) else as_obj(params, f"tools.{j}.parameters")
-            if t.get("strict") is not None:
-                fn["strict"] = as_bool(t["strict"], f"tools.{j}.strict")
-            tools.append({"type": "function", "function": fn})
-            echo["tools"].append(
-                {
-                    "type": "function",
-                    "name": fn["name"],
-                    "description": fn.get("description"),
-                    "parameters": fn.get("parameters"),
-                    "strict": fn.get("strict", True),
-                }
+                if not isinstance(params, dict):
+                    as_obj(params, f"tools.{j}.parameters")
+                fn["parameters"] = params
+            if strict is not None:
+                fn["strict"] = as_bool(strict, f"tools.{j}.strict")
+            else:
+                strict = True
+            fns.append(fn)
+            echoed.append(
+                {"type": "function", "name": name, "description": desc, "parameters": params, "strict": strict}
             )
-    if tools:
-        options["tools"] = tools
+    if fns:
+        options["tools"] = [{"type": "function", "function": fn} for fn in fns]
         # each function's JSON bytes, in one encoding: a list's is theirs, n - 1 commas and its brackets
-        seen.chars += len(orjson.dumps([t["function"] for t in tools])) - len(tools) - 1
+        seen.chars += len(orjson.dumps(fns)) - len(fns) - 1
     echo["tool_choice"] = "auto"
     choice = req.get("tool_choice")
     if choice is not None:
