@@ -235,13 +235,14 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, list[str], int,
     turn) of chat messages."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty array", param="messages")
-    # one pass, its work per message inlined (issue 36: an agent's request has ~50 messages, most of them a text and
-    # one more field, a tool call or its id): the same sums as adding each message's share in turn
+    # one pass that only gathers (issue 36: an agent's request has ~50 messages, most of them a text and one more
+    # field, a tool call or its id), then each sum in C: the texts' characters and UTF-8 bytes, the other fields'
+    # strings, and their other values as one JSON encoding
     texts: list[str] = []
-    as_json: list[Any] = []  # the other fields that are not strings (tool calls), measured as JSON at the end
+    strings: list[str] = []  # the other fields that are strings (tool_call_id, name...), counted by their bytes
+    as_json: list[Any] = []  # the other fields that are not strings (tool calls), counted by their JSON bytes
     chars = 16 * len(messages)
     ceiling = CEILING_BASE + CEILING_PER_MESSAGE * len(messages)
-    head: list[str] = []
     fresh = True
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -253,11 +254,7 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, list[str], int,
             fresh = False
         content = m.get("content")
         if isinstance(content, str):
-            chars += len(content)
             texts.append(content)
-            ceiling += len(content) if content.isascii() else len(content.encode("utf-8", "surrogatepass"))
-            if len(head) < 4:
-                head.append(content)
         elif isinstance(content, list):
             for part in content:
                 if not isinstance(part, dict):
@@ -268,30 +265,31 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, list[str], int,
                     chars += 1024
                     ceiling += CEILING_PER_IMAGE
                 elif isinstance(part.get("text"), str):
-                    chars += len(part["text"])
                     texts.append(part["text"])
-                    ceiling += _utf8_size(part["text"])
-                    if len(head) < 4:
-                        head.append(part["text"])
                 else:  # audio, files, ...: their JSON, which holds more bytes than their tokens
                     ceiling += len(orjson.dumps(part))
         elif content is not None and role != "assistant":
             raise InvalidRequest(f"messages[{i}].content must be a string or an array", param=f"messages[{i}].content")
-        if len(m) > 2:  # name, tool_calls, tool_call_id, reasoning_content...: rendered by templates too
-            for k, v in m.items():  # of strings, their text; the rest measured as JSON (as_json)
+        if len(m) > 2 or "content" not in m:  # name, tool_calls, tool_call_id...: rendered by templates too
+            for k, v in m.items():
                 if k == "role" or k == "content" or v is None:
                     continue
                 if isinstance(v, str):
-                    size = len(v) if v.isascii() else len(v.encode("utf-8", "surrogatepass"))
-                    chars += size
-                    ceiling += size
+                    strings.append(v)
                 else:
                     as_json.append(v)
+    size = sum(map(len, texts))
+    chars += size
+    ceiling += size if all(map(str.isascii, texts)) else sum(map(_utf8_size, texts))
+    if strings:
+        size = sum(map(len, strings)) if all(map(str.isascii, strings)) else sum(map(_utf8_size, strings))
+        chars += size
+        ceiling += size
     if as_json:  # their JSON bytes, in one encoding: a list's is theirs, n - 1 commas and its brackets
         size = len(orjson.dumps(as_json)) - len(as_json) - 1
         chars += size
         ceiling += size
-    return chars, "\x00".join(head), texts, ceiling, fresh
+    return chars, "\x00".join(texts[:4]), texts, ceiling, fresh
 
 
 def _text_size(value: Any, name: str) -> int:
