@@ -359,3 +359,59 @@ def test_a_messages_other_fields_count_as_before(messages: list[dict[str, Any]])
     other = sum(_other_fields_reference(m) for m in messages if len(m) > 2)
     assert info.prompt_ceiling == (plain.prompt_ceiling or 0) + other
     assert info.prompt_tokens - plain.prompt_tokens in (other // 4, other // 4 + 1)  # chars // 4 + 1 each
+
+
+_PNG = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+_URL = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+_DOC = {"type": "document", "title": "Notes", "source": {"type": "text", "media_type": "text/plain", "data": "día 1"}}
+_DOCS = {"type": "document", "source": {"type": "content", "content": [_TEXT, {"type": "text", "text": "二"}]}}
+GATHERED_BODIES = [
+    _agent("messages"),
+    _messages_with([{"role": "user", "content": "only a question, café"}]),
+    {
+        **_messages_with(
+            [
+                {"role": "user", "content": [_PNG, {"type": "text", "text": "what is this? 漢字"}, _URL]},
+                {"role": "assistant", "content": "A picture."},
+                {"role": "user", "content": [_DOC, _DOCS, {"type": "text", "text": "and these"}]},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"}]},
+                {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                {"role": "user", "content": [_TEXT]},
+            ]
+        ),
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=1"},
+            {"type": "text", "text": "You are a helper."},
+            {"type": "text", "text": "Ünïcode rules."},
+        ],
+    },
+    _messages_with(
+        [
+            {"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": [_TEXT, _USE, {**_USE, "id": "c2", "input": {"path": "é/ü"}}]},
+            {
+                "role": "user",
+                "content": [
+                    {**_RESULT, "is_error": True},
+                    {**_RESULT, "tool_use_id": "c2", "content": [_TEXT, _PNG, _DOC], "is_error": False},
+                    {"type": "tool_result", "tool_use_id": "c3"},
+                    {"type": "text", "text": "go on"},
+                ],
+            },
+            {"role": "assistant", "content": [_USE]},
+            {"role": "user", "content": [{**_RESULT, "content": []}]},
+        ],
+        [_TOOL],
+    ),
+]
+
+
+@pytest.mark.parametrize("body", GATHERED_BODIES)
+@pytest.mark.parametrize("count_only", [False, True])
+def test_what_the_messages_translation_gathers_is_what_read_request_reads(
+    body: dict[str, Any], count_only: bool
+) -> None:
+    req = to_chat(body, count_only=count_only)
+    assert req.gathered is not None
+    gathered, walked = read_request("chat", req.body, req.gathered), read_request("chat", req.body)
+    assert gathered == walked and gathered.prompt_floor == walked.prompt_floor

@@ -1,7 +1,9 @@
 """An Anthropic Messages request's content as OpenAI chat messages: the system prompt, each message's content
 blocks (text, images, documents, tool use and tool results, thinking), with the checks Anthropic makes of
 each block and a clear 400 for the blocks the gateway cannot honour. to_chat (request.py) calls `message`
-for each message and `system_text` for the system prompt.
+for each message and `system_text` for the system prompt. As each chat message is built, what read_request sizes of
+it is gathered too (`Seen.gathered`: its texts, tool call ids, tool calls, images), so that the chat messages are
+not walked again to size them (issue 36).
 """
 
 from __future__ import annotations
@@ -19,8 +21,19 @@ from llm_gateway.dialects.field_checks import (
     bad,
 )
 from llm_gateway.errors import InvalidRequest
+from llm_gateway.routing.request_info import Gathered
 
 BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+class Seen(PromptChars):
+    """The characters of prompt text seen, and what read_request sizes of the chat messages built (in their order)."""
+
+    __slots__ = ("gathered",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gathered = Gathered()
 
 
 def system_text(system: Any, seen: PromptChars, param: str = "system") -> str:
@@ -40,7 +53,7 @@ def system_text(system: Any, seen: PromptChars, param: str = "system") -> str:
     return "\n\n".join(parts)
 
 
-def message(m: Any, param: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
+def message(m: Any, param: str, out: list[dict[str, Any]], seen: Seen) -> None:
     # an agent's history is dozens of turns of blocks: a field's path is built for its error only
     m = m if isinstance(m, dict) else as_obj(m, param)
     role = m.get("role")
@@ -53,11 +66,16 @@ def message(m: Any, param: str, out: list[dict[str, Any]], seen: PromptChars) ->
     if role == "system":  # a system message between the turns: a string or text blocks
         if isinstance(content, list) and not content:
             raise bad("List should have at least 1 item after validation, not 0", f"{param}.content")
-        out.append({"role": "system", "content": system_text(content, seen, f"{param}.content")})
+        text = system_text(content, seen, f"{param}.content")
+        out.append({"role": "system", "content": text})
+        seen.gathered.texts.append(text)
         return
     if isinstance(content, str):
         seen.chars += len(content)
         out.append({"role": role, "content": content})
+        seen.gathered.texts.append(content)
+        if role == "assistant":
+            seen.gathered.fresh = False
         return
     if not isinstance(content, list) or not content:
         as_list(content, f"{param}.content")
@@ -68,7 +86,7 @@ def message(m: Any, param: str, out: list[dict[str, Any]], seen: PromptChars) ->
         _user(content, param, out, seen)
 
 
-def _assistant(blocks: list[Any], param: str, seen: PromptChars) -> dict[str, Any]:
+def _assistant(blocks: list[Any], param: str, seen: Seen) -> dict[str, Any]:
     """`param`: the message's path (its blocks are `{param}.content.{j}`)."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -92,15 +110,22 @@ def _assistant(blocks: list[Any], param: str, seen: PromptChars) -> dict[str, An
             continue  # earlier turns' reasoning is not part of the context (Anthropic drops it too)
         else:
             raise _unsupported_block(t, f"{param}.content.{j}", "an assistant message")
-    msg: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts) if texts else None}
+    g = seen.gathered
+    g.fresh = False
+    msg: dict[str, Any] = {"role": "assistant", "content": None}
+    if texts:
+        msg["content"] = text = "\n\n".join(texts)
+        g.texts.append(text)
     if calls:
         msg["tool_calls"] = calls
-    elif msg["content"] is None:
+        g.as_json.append(calls)
+    elif not texts:
         msg["content"] = ""
+        g.texts.append("")
     return msg
 
 
-def _user(blocks: list[Any], param: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
+def _user(blocks: list[Any], param: str, out: list[dict[str, Any]], seen: Seen) -> None:
     """`param`: the message's path (its blocks are `{param}.content.{j}`)."""
     parts: list[dict[str, Any]] = []
     for j, b in enumerate(blocks):
@@ -127,10 +152,17 @@ def _user(blocks: list[Any], param: str, out: list[dict[str, Any]], seen: Prompt
             raise _unsupported_block(t, p, "a user message")
     if not parts:
         return
+    g = seen.gathered
     if len(parts) == 1 and parts[0]["type"] == "text":
         out.append({"role": "user", "content": parts[0]["text"]})
-    else:
-        out.append({"role": "user", "content": parts})
+        g.texts.append(parts[0]["text"])
+        return
+    out.append({"role": "user", "content": parts})
+    for part in parts:
+        if part["type"] == "text":
+            g.texts.append(part["text"])
+        else:
+            g.images += 1
 
 
 def _image(b: dict[str, Any], p: str) -> dict[str, Any]:
@@ -151,7 +183,7 @@ def _image(b: dict[str, Any], p: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _document(b: dict[str, Any], p: str, seen: PromptChars) -> str:
+def _document(b: dict[str, Any], p: str, seen: Seen) -> str:
     src = as_obj(b.get("source"), f"{p}.source")
     kind = src.get("type")
     if kind in ("text", "content"):
@@ -178,7 +210,7 @@ def _document(b: dict[str, Any], p: str, seen: PromptChars) -> str:
     )
 
 
-def _tool_result_text(b: dict[str, Any], param: str, j: int, out: list[dict[str, Any]], seen: PromptChars) -> None:
+def _tool_result_text(b: dict[str, Any], param: str, j: int, out: list[dict[str, Any]], seen: Seen) -> None:
     """`_tool_result` of a result whose content is a string, with the paths built for their errors only."""
     tid, text, err = b.get("tool_use_id"), b["content"], b.get("is_error")
     tid = tid if isinstance(tid, str) else as_str(tid, f"{param}.content.{j}.tool_use_id")
@@ -186,9 +218,13 @@ def _tool_result_text(b: dict[str, Any], param: str, j: int, out: list[dict[str,
         text = "Error: " + text
     seen.chars += len(text) + 16
     out.append({"role": "tool", "tool_call_id": tid, "content": text})
+    g = seen.gathered
+    g.fresh = False
+    g.texts.append(text)
+    g.strings.append(tid)
 
 
-def _tool_result(b: dict[str, Any], p: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
+def _tool_result(b: dict[str, Any], p: str, out: list[dict[str, Any]], seen: Seen) -> None:
     tid = as_str(b.get("tool_use_id"), f"{p}.tool_use_id")
     content = b.get("content")
     texts: list[str] = []
@@ -214,9 +250,14 @@ def _tool_result(b: dict[str, Any], p: str, out: list[dict[str, Any]], seen: Pro
         text = "Error: " + text
     seen.chars += len(text) + 16
     out.append({"role": "tool", "tool_call_id": tid, "content": text})
+    g = seen.gathered
+    g.fresh = False
+    g.texts.append(text)
+    g.strings.append(tid)
     if images:
         seen.chars += 1024 * len(images)
         out.append({"role": "user", "content": images})
+        g.images += len(images)
 
 
 def _unsupported_block(t: Any, p: str, where: str) -> InvalidRequest:
