@@ -53,20 +53,20 @@ def system_text(system: Any, seen: PromptChars, param: str = "system") -> str:
     return "\n\n".join(parts)
 
 
-def message(m: Any, param: str, out: list[dict[str, Any]], seen: Seen) -> None:
-    # an agent's history is dozens of turns of blocks: a field's path is built for its error only
-    m = m if isinstance(m, dict) else as_obj(m, param)
+def message(m: Any, i: int, out: list[dict[str, Any]], seen: Seen) -> None:
+    # an agent's history is dozens of turns of blocks: a field's path (messages.{i}...) is built for its error only
+    m = m if isinstance(m, dict) else as_obj(m, f"messages.{i}")
     role = m.get("role")
     if role not in ("user", "assistant", "system"):
-        raise bad("Input should be 'user', 'assistant' or 'system'", f"{param}.role")
+        raise bad("Input should be 'user', 'assistant' or 'system'", f"messages.{i}.role")
     if "content" not in m:
-        raise bad("Field required", f"{param}.content")
+        raise bad("Field required", f"messages.{i}.content")
     content = m["content"]
     seen.chars += 16
     if role == "system":  # a system message between the turns: a string or text blocks
         if isinstance(content, list) and not content:
-            raise bad("List should have at least 1 item after validation, not 0", f"{param}.content")
-        text = system_text(content, seen, f"{param}.content")
+            raise bad("List should have at least 1 item after validation, not 0", f"messages.{i}.content")
+        text = system_text(content, seen, f"messages.{i}.content")
         out.append({"role": "system", "content": text})
         seen.gathered.texts.append(text)
         return
@@ -78,38 +78,38 @@ def message(m: Any, param: str, out: list[dict[str, Any]], seen: Seen) -> None:
             seen.gathered.fresh = False
         return
     if not isinstance(content, list) or not content:
-        as_list(content, f"{param}.content")
-        raise bad("List should have at least 1 item after validation, not 0", f"{param}.content")
+        as_list(content, f"messages.{i}.content")
+        raise bad("List should have at least 1 item after validation, not 0", f"messages.{i}.content")
     if role == "assistant":
-        out.append(_assistant(content, param, seen))
+        out.append(_assistant(content, i, seen))
     else:
-        _user(content, param, out, seen)
+        _user(content, i, out, seen)
 
 
-def _assistant(blocks: list[Any], param: str, seen: Seen) -> dict[str, Any]:
-    """`param`: the message's path (its blocks are `{param}.content.{j}`)."""
+def _assistant(blocks: list[Any], i: int, seen: Seen) -> dict[str, Any]:
+    """`i`: the message's index (its blocks are `messages.{i}.content.{j}`)."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, b in enumerate(blocks):
-        b = b if isinstance(b, dict) else as_obj(b, f"{param}.content.{j}")
+        b = b if isinstance(b, dict) else as_obj(b, f"messages.{i}.content.{j}")
         t = b.get("type")
         if t == "text":
             text = b.get("text")
-            text = text if isinstance(text, str) else as_str(text, f"{param}.content.{j}.text")
+            text = text if isinstance(text, str) else as_str(text, f"messages.{i}.content.{j}.text")
             seen.chars += len(text)
             texts.append(text)
         elif t == "tool_use":
             args_in, call_id, name = b.get("input"), b.get("id"), b.get("name")
-            args_in = args_in if isinstance(args_in, dict) else as_obj(args_in, f"{param}.content.{j}.input")
+            args_in = args_in if isinstance(args_in, dict) else as_obj(args_in, f"messages.{i}.content.{j}.input")
             args = orjson.dumps(args_in).decode()
             seen.chars += len(args)
-            call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"{param}.content.{j}.id")
-            name = name if isinstance(name, str) else as_str(name, f"{param}.content.{j}.name")
+            call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"messages.{i}.content.{j}.id")
+            name = name if isinstance(name, str) else as_str(name, f"messages.{i}.content.{j}.name")
             calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": args}})
         elif t in ("thinking", "redacted_thinking"):
             continue  # earlier turns' reasoning is not part of the context (Anthropic drops it too)
         else:
-            raise _unsupported_block(t, f"{param}.content.{j}", "an assistant message")
+            raise _unsupported_block(t, f"messages.{i}.content.{j}", "an assistant message")
     g = seen.gathered
     g.fresh = False
     msg: dict[str, Any] = {"role": "assistant", "content": None}
@@ -125,22 +125,22 @@ def _assistant(blocks: list[Any], param: str, seen: Seen) -> dict[str, Any]:
     return msg
 
 
-def _user(blocks: list[Any], param: str, out: list[dict[str, Any]], seen: Seen) -> None:
-    """`param`: the message's path (its blocks are `{param}.content.{j}`)."""
+def _user(blocks: list[Any], i: int, out: list[dict[str, Any]], seen: Seen) -> None:
+    """`i`: the message's index (its blocks are `messages.{i}.content.{j}`)."""
     parts: list[dict[str, Any]] = []
     for j, b in enumerate(blocks):
-        b = b if isinstance(b, dict) else as_obj(b, f"{param}.content.{j}")
+        b = b if isinstance(b, dict) else as_obj(b, f"messages.{i}.content.{j}")
         t = b.get("type")
         if t == "text":
             text = b.get("text")
-            text = text if isinstance(text, str) else as_str(text, f"{param}.content.{j}.text")
+            text = text if isinstance(text, str) else as_str(text, f"messages.{i}.content.{j}.text")
             seen.chars += len(text)
             parts.append({"type": "text", "text": text})
             continue
         if t == "tool_result" and isinstance(b.get("content"), str):  # the usual result: one text
-            _tool_result_text(b, param, j, out, seen)
+            _tool_result_text(b, i, j, out, seen)
             continue
-        p = f"{param}.content.{j}"
+        p = f"messages.{i}.content.{j}"
         if t == "image":
             seen.chars += 1024
             parts.append(_image(b, p))
@@ -210,11 +210,11 @@ def _document(b: dict[str, Any], p: str, seen: Seen) -> str:
     )
 
 
-def _tool_result_text(b: dict[str, Any], param: str, j: int, out: list[dict[str, Any]], seen: Seen) -> None:
+def _tool_result_text(b: dict[str, Any], i: int, j: int, out: list[dict[str, Any]], seen: Seen) -> None:
     """`_tool_result` of a result whose content is a string, with the paths built for their errors only."""
     tid, text, err = b.get("tool_use_id"), b["content"], b.get("is_error")
-    tid = tid if isinstance(tid, str) else as_str(tid, f"{param}.content.{j}.tool_use_id")
-    if err is not None and as_bool(err, f"{param}.content.{j}.is_error"):
+    tid = tid if isinstance(tid, str) else as_str(tid, f"messages.{i}.content.{j}.tool_use_id")
+    if err is not None and as_bool(err, f"messages.{i}.content.{j}.is_error"):
         text = "Error: " + text
     seen.chars += len(text) + 16
     out.append({"role": "tool", "tool_call_id": tid, "content": text})

@@ -146,13 +146,13 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
     if not raw:
         raise bad("at least one message is required", "messages")
     for i, m in enumerate(raw):
-        message(m, f"messages.{i}", messages, seen)
+        message(m, i, messages, seen)
     body: dict[str, Any] = {"model": model, "messages": messages}
     if req.get("max_tokens") is None and not count_only:
         raise bad("Field required", "max_tokens")
     stream, stops = _sampling(req, body)
     if req.get("tools") is not None:
-        tools = [tool(t, f"tools.{j}", seen) for j, t in enumerate(as_list(req["tools"], "tools"))]
+        tools = [tool(t, j, seen) for j, t in enumerate(as_list(req["tools"], "tools"))]
         if tools:
             body["tools"] = tools
             # the schemas' JSON bytes in one encoding: a list's is theirs, n - 1 commas and its brackets
