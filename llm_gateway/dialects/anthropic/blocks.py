@@ -128,18 +128,30 @@ def _assistant(blocks: list[Any], i: int, seen: Seen) -> dict[str, Any]:
 def _user(blocks: list[Any], i: int, out: list[dict[str, Any]], seen: Seen) -> None:
     """`i`: the message's index (its blocks are `messages.{i}.content.{j}`)."""
     parts: list[dict[str, Any]] = []
+    g = seen.gathered
+    chars = 0
     for j, b in enumerate(blocks):
         b = b if isinstance(b, dict) else as_obj(b, f"messages.{i}.content.{j}")
         t = b.get("type")
         if t == "text":
             text = b.get("text")
             text = text if isinstance(text, str) else as_str(text, f"messages.{i}.content.{j}.text")
-            seen.chars += len(text)
+            chars += len(text)
             parts.append({"type": "text", "text": text})
             continue
-        if t == "tool_result" and isinstance(b.get("content"), str):  # the usual result: one text
-            _tool_result_text(b, i, j, out, seen)
-            continue
+        if t == "tool_result":
+            text = b.get("content")
+            if isinstance(text, str):  # the usual result: one text (`_tool_result` inlined, paths built for errors)
+                tid, err = b.get("tool_use_id"), b.get("is_error")
+                tid = tid if isinstance(tid, str) else as_str(tid, f"messages.{i}.content.{j}.tool_use_id")
+                if err is not None and as_bool(err, f"messages.{i}.content.{j}.is_error"):
+                    text = "Error: " + text
+                chars += len(text) + 16
+                out.append({"role": "tool", "tool_call_id": tid, "content": text})
+                g.fresh = False
+                g.texts.append(text)
+                g.strings.append(tid)
+                continue
         p = f"messages.{i}.content.{j}"
         if t == "image":
             seen.chars += 1024
@@ -150,9 +162,9 @@ def _user(blocks: list[Any], i: int, out: list[dict[str, Any]], seen: Seen) -> N
             _tool_result(b, p, out, seen)  # tool messages must follow the assistant's tool calls at once
         else:
             raise _unsupported_block(t, p, "a user message")
+    seen.chars += chars
     if not parts:
         return
-    g = seen.gathered
     if len(parts) == 1 and parts[0]["type"] == "text":
         out.append({"role": "user", "content": parts[0]["text"]})
         g.texts.append(parts[0]["text"])
@@ -208,20 +220,6 @@ def _document(b: dict[str, Any], p: str, seen: Seen) -> str:
         param=f"{p}.source.type",
         code="unsupported_parameter",
     )
-
-
-def _tool_result_text(b: dict[str, Any], i: int, j: int, out: list[dict[str, Any]], seen: Seen) -> None:
-    """`_tool_result` of a result whose content is a string, with the paths built for their errors only."""
-    tid, text, err = b.get("tool_use_id"), b["content"], b.get("is_error")
-    tid = tid if isinstance(tid, str) else as_str(tid, f"messages.{i}.content.{j}.tool_use_id")
-    if err is not None and as_bool(err, f"messages.{i}.content.{j}.is_error"):
-        text = "Error: " + text
-    seen.chars += len(text) + 16
-    out.append({"role": "tool", "tool_call_id": tid, "content": text})
-    g = seen.gathered
-    g.fresh = False
-    g.texts.append(text)
-    g.strings.append(tid)
 
 
 def _tool_result(b: dict[str, Any], p: str, out: list[dict[str, Any]], seen: Seen) -> None:
