@@ -6,8 +6,8 @@ the capabilities the request calls for (vision, tools, json_schema), a token est
 limits, a lower bound of the prompt's tokens for the context-window fit check (`prompt_floor`), and
 the affinity key for prefix-aware routing. Everything else passes through to the engine. Chat messages are sized
 in one pass that gathers their texts and other fields (`Gathered`), summed in C; a translation that builds a chat
-body (the Anthropic one) gathers them as it builds its messages, and read_request takes its `Gathered` instead of
-walking them again.
+body (the Anthropic one) gathers them as it builds its messages (and encodes its tools once), and read_request takes
+its `Gathered` instead of walking them (or encoding the tools) again.
 
 The two token numbers differ on purpose. `prompt_tokens` (characters / 4, plus a little per message
 and image; tool definitions, tool calls and the other fields a template renders counted by their JSON
@@ -143,7 +143,8 @@ def read_request(endpoint: str, body: dict[str, Any], gathered: Gathered | None 
         tools = body.get("tools") or body.get("functions")
         if tools:
             needs.add("tools")
-            tools_json = orjson.dumps(tools)  # what the template renders of them: counted in the estimate too
+            # what the template renders of them, counted in the estimate too (a translation's own encoding of them)
+            tools_json = (gathered.tools_json if gathered is not None else b"") or orjson.dumps(tools)
             size = len(tools_json)
             chars += size
             ceiling += CEILING_TOOLS + size
@@ -243,7 +244,7 @@ class Gathered:
     it builds them (the Anthropic one: `read_request(..., gathered=)`), so that nothing walks them twice; `sums` are
     the numbers. Texts in the order of their messages (the first four are the affinity text)."""
 
-    __slots__ = ("as_json", "fresh", "images", "other_parts", "strings", "texts")
+    __slots__ = ("as_json", "fresh", "images", "other_parts", "strings", "texts", "tools_json")
 
     def __init__(self) -> None:
         self.texts: list[str] = []  # contents and text parts: characters for the estimate, UTF-8 bytes for the ceiling
@@ -252,6 +253,7 @@ class Gathered:
         self.images = 0
         self.other_parts = 0  # the JSON bytes of content parts neither text nor image (audio, files...)
         self.fresh = True  # no assistant or tool message
+        self.tools_json = b""  # the body's `tools` as JSON, where the translation encoded them
 
     def sums(self, count: int, needs: set[str]) -> tuple[int, str, list[str], int, bool]:
         """(typical characters, affinity text, the texts the floor counts, ceiling, fresh) of `count` messages."""

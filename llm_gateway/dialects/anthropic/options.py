@@ -15,7 +15,6 @@ from typing import Any
 
 from llm_gateway.dialects.field_checks import (
     Hint,
-    PromptChars,
     as_bool,
     as_int,
     as_obj,
@@ -40,7 +39,7 @@ THINKING_DISPLAYS = ("summarized", "omitted")
 _TOOL_FIELDS = frozenset({"name", "description", "input_schema", "type", "strict", *TOOL_HINTS})
 
 
-def tool(t: Any, j: int, seen: PromptChars) -> dict[str, Any]:
+def tool(t: Any, j: int) -> dict[str, Any]:
     # an agent sends 20-odd tools with every turn: a field's path (tools.{j}...) is built for its error only
     t = t if isinstance(t, dict) else as_obj(t, f"tools.{j}")
     kind = t.get("type")
@@ -68,13 +67,11 @@ def tool(t: Any, j: int, seen: PromptChars) -> dict[str, Any]:
     desc = t.get("description")
     if desc is not None:
         fn["description"] = desc if isinstance(desc, str) else as_str(desc, f"tools.{j}.description")
-        seen.chars += len(desc)
     if t.get("strict") is not None:
         fn["strict"] = as_bool(t["strict"], f"tools.{j}.strict")
     if not t.keys().isdisjoint(TOOL_HINTS):  # usually none: then no loop over the hints
         for k, hint in TOOL_HINTS.items():
             check_hint(t.get(k), f"tools.{j}.{k}", hint)
-    seen.chars += len(name)  # and its schema's JSON bytes: the caller encodes all the tools' schemas at once
     return {"type": "function", "function": fn}
 
 

@@ -152,11 +152,12 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
         raise bad("Field required", "max_tokens")
     stream, stops = _sampling(req, body)
     if req.get("tools") is not None:
-        tools = [tool(t, j, seen) for j, t in enumerate(as_list(req["tools"], "tools"))]
+        tools = [tool(t, j) for j, t in enumerate(as_list(req["tools"], "tools"))]
         if tools:
             body["tools"] = tools
-            # the schemas' JSON bytes in one encoding: a list's is theirs, n - 1 commas and its brackets
-            seen.chars += len(orjson.dumps([t["function"]["parameters"] for t in tools])) - len(tools) - 1
+            # their JSON bytes in the estimate, as read_request counts a chat body's tools: one encoding for both
+            seen.gathered.tools_json = tools_json = orjson.dumps(tools)
+            seen.chars += len(tools_json)
     if req.get("tool_choice") is not None:
         tool_choice(req["tool_choice"], body)
     if req.get("thinking") is not None:
