@@ -4,7 +4,10 @@ The body is parsed once (orjson) into a dict that is passed on; only the fields 
 limits and error messages need are checked here: `model`, `stream`, the endpoint's required field,
 the capabilities the request calls for (vision, tools, json_schema), a token estimate for rate
 limits, a lower bound of the prompt's tokens for the context-window fit check (`prompt_floor`), and
-the affinity key for prefix-aware routing. Everything else passes through to the engine.
+the affinity key for prefix-aware routing. Everything else passes through to the engine. Chat messages are sized
+in one pass that gathers their texts and other fields (`Gathered`), summed in C; a translation that builds a chat
+body (the Anthropic one) gathers them as it builds its messages (and encodes its tools once), and read_request takes
+its `Gathered` instead of walking them (or encoding the tools) again.
 
 The two token numbers differ on purpose. `prompt_tokens` (characters / 4, plus a little per message
 and image; tool definitions, tool calls and the other fields a template renders counted by their JSON
@@ -91,7 +94,9 @@ class RequestInfo:
         self.floor_summed, self.floor_texts = value, ()
 
 
-def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
+def read_request(endpoint: str, body: dict[str, Any], gathered: Gathered | None = None) -> RequestInfo:
+    """`gathered`: what the translation that built a chat body gathered of its messages as it built them (see
+    `Gathered`), where it did: its sums stand for a pass over them."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("you must provide a model parameter (a non-empty string)", param="model")
@@ -130,12 +135,16 @@ def read_request(endpoint: str, body: dict[str, Any]) -> RequestInfo:
     fresh = False
     texts: list[str] = []
     if endpoint == "chat":
-        chars, affinity, texts, ceiling, fresh = _messages(value, needs)
+        if gathered is not None and isinstance(value, list) and value:
+            chars, affinity, texts, ceiling, fresh = gathered.sums(len(value), needs)
+        else:
+            chars, affinity, texts, ceiling, fresh = _messages(value, needs)
         floor = 0
         tools = body.get("tools") or body.get("functions")
         if tools:
             needs.add("tools")
-            tools_json = orjson.dumps(tools)  # what the template renders of them: counted in the estimate too
+            # what the template renders of them, counted in the estimate too (a translation's own encoding of them)
+            tools_json = (gathered.tools_json if gathered is not None else b"") or orjson.dumps(tools)
             size = len(tools_json)
             chars += size
             ceiling += CEILING_TOOLS + size
@@ -230,18 +239,53 @@ def _largest_floor(value: Any) -> int:
     return 0
 
 
+class Gathered:
+    """What sizing chat messages reads of them, gathered in one pass over them (`_messages`), or by a translation as
+    it builds them (the Anthropic one: `read_request(..., gathered=)`), so that nothing walks them twice; `sums` are
+    the numbers. Texts in the order of their messages (the first four are the affinity text)."""
+
+    __slots__ = ("as_json", "fresh", "images", "other_parts", "strings", "texts", "tools_json")
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []  # contents and text parts: characters for the estimate, UTF-8 bytes for the ceiling
+        self.strings: list[str] = []  # the other fields that are strings (tool_call_id, name...): their bytes
+        self.as_json: list[Any] = []  # the other fields that are not strings (tool calls): their JSON bytes
+        self.images = 0
+        self.other_parts = 0  # the JSON bytes of content parts neither text nor image (audio, files...)
+        self.fresh = True  # no assistant or tool message
+        self.tools_json = b""  # the body's `tools` as JSON, where the translation encoded them
+
+    def sums(self, count: int, needs: set[str]) -> tuple[int, str, list[str], int, bool]:
+        """(typical characters, affinity text, the texts the floor counts, ceiling, fresh) of `count` messages."""
+        texts, strings, as_json = self.texts, self.strings, self.as_json
+        size = sum(map(len, texts))
+        chars = 16 * count + size
+        ceiling = CEILING_BASE + CEILING_PER_MESSAGE * count + self.other_parts
+        ceiling += size if all(map(str.isascii, texts)) else sum(map(_utf8_size, texts))
+        if self.images:
+            needs.add("vision")
+            chars += 1024 * self.images
+            ceiling += CEILING_PER_IMAGE * self.images
+        if strings:
+            size = sum(map(len, strings)) if all(map(str.isascii, strings)) else sum(map(_utf8_size, strings))
+            chars += size
+            ceiling += size
+        if as_json:  # their JSON bytes, in one encoding: a list's is theirs, n - 1 commas and its brackets
+            size = len(orjson.dumps(as_json)) - len(as_json) - 1
+            chars += size
+            ceiling += size
+        return chars, "\x00".join(texts[:4]), texts, ceiling, self.fresh
+
+
 def _messages(messages: Any, needs: set[str]) -> tuple[int, str, list[str], int, bool]:
     """(typical characters, affinity text, the texts the floor counts, ceiling, fresh: no assistant or tool
     turn) of chat messages."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty array", param="messages")
-    # one pass, its work per message inlined (issue 36: an agent's request has ~50 messages, most of them a text and
-    # one more field, a tool call or its id): the same sums as adding each message's share in turn
-    texts: list[str] = []
-    as_json: list[Any] = []  # the other fields that are not strings (tool calls), measured as JSON at the end
-    chars = 16 * len(messages)
-    ceiling = CEILING_BASE + CEILING_PER_MESSAGE * len(messages)
-    head: list[str] = []
+    # one pass that only gathers (issue 36: an agent's request has ~50 messages, most of them a text and one more
+    # field, a tool call or its id), then each sum in C (`Gathered.sums`)
+    g = Gathered()
+    texts, strings, as_json = g.texts, g.strings, g.as_json
     fresh = True
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -253,45 +297,30 @@ def _messages(messages: Any, needs: set[str]) -> tuple[int, str, list[str], int,
             fresh = False
         content = m.get("content")
         if isinstance(content, str):
-            chars += len(content)
             texts.append(content)
-            ceiling += len(content) if content.isascii() else len(content.encode("utf-8", "surrogatepass"))
-            if len(head) < 4:
-                head.append(content)
         elif isinstance(content, list):
             for part in content:
                 if not isinstance(part, dict):
                     continue
                 t = part.get("type")
                 if t in ("image_url", "input_image", "image"):
-                    needs.add("vision")
-                    chars += 1024
-                    ceiling += CEILING_PER_IMAGE
+                    g.images += 1
                 elif isinstance(part.get("text"), str):
-                    chars += len(part["text"])
                     texts.append(part["text"])
-                    ceiling += _utf8_size(part["text"])
-                    if len(head) < 4:
-                        head.append(part["text"])
                 else:  # audio, files, ...: their JSON, which holds more bytes than their tokens
-                    ceiling += len(orjson.dumps(part))
+                    g.other_parts += len(orjson.dumps(part))
         elif content is not None and role != "assistant":
             raise InvalidRequest(f"messages[{i}].content must be a string or an array", param=f"messages[{i}].content")
-        if len(m) > 2:  # name, tool_calls, tool_call_id, reasoning_content...: rendered by templates too
-            for k, v in m.items():  # of strings, their text; the rest measured as JSON (as_json)
+        if len(m) > 2 or "content" not in m:  # name, tool_calls, tool_call_id...: rendered by templates too
+            for k, v in m.items():
                 if k == "role" or k == "content" or v is None:
                     continue
                 if isinstance(v, str):
-                    size = len(v) if v.isascii() else len(v.encode("utf-8", "surrogatepass"))
-                    chars += size
-                    ceiling += size
+                    strings.append(v)
                 else:
                     as_json.append(v)
-    if as_json:  # their JSON bytes, in one encoding: a list's is theirs, n - 1 commas and its brackets
-        size = len(orjson.dumps(as_json)) - len(as_json) - 1
-        chars += size
-        ceiling += size
-    return chars, "\x00".join(head), texts, ceiling, fresh
+    g.fresh = fresh
+    return g.sums(len(messages), needs)
 
 
 def _text_size(value: Any, name: str) -> int:

@@ -33,7 +33,7 @@ from llm_gateway.routing.attempt import Attempt
 from llm_gateway.routing.backend_calls import COUNT_ATTEMPTS, ERROR_BODY_LIMIT, BackendPoster
 from llm_gateway.routing.candidates import eligible
 from llm_gateway.routing.prompt_count import PromptCounter, ambiguous_routes
-from llm_gateway.routing.request_info import RequestInfo, cap_output, read_request
+from llm_gateway.routing.request_info import Gathered, RequestInfo, cap_output, read_request
 from llm_gateway.routing.table import Deployment, ModelRoute
 from llm_gateway.service.queue_progress import QueueProgress
 from llm_gateway.service.request import Job
@@ -59,8 +59,10 @@ class GenerationService:
         body: dict[str, Any],
         who: Principal,
         native: NativeDialect | None = None,
+        gathered: Gathered | None = None,
     ) -> None:
-        info, route = self._route(call, rec, rt, endpoint, body, who)
+        """`gathered`: what a translation that built `body` gathered of its messages (request_info.Gathered)."""
+        info, route = self._route(call, rec, rt, endpoint, body, who, gathered)
         generates = endpoint != "embeddings"
         prompt, choices = info.prompt_tokens, info.choices
         asked = info.max_tokens if info.max_tokens is not None else rt.config.limits.default_max_tokens
@@ -118,9 +120,10 @@ class GenerationService:
         endpoint: Endpoint,
         body: dict[str, Any],
         who: Principal,
+        gathered: Gathered | None = None,
     ) -> tuple[RequestInfo, ModelRoute]:
         """Read the body, resolve the public model and check that the key may use it."""
-        info = read_request(endpoint, body)
+        info = read_request(endpoint, body, gathered)
         fmt = call.header(rt.format_header)
         if fmt:
             info.format = fmt.decode("latin-1").strip().lower()[:32]
@@ -142,13 +145,14 @@ class GenerationService:
         body: dict[str, Any],
         who: Principal,
         native_body: dict[str, Any] | None = None,
+        gathered: Gathered | None = None,
     ) -> tuple[int, str]:
         """The prompt tokens of a chat body (or of `native_body`, the client's own, where the engine serves its
         count): (count, "engine") from the first routable deployment whose engine counts them, else (the
         gateway's estimate, "estimate"); at most `COUNT_ATTEMPTS` engines asked. Nothing is generated, so no
         tokens or budget are charged; but it asks an engine, so it is one request against the key's requests
         per minute, and holds a concurrency lease while it runs (`Limiter.admit_requests`)."""
-        info, route = self._route(call, rec, rt, "chat", body, who)
+        info, route = self._route(call, rec, rt, "chat", body, who, gathered)
         _, reservation = await rt.limiter.admit_requests(who, route.name, call.rid)
         rec.metered = True
         now = time.monotonic()

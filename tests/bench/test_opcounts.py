@@ -79,8 +79,8 @@ def test_an_agent_run_counts_the_74_kb_request_in_its_dialect(tmp_path: Path) ->
     assert counts["config"]["agent"] is True
     agent = opcounts.per_function(counts)
     small = opcounts.per_function(_run(tmp_path, requests=3, warmup=1, tokens=8, dialect="messages"))
-    estimate = ("llm_gateway/routing/request_info.py", "_messages")
-    assert agent[estimate] > 10 * small[estimate]  # 46 messages sized, not request.json's one
+    each = ("llm_gateway/dialects/anthropic/blocks.py", "message")
+    assert agent[each] > 10 * small[each]  # its dozens of messages translated, not request.json's one
     assert agent[("llm_gateway/dialects/anthropic/blocks.py", "_assistant")] > 0  # translated from Anthropic blocks
 
 

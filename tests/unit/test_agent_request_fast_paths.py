@@ -3,6 +3,9 @@
 - request_info's prompt bounds count a text's non-blank UTF-8 bytes in one pass over its encoding; the
   reference here is the four `str.count`s it replaced, for any text (blanks of every kind, non-ASCII, lone
   surrogates as the surrogatepass encoding has them).
+- request_info sizes chat messages in one pass that only gathers their texts and other fields, then sums them
+  in C: the reference here is the loop that added each message's share in turn (which also counted the other
+  fields of a message without a content key, as a template renders them).
 - The Responses translation builds the input items (each with a fresh id) only when the response is stored,
   the one use they have; everything else a request becomes is the same with `store` true or false.
 - The Messages and Responses translations build a field's dotted path only for the error that names it: every
@@ -27,7 +30,15 @@ from llm_gateway.dialects.anthropic.request import to_chat
 from llm_gateway.dialects.responses.request import parse
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.candidates import fits
-from llm_gateway.routing.request_info import FLOOR_BYTES_PER_TOKEN, _bounds, read_request
+from llm_gateway.routing.request_info import (
+    CEILING_BASE,
+    CEILING_PER_IMAGE,
+    CEILING_PER_MESSAGE,
+    FLOOR_BYTES_PER_TOKEN,
+    _bounds,
+    _messages,
+    read_request,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import agent_request
@@ -62,6 +73,81 @@ def test_the_agent_requests_estimates_are_unchanged() -> None:
 
 def _agent(dialect: str) -> dict[str, Any]:
     return dict(orjson.loads(agent_request.encode(agent_request.bodies()[dialect])))
+
+
+def _messages_reference(messages: list[Any], needs: set[str]) -> tuple[int, str, list[str], int, bool]:
+    """What _messages computed before it summed in C: each message's share added in turn."""
+    texts: list[str] = []
+    chars, ceiling, head, fresh = 16 * len(messages), CEILING_BASE + CEILING_PER_MESSAGE * len(messages), [], True
+    for m in messages:
+        fresh = fresh and m["role"] not in ("assistant", "tool")
+        content = m.get("content")
+        parts = [{"text": content}] if isinstance(content, str) else content if isinstance(content, list) else []
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            text = part.get("text")
+            if part.get("type") in ("image_url", "input_image", "image"):
+                needs.add("vision")
+                chars, ceiling = chars + 1024, ceiling + CEILING_PER_IMAGE
+            elif isinstance(text, str):
+                chars, ceiling = chars + len(text), ceiling + len(text.encode("utf-8", "surrogatepass"))
+                texts.append(text)
+                head += [text][: 4 - len(head)]
+            else:
+                ceiling += len(orjson.dumps(part))
+        for k, v in m.items():
+            if k not in ("role", "content") and v is not None:
+                size = len(v.encode("utf-8", "surrogatepass")) if isinstance(v, str) else len(orjson.dumps(v))
+                chars, ceiling = chars + size, ceiling + size
+    return chars, "\x00".join(head), texts, ceiling, fresh
+
+
+_TEXTS = st.text(alphabet=st.characters(blacklist_categories=()), max_size=40)
+_JSON_TEXTS = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)  # orjson's strings
+_VALUES = st.none() | _TEXTS | st.lists(st.dictionaries(st.sampled_from(["id", "type"]), _JSON_TEXTS), max_size=2)
+_PARTS = st.lists(
+    st.sampled_from([{"type": "image_url", "image_url": {"url": "data:,"}}, {"type": "input_audio"}, "x"])
+    | st.builds(lambda t: {"type": "text", "text": t}, _TEXTS),
+    max_size=3,
+)
+_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer"])},
+    optional={
+        "content": st.none() | _TEXTS | _PARTS,
+        "tool_calls": _VALUES,
+        "tool_call_id": _VALUES,
+        "name": st.none() | _TEXTS,
+        "reasoning_content": _VALUES,
+    },
+)
+
+
+@given(st.lists(_MESSAGE, min_size=1, max_size=8))
+@example([{"role": "user", "content": "é" * 3}, {"role": "assistant", "tool_calls": [{"id": "漢"}]}])
+@example([{"role": "tool", "tool_call_id": "\ud800", "content": None}, {"role": "user", "content": ""}])
+def test_messages_are_sized_as_one_at_a_time(messages: list[dict[str, Any]]) -> None:
+    needs: set[str] = set()
+    reference_needs: set[str] = set()
+    assert _messages(messages, needs) == _messages_reference(messages, reference_needs) and needs == reference_needs
+
+
+@pytest.mark.parametrize("body", ["chat", "messages", "responses"])
+def test_the_agent_requests_bodies_are_sized_as_one_at_a_time(body: str) -> None:
+    chat = {"chat": _agent("chat"), "messages": to_chat(_agent("messages")).body}.get(body)
+    messages = (chat or parse(_agent("responses")).chat_body([]))["messages"]
+    assert _messages(messages, set()) == _messages_reference(messages, set())
+
+
+@pytest.mark.parametrize("parts", [False, True])  # plain contents; content parts (one message at a time)
+def test_an_assistant_message_without_content_counts_its_tool_calls(parts: bool) -> None:
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": "' + "x" * 900 + '"}'}}]
+    first = {"role": "user", "content": [{"type": "text", "text": "q"}] if parts else "q"}
+    absent = read_request("chat", {"model": "m", "messages": [first, {"role": "assistant", "tool_calls": calls}]})
+    null_content = {"role": "assistant", "content": None, "tool_calls": calls}
+    null = read_request("chat", {"model": "m", "messages": [first, null_content]})
+    assert null.prompt_ceiling is not None and null.prompt_ceiling > 900  # the call's JSON, as a template renders it
+    assert (absent.prompt_tokens, absent.prompt_ceiling) == (null.prompt_tokens, null.prompt_ceiling)
 
 
 @pytest.mark.parametrize(
@@ -164,9 +250,11 @@ def test_a_bad_field_in_a_responses_request_names_its_path(body: dict[str, Any],
 
 def test_the_agent_request_translates_as_before() -> None:
     # what the Messages and Responses forms of the agent request became before the fast paths (git adb3ba0):
-    # the prompt estimates, and a digest of the chat body (the same for both: the same conversation)
+    # the prompt estimates, and a digest of the chat body (the same for both: the same conversation). The Messages
+    # estimate counts the tools by their JSON bytes since, as a chat body's does (16905 when it counted their names,
+    # descriptions and schemas' JSON: the tools are encoded once, for the estimate and read_request both)
     msgs, resp = to_chat(_agent("messages")), parse(_agent("responses"))
-    assert (msgs.prompt_estimate, resp.prompt_estimate) == (16905, 17199)
+    assert (msgs.prompt_estimate, resp.prompt_estimate) == (17276, 17199)
     for body in (msgs.body, resp.chat_body([])):
         assert hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16] == "4cb4595eaf3dd424"
 
@@ -273,3 +361,59 @@ def test_a_messages_other_fields_count_as_before(messages: list[dict[str, Any]])
     other = sum(_other_fields_reference(m) for m in messages if len(m) > 2)
     assert info.prompt_ceiling == (plain.prompt_ceiling or 0) + other
     assert info.prompt_tokens - plain.prompt_tokens in (other // 4, other // 4 + 1)  # chars // 4 + 1 each
+
+
+_PNG = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+_URL = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+_DOC = {"type": "document", "title": "Notes", "source": {"type": "text", "media_type": "text/plain", "data": "día 1"}}
+_DOCS = {"type": "document", "source": {"type": "content", "content": [_TEXT, {"type": "text", "text": "二"}]}}
+GATHERED_BODIES = [
+    _agent("messages"),
+    _messages_with([{"role": "user", "content": "only a question, café"}]),
+    {
+        **_messages_with(
+            [
+                {"role": "user", "content": [_PNG, {"type": "text", "text": "what is this? 漢字"}, _URL]},
+                {"role": "assistant", "content": "A picture."},
+                {"role": "user", "content": [_DOC, _DOCS, {"type": "text", "text": "and these"}]},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"}]},
+                {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                {"role": "user", "content": [_TEXT]},
+            ]
+        ),
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=1"},
+            {"type": "text", "text": "You are a helper."},
+            {"type": "text", "text": "Ünïcode rules."},
+        ],
+    },
+    _messages_with(
+        [
+            {"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": [_TEXT, _USE, {**_USE, "id": "c2", "input": {"path": "é/ü"}}]},
+            {
+                "role": "user",
+                "content": [
+                    {**_RESULT, "is_error": True},
+                    {**_RESULT, "tool_use_id": "c2", "content": [_TEXT, _PNG, _DOC], "is_error": False},
+                    {"type": "tool_result", "tool_use_id": "c3"},
+                    {"type": "text", "text": "go on"},
+                ],
+            },
+            {"role": "assistant", "content": [_USE]},
+            {"role": "user", "content": [{**_RESULT, "content": []}]},
+        ],
+        [_TOOL],
+    ),
+]
+
+
+@pytest.mark.parametrize("body", GATHERED_BODIES)
+@pytest.mark.parametrize("count_only", [False, True])
+def test_what_the_messages_translation_gathers_is_what_read_request_reads(
+    body: dict[str, Any], count_only: bool
+) -> None:
+    req = to_chat(body, count_only=count_only)
+    assert req.gathered is not None
+    gathered, walked = read_request("chat", req.body, req.gathered), read_request("chat", req.body)
+    assert gathered == walked and gathered.prompt_floor == walked.prompt_floor

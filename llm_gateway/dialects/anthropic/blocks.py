@@ -1,7 +1,9 @@
 """An Anthropic Messages request's content as OpenAI chat messages: the system prompt, each message's content
 blocks (text, images, documents, tool use and tool results, thinking), with the checks Anthropic makes of
 each block and a clear 400 for the blocks the gateway cannot honour. to_chat (request.py) calls `message`
-for each message and `system_text` for the system prompt.
+for each message and `system_text` for the system prompt. As each chat message is built, what read_request sizes of
+it is gathered too (`Seen.gathered`: its texts, tool call ids, tool calls, images), so that the chat messages are
+not walked again to size them (issue 36).
 """
 
 from __future__ import annotations
@@ -19,8 +21,19 @@ from llm_gateway.dialects.field_checks import (
     bad,
 )
 from llm_gateway.errors import InvalidRequest
+from llm_gateway.routing.request_info import Gathered
 
 BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+class Seen(PromptChars):
+    """The characters of prompt text seen, and what read_request sizes of the chat messages built (in their order)."""
+
+    __slots__ = ("gathered",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gathered = Gathered()
 
 
 def system_text(system: Any, seen: PromptChars, param: str = "system") -> str:
@@ -40,82 +53,106 @@ def system_text(system: Any, seen: PromptChars, param: str = "system") -> str:
     return "\n\n".join(parts)
 
 
-def message(m: Any, param: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
-    # an agent's history is dozens of turns of blocks: a field's path is built for its error only
-    m = m if isinstance(m, dict) else as_obj(m, param)
+def message(m: Any, i: int, out: list[dict[str, Any]], seen: Seen) -> None:
+    # an agent's history is dozens of turns of blocks: a field's path (messages.{i}...) is built for its error only
+    m = m if isinstance(m, dict) else as_obj(m, f"messages.{i}")
     role = m.get("role")
     if role not in ("user", "assistant", "system"):
-        raise bad("Input should be 'user', 'assistant' or 'system'", f"{param}.role")
+        raise bad("Input should be 'user', 'assistant' or 'system'", f"messages.{i}.role")
     if "content" not in m:
-        raise bad("Field required", f"{param}.content")
+        raise bad("Field required", f"messages.{i}.content")
     content = m["content"]
     seen.chars += 16
     if role == "system":  # a system message between the turns: a string or text blocks
         if isinstance(content, list) and not content:
-            raise bad("List should have at least 1 item after validation, not 0", f"{param}.content")
-        out.append({"role": "system", "content": system_text(content, seen, f"{param}.content")})
+            raise bad("List should have at least 1 item after validation, not 0", f"messages.{i}.content")
+        text = system_text(content, seen, f"messages.{i}.content")
+        out.append({"role": "system", "content": text})
+        seen.gathered.texts.append(text)
         return
     if isinstance(content, str):
         seen.chars += len(content)
         out.append({"role": role, "content": content})
+        seen.gathered.texts.append(content)
+        if role == "assistant":
+            seen.gathered.fresh = False
         return
     if not isinstance(content, list) or not content:
-        as_list(content, f"{param}.content")
-        raise bad("List should have at least 1 item after validation, not 0", f"{param}.content")
+        as_list(content, f"messages.{i}.content")
+        raise bad("List should have at least 1 item after validation, not 0", f"messages.{i}.content")
     if role == "assistant":
-        out.append(_assistant(content, param, seen))
+        out.append(_assistant(content, i, seen))
     else:
-        _user(content, param, out, seen)
+        _user(content, i, out, seen)
 
 
-def _assistant(blocks: list[Any], param: str, seen: PromptChars) -> dict[str, Any]:
-    """`param`: the message's path (its blocks are `{param}.content.{j}`)."""
+def _assistant(blocks: list[Any], i: int, seen: Seen) -> dict[str, Any]:
+    """`i`: the message's index (its blocks are `messages.{i}.content.{j}`)."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, b in enumerate(blocks):
-        b = b if isinstance(b, dict) else as_obj(b, f"{param}.content.{j}")
+        b = b if isinstance(b, dict) else as_obj(b, f"messages.{i}.content.{j}")
         t = b.get("type")
         if t == "text":
             text = b.get("text")
-            text = text if isinstance(text, str) else as_str(text, f"{param}.content.{j}.text")
+            text = text if isinstance(text, str) else as_str(text, f"messages.{i}.content.{j}.text")
             seen.chars += len(text)
             texts.append(text)
         elif t == "tool_use":
             args_in, call_id, name = b.get("input"), b.get("id"), b.get("name")
-            args_in = args_in if isinstance(args_in, dict) else as_obj(args_in, f"{param}.content.{j}.input")
+            args_in = args_in if isinstance(args_in, dict) else as_obj(args_in, f"messages.{i}.content.{j}.input")
             args = orjson.dumps(args_in).decode()
             seen.chars += len(args)
-            call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"{param}.content.{j}.id")
-            name = name if isinstance(name, str) else as_str(name, f"{param}.content.{j}.name")
+            call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"messages.{i}.content.{j}.id")
+            name = name if isinstance(name, str) else as_str(name, f"messages.{i}.content.{j}.name")
             calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": args}})
         elif t in ("thinking", "redacted_thinking"):
             continue  # earlier turns' reasoning is not part of the context (Anthropic drops it too)
         else:
-            raise _unsupported_block(t, f"{param}.content.{j}", "an assistant message")
-    msg: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts) if texts else None}
+            raise _unsupported_block(t, f"messages.{i}.content.{j}", "an assistant message")
+    g = seen.gathered
+    g.fresh = False
+    msg: dict[str, Any] = {"role": "assistant", "content": None}
+    if texts:
+        msg["content"] = text = "\n\n".join(texts)
+        g.texts.append(text)
     if calls:
         msg["tool_calls"] = calls
-    elif msg["content"] is None:
+        g.as_json.append(calls)
+    elif not texts:
         msg["content"] = ""
+        g.texts.append("")
     return msg
 
 
-def _user(blocks: list[Any], param: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
-    """`param`: the message's path (its blocks are `{param}.content.{j}`)."""
+def _user(blocks: list[Any], i: int, out: list[dict[str, Any]], seen: Seen) -> None:
+    """`i`: the message's index (its blocks are `messages.{i}.content.{j}`)."""
     parts: list[dict[str, Any]] = []
+    g = seen.gathered
+    chars = 0
     for j, b in enumerate(blocks):
-        b = b if isinstance(b, dict) else as_obj(b, f"{param}.content.{j}")
+        b = b if isinstance(b, dict) else as_obj(b, f"messages.{i}.content.{j}")
         t = b.get("type")
         if t == "text":
             text = b.get("text")
-            text = text if isinstance(text, str) else as_str(text, f"{param}.content.{j}.text")
-            seen.chars += len(text)
+            text = text if isinstance(text, str) else as_str(text, f"messages.{i}.content.{j}.text")
+            chars += len(text)
             parts.append({"type": "text", "text": text})
             continue
-        if t == "tool_result" and isinstance(b.get("content"), str):  # the usual result: one text
-            _tool_result_text(b, param, j, out, seen)
-            continue
-        p = f"{param}.content.{j}"
+        if t == "tool_result":
+            text = b.get("content")
+            if isinstance(text, str):  # the usual result: one text (`_tool_result` inlined, paths built for errors)
+                tid, err = b.get("tool_use_id"), b.get("is_error")
+                tid = tid if isinstance(tid, str) else as_str(tid, f"messages.{i}.content.{j}.tool_use_id")
+                if err is not None and as_bool(err, f"messages.{i}.content.{j}.is_error"):
+                    text = "Error: " + text
+                chars += len(text) + 16
+                out.append({"role": "tool", "tool_call_id": tid, "content": text})
+                g.fresh = False
+                g.texts.append(text)
+                g.strings.append(tid)
+                continue
+        p = f"messages.{i}.content.{j}"
         if t == "image":
             seen.chars += 1024
             parts.append(_image(b, p))
@@ -125,12 +162,19 @@ def _user(blocks: list[Any], param: str, out: list[dict[str, Any]], seen: Prompt
             _tool_result(b, p, out, seen)  # tool messages must follow the assistant's tool calls at once
         else:
             raise _unsupported_block(t, p, "a user message")
+    seen.chars += chars
     if not parts:
         return
     if len(parts) == 1 and parts[0]["type"] == "text":
         out.append({"role": "user", "content": parts[0]["text"]})
-    else:
-        out.append({"role": "user", "content": parts})
+        g.texts.append(parts[0]["text"])
+        return
+    out.append({"role": "user", "content": parts})
+    for part in parts:
+        if part["type"] == "text":
+            g.texts.append(part["text"])
+        else:
+            g.images += 1
 
 
 def _image(b: dict[str, Any], p: str) -> dict[str, Any]:
@@ -151,7 +195,7 @@ def _image(b: dict[str, Any], p: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _document(b: dict[str, Any], p: str, seen: PromptChars) -> str:
+def _document(b: dict[str, Any], p: str, seen: Seen) -> str:
     src = as_obj(b.get("source"), f"{p}.source")
     kind = src.get("type")
     if kind in ("text", "content"):
@@ -178,17 +222,7 @@ def _document(b: dict[str, Any], p: str, seen: PromptChars) -> str:
     )
 
 
-def _tool_result_text(b: dict[str, Any], param: str, j: int, out: list[dict[str, Any]], seen: PromptChars) -> None:
-    """`_tool_result` of a result whose content is a string, with the paths built for their errors only."""
-    tid, text, err = b.get("tool_use_id"), b["content"], b.get("is_error")
-    tid = tid if isinstance(tid, str) else as_str(tid, f"{param}.content.{j}.tool_use_id")
-    if err is not None and as_bool(err, f"{param}.content.{j}.is_error"):
-        text = "Error: " + text
-    seen.chars += len(text) + 16
-    out.append({"role": "tool", "tool_call_id": tid, "content": text})
-
-
-def _tool_result(b: dict[str, Any], p: str, out: list[dict[str, Any]], seen: PromptChars) -> None:
+def _tool_result(b: dict[str, Any], p: str, out: list[dict[str, Any]], seen: Seen) -> None:
     tid = as_str(b.get("tool_use_id"), f"{p}.tool_use_id")
     content = b.get("content")
     texts: list[str] = []
@@ -214,9 +248,14 @@ def _tool_result(b: dict[str, Any], p: str, out: list[dict[str, Any]], seen: Pro
         text = "Error: " + text
     seen.chars += len(text) + 16
     out.append({"role": "tool", "tool_call_id": tid, "content": text})
+    g = seen.gathered
+    g.fresh = False
+    g.texts.append(text)
+    g.strings.append(tid)
     if images:
         seen.chars += 1024 * len(images)
         out.append({"role": "user", "content": images})
+        g.images += len(images)
 
 
 def _unsupported_block(t: Any, p: str, where: str) -> InvalidRequest:

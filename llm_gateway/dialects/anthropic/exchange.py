@@ -111,7 +111,7 @@ async def messages(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runt
     req = to_chat(body)
     exchange = AnthropicExchange(call, req, body)
     try:
-        await ctx.service.handle(exchange, rec, rt, "chat", req.body, who, native=exchange)
+        await ctx.service.handle(exchange, rec, rt, "chat", req.body, who, native=exchange, gathered=req.gathered)
     except GatewayError as e:
         raise renamed(e, MESSAGES) from None
 
@@ -121,7 +121,9 @@ async def count_tokens(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: 
     body = await read_json_object(ctx, call)
     req = to_chat(body, count_only=True)
     try:
-        n, source = await ctx.service.count_prompt_tokens(call, rec, rt, req.body, who, native_body=body)
+        n, source = await ctx.service.count_prompt_tokens(
+            call, rec, rt, req.body, who, native_body=body, gathered=req.gathered
+        )
     except GatewayError as e:
         raise renamed(e, MESSAGES) from None
     headers = [

@@ -15,7 +15,6 @@ from typing import Any
 
 from llm_gateway.dialects.field_checks import (
     Hint,
-    PromptChars,
     as_bool,
     as_int,
     as_obj,
@@ -40,41 +39,39 @@ THINKING_DISPLAYS = ("summarized", "omitted")
 _TOOL_FIELDS = frozenset({"name", "description", "input_schema", "type", "strict", *TOOL_HINTS})
 
 
-def tool(t: Any, p: str, seen: PromptChars) -> dict[str, Any]:
-    # an agent sends 20-odd tools with every turn: a field's path is built for its error only
-    t = t if isinstance(t, dict) else as_obj(t, p)
+def tool(t: Any, j: int) -> dict[str, Any]:
+    # an agent sends 20-odd tools with every turn: a field's path (tools.{j}...) is built for its error only
+    t = t if isinstance(t, dict) else as_obj(t, f"tools.{j}")
     kind = t.get("type")
     if kind not in (None, "custom"):
         raise InvalidRequest(
-            f"{p}.type: '{kind}' is an Anthropic server or built-in tool, which this gateway does not provide "
+            f"tools.{j}.type: '{kind}' is an Anthropic server or built-in tool, which this gateway does not provide "
             "(define it as a custom tool with an input_schema instead)",
-            param=f"{p}.type",
+            param=f"tools.{j}.type",
             code="unsupported_parameter",
         )
     if not t.keys() <= _TOOL_FIELDS:
-        only_fields(t, _TOOL_FIELDS, p)
+        only_fields(t, _TOOL_FIELDS, f"tools.{j}")
     name = t.get("name")
     if not isinstance(name, str):
-        as_str(name, f"{p}.name")
+        as_str(name, f"tools.{j}.name")
     if not name:
-        raise bad("String should have at least 1 character", f"{p}.name")
+        raise bad("String should have at least 1 character", f"tools.{j}.name")
     if "input_schema" not in t:
-        raise bad("Field required", f"{p}.input_schema")
+        raise bad("Field required", f"tools.{j}.input_schema")
     schema = t["input_schema"]
     fn: dict[str, Any] = {
         "name": name,
-        "parameters": schema if isinstance(schema, dict) else as_obj(schema, f"{p}.input_schema"),
+        "parameters": schema if isinstance(schema, dict) else as_obj(schema, f"tools.{j}.input_schema"),
     }
     desc = t.get("description")
     if desc is not None:
-        fn["description"] = desc if isinstance(desc, str) else as_str(desc, f"{p}.description")
-        seen.chars += len(desc)
+        fn["description"] = desc if isinstance(desc, str) else as_str(desc, f"tools.{j}.description")
     if t.get("strict") is not None:
-        fn["strict"] = as_bool(t["strict"], f"{p}.strict")
+        fn["strict"] = as_bool(t["strict"], f"tools.{j}.strict")
     if not t.keys().isdisjoint(TOOL_HINTS):  # usually none: then no loop over the hints
         for k, hint in TOOL_HINTS.items():
-            check_hint(t.get(k), f"{p}.{k}", hint)
-    seen.chars += len(name)  # and its schema's JSON bytes: the caller encodes all the tools' schemas at once
+            check_hint(t.get(k), f"tools.{j}.{k}", hint)
     return {"type": "function", "function": fn}
 
 

@@ -41,11 +41,10 @@ from typing import Any
 
 import orjson
 
-from llm_gateway.dialects.anthropic.blocks import message, system_text
+from llm_gateway.dialects.anthropic.blocks import Seen, message, system_text
 from llm_gateway.dialects.anthropic.options import context_management, output_config, thinking, tool, tool_choice
 from llm_gateway.dialects.field_checks import (
     Hint,
-    PromptChars,
     as_bool,
     as_int,
     as_list,
@@ -57,6 +56,7 @@ from llm_gateway.dialects.field_checks import (
     only_fields,
 )
 from llm_gateway.errors import InvalidRequest
+from llm_gateway.routing.request_info import Gathered
 
 #: Messages fields the translation reads
 _MESSAGES_FIELDS = frozenset(
@@ -108,6 +108,8 @@ class MessagesRequest:
     stop_sequences: tuple[str, ...]
     #: input tokens by the characters/4 rule, for `message_start` before the engine's own count
     prompt_estimate: int
+    #: what read_request sizes of the body's messages, gathered as they were built (`read_request(gathered=)`)
+    gathered: Gathered | None = None
 
 
 def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest:
@@ -135,25 +137,27 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
         raise bad("String should have at least 1 character", "model")
     if "messages" not in req:
         raise bad("Field required", "messages")
-    seen = PromptChars()
+    seen = Seen()
     messages: list[dict[str, Any]] = []
     if req.get("system") is not None:
         messages.append({"role": "system", "content": system_text(req["system"], seen)})
+        seen.gathered.texts.append(messages[0]["content"])
     raw = as_list(req["messages"], "messages")
     if not raw:
         raise bad("at least one message is required", "messages")
     for i, m in enumerate(raw):
-        message(m, f"messages.{i}", messages, seen)
+        message(m, i, messages, seen)
     body: dict[str, Any] = {"model": model, "messages": messages}
     if req.get("max_tokens") is None and not count_only:
         raise bad("Field required", "max_tokens")
     stream, stops = _sampling(req, body)
     if req.get("tools") is not None:
-        tools = [tool(t, f"tools.{j}", seen) for j, t in enumerate(as_list(req["tools"], "tools"))]
+        tools = [tool(t, j) for j, t in enumerate(as_list(req["tools"], "tools"))]
         if tools:
             body["tools"] = tools
-            # the schemas' JSON bytes in one encoding: a list's is theirs, n - 1 commas and its brackets
-            seen.chars += len(orjson.dumps([t["function"]["parameters"] for t in tools])) - len(tools) - 1
+            # their JSON bytes in the estimate, as read_request counts a chat body's tools: one encoding for both
+            seen.gathered.tools_json = tools_json = orjson.dumps(tools)
+            seen.chars += len(tools_json)
     if req.get("tool_choice") is not None:
         tool_choice(req["tool_choice"], body)
     if req.get("thinking") is not None:
@@ -164,7 +168,7 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
         for k in _SAMPLING_KEYS:
             body.pop(k, None)
         stream, stops = False, ()
-    return MessagesRequest(body, stream, stops, seen.chars // 4 + 1)
+    return MessagesRequest(body, stream, stops, seen.chars // 4 + 1, seen.gathered)
 
 
 def _sampling(req: dict[str, Any], body: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:
