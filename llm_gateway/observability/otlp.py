@@ -51,6 +51,11 @@ INTERNAL, SERVER, CLIENT = 1, 2, 3
 _Q = struct.Struct("<Q").pack
 _D = struct.Struct("<d").pack
 _VARINT1 = [bytes((i,)) for i in range(128)]
+_MASK64 = (1 << 64) - 1
+_IDS = struct.Struct(">HQQHQ").pack  # trace_id 1 (tag, length, 16 bytes), span_id 2 (tag, length, 8 bytes)
+_PARENT = struct.Struct(">HQ").pack  # parent_span_id 4
+_TIMES = struct.Struct("<BBBQBQ").pack  # kind 6 (one byte: 1-5), start 7 and end 8 (fixed64)
+_LEN2 = struct.Struct("<BBB").pack  # a tag and a two-byte length (128-16383)
 _CACHE_MAX = 1024  # encoded values kept per attribute key (model, deployment, ... recur; a request id does not)
 
 
@@ -67,7 +72,8 @@ def _varint(n: int) -> bytes:
 
 def _len(tag: bytes, data: bytes) -> bytes:
     """A length-delimited field: tag, length, data."""
-    return tag + _varint(len(data)) + data
+    n = len(data)
+    return tag + (_VARINT1[n] if n < 128 else _varint(n)) + data
 
 
 def _any(value: Any) -> bytes:
@@ -98,11 +104,14 @@ class Encoder:
         res = b"".join(key_value(b"\x0a", k, v) for k, v in resource.items())  # Resource.attributes 1
         self._resource = _len(b"\x0a", res)  # ResourceSpans.resource 1
         self._scope = _len(b"\x0a", _len(b"\x0a", scope.encode()))  # ScopeSpans.scope 1 (InstrumentationScope.name)
-        #: value type -> key -> value -> the encoded attribute (by type: True == 1, so bools and ints apart)
-        self._caches: dict[type, dict[str, dict[Any, bytes]]] = {str: {}, int: {}, bool: {}}
+        #: value type -> key -> value -> the encoded attribute (by type: True == 1, so bools and ints apart; a list
+        #: as a tuple)
+        self._caches: dict[type, dict[str, dict[Any, bytes]]] = {str: {}, int: {}, bool: {}, tuple: {}}
         self._floats: dict[str, bytes] = {}  # key -> the attribute's bytes before its 8-byte double
         #: id of a keys tuple (a module constant) -> its values -> their encoded attributes
         self._blocks: dict[int, dict[tuple[Any, ...], bytes]] = {}
+        self._names: dict[str, bytes] = {}  # a span's name -> its field
+        self._events: dict[str, tuple[bytes, bytes]] = {}  # an event's name -> its bytes before and after its time
 
     def request(self, spans: list[Span]) -> bytes:
         """The ExportTraceServiceRequest of `spans` (resource_spans 1 -> scope_spans 2 -> spans 2)."""
@@ -110,15 +119,23 @@ class Encoder:
         return _len(b"\x0a", self._resource + _len(b"\x12", scope_spans))
 
     def span(self, s: Span) -> bytes:
-        """One Span message, as ScopeSpans.spans (field 2)."""
+        """One Span message, as ScopeSpans.spans (field 2). What recurs is encoded once and kept: the name, the
+        fixed attributes' block, an attribute's key (and, for strings, ints and bools, its value), an event's name;
+        what varies (ids, times, floats) is packed by one struct each."""
         name, trace_id, span_id, parent, kind, start, end, keys, values, attrs, events, error, state = s
-        caches = self._caches
-        parts = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
+        # trace_id 1, span_id 2 (big-endian, as their hex), [trace_state 3], [parent_span_id 4], name 5, kind 6,
+        # start 7 and end 8 (fixed64)
+        parts = [_IDS(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id)]
         if state:
-            parts.append(_len(b"\x1a", state.encode()))  # trace_state 3
+            parts.append(_len(b"\x1a", state.encode()))
         if parent:
-            parts += (b"\x22\x08", parent.to_bytes(8, "big"))  # parent_span_id 4
-        parts += (_len(b"\x2a", name.encode()), b"\x30", _VARINT1[kind], b"\x39", _Q(start), b"\x41", _Q(end))
+            parts.append(_PARENT(0x2208, parent))
+        head = self._names.get(name)
+        if head is None:
+            head = self._names[name] = _len(b"\x2a", name.encode())
+            if len(self._names) >= _CACHE_MAX:
+                self._names.clear()
+        parts += (head, _TIMES(0x30, kind, 0x39, start, 0x41, end))
         if keys:  # the fixed attributes: one lookup for all of them (a span's request facts recur)
             blocks = self._blocks.get(id(keys))
             if blocks is None:
@@ -130,6 +147,27 @@ class Encoder:
                     blocks.clear()
                 blocks[values] = block
             parts.append(block)
+        if attrs:
+            self._attributes(parts, attrs)
+        for ev_name, at in events:  # events 11: Event.time_unix_nano 1, name 2
+            ev = self._events.get(ev_name)
+            if ev is None:
+                field = _len(b"\x12", ev_name.encode())
+                ev = self._events[ev_name] = (b"\x5a" + _varint(9 + len(field)) + b"\x09", field)
+            parts += (ev[0], _Q(at), ev[1])
+        if error is not None:  # status 15: Status.message 2, code 3 (2: error)
+            parts.append(_len(b"\x7a", _len(b"\x12", error.encode()) + b"\x18\x02"))
+        body = b"".join(parts)
+        n = len(body)
+        if n < 128:
+            return b"\x12" + _VARINT1[n] + body
+        if n < 16384:
+            return _LEN2(0x12, (n & 127) | 128, n >> 7) + body
+        return _len(b"\x12", body)
+
+    def _attributes(self, parts: list[bytes], attrs: dict[str, Any]) -> None:
+        """A span's other attributes (9), appended to `parts`."""
+        caches = self._caches
         for k, v in attrs.items():  # attributes 9
             t = type(v)
             if t is float:  # a time or a wait: seldom the same twice
@@ -138,14 +176,21 @@ class Encoder:
                     kv = self._floats[k] = _len(b"\x0a", k.encode()) + b"\x12\x09\x21"
                 parts += (b"\x4a", _VARINT1[len(kv) + 8], kv, _D(v)) if len(kv) < 120 else (key_value(b"\x4a", k, v),)
                 continue
+            if t is list:  # finish reasons: as a tuple, so that they are kept like the rest
+                v = tuple(v)
+                t = tuple
             cache = caches.get(t)
-            if cache is None:  # a list (finish reasons)
+            if cache is None:
                 parts.append(key_value(b"\x4a", k, v))
                 continue
             known = cache.get(k)
             if known is None:
                 known = cache[k] = {}
-            kv = known.get(v)
+            try:
+                kv = known.get(v)
+            except TypeError:  # a tuple of what cannot be a key: encoded each time
+                parts.append(key_value(b"\x4a", k, v))
+                continue
             if kv is None:
                 kv = key_value(b"\x4a", k, v)
                 if t is not str or len(v) <= 200:
@@ -153,11 +198,6 @@ class Encoder:
                         known.clear()
                     known[v] = kv
             parts.append(kv)
-        for ev_name, at in events:  # events 11: Event.time_unix_nano 1, name 2
-            parts.append(_len(b"\x5a", b"\x09" + _Q(at) + _len(b"\x12", ev_name.encode())))
-        if error is not None:  # status 15: Status.message 2, code 3 (2: error)
-            parts.append(_len(b"\x7a", _len(b"\x12", error.encode()) + b"\x18\x02"))
-        return _len(b"\x12", b"".join(parts))
 
 
 def env_headers(var_names: tuple[str, ...]) -> dict[str, str]:
