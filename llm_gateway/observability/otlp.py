@@ -30,8 +30,9 @@ from urllib.parse import unquote, urlsplit
 
 #: a finished span: name, trace id, span id, parent span id (0: a root), kind (OTLP's: 1 internal, 2 server,
 #: 3 client), start and end (unix ns), its fixed attributes (a constant tuple of keys and a tuple of their values,
-#: a None value left out: encoded once per distinct values and kept), its other attributes, events ((name,
-#: unix ns), ...), error (None: no error status), tracestate (the W3C header's value, "" when none)
+#: a None value left out: encoded once per distinct values and kept), its other attributes (a None value left
+#: out too), events ((name, unix ns), ...), error (None: no error status), tracestate (the W3C header's value,
+#: "" when none)
 Span = tuple[
     str,
     int,
@@ -181,7 +182,8 @@ class Encoder:
                 t = tuple
             cache = caches.get(t)
             if cache is None:
-                parts.append(key_value(b"\x4a", k, v))
+                if v is not None:  # None: no attribute
+                    parts.append(key_value(b"\x4a", k, v))
                 continue
             known = cache.get(k)
             if known is None:

@@ -84,6 +84,12 @@ def test_a_root_span_without_error_has_no_parent_and_an_unset_status() -> None:
     assert s.trace_id == (1).to_bytes(16, "big") and s.trace_state == ""
 
 
+def test_an_attribute_whose_value_is_none_is_left_out() -> None:
+    span = ("r", 1, 2, 0, otlp.SERVER, 1, 2, ("k",), (None,), {"a": None, "b": 1, "c": None}, (), None, "")
+    (s,) = parsed(otlp.Encoder({}, "x").request([span])).resource_spans[0].scope_spans[0].spans
+    assert {a.key: value(a.value) for a in s.attributes} == {"b": 1}
+
+
 class Sender:
     def __init__(self, fail: bool = False, slow_s: float = 0.0) -> None:
         self.batches: list[int] = []
