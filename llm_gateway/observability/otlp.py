@@ -105,9 +105,8 @@ class Encoder:
         res = b"".join(key_value(b"\x0a", k, v) for k, v in resource.items())  # Resource.attributes 1
         self._resource = _len(b"\x0a", res)  # ResourceSpans.resource 1
         self._scope = _len(b"\x0a", _len(b"\x0a", scope.encode()))  # ScopeSpans.scope 1 (InstrumentationScope.name)
-        #: value type -> key -> value -> the encoded attribute (by type: True == 1, so bools and ints apart; a list
-        #: as a tuple)
-        self._caches: dict[type, dict[str, dict[Any, bytes]]] = {str: {}, int: {}, bool: {}, tuple: {}}
+        #: (key, value) -> the encoded attribute (a list's value as a tuple; see _attribute for what is kept)
+        self._kv: dict[tuple[str, Any], bytes] = {}
         self._floats: dict[str, bytes] = {}  # key -> the attribute's bytes before its 8-byte double
         #: id of a keys tuple (a module constant) -> its values -> their encoded attributes
         self._blocks: dict[int, dict[tuple[Any, ...], bytes]] = {}
@@ -167,39 +166,42 @@ class Encoder:
         return _len(b"\x12", body)
 
     def _attributes(self, parts: list[bytes], attrs: dict[str, Any]) -> None:
-        """A span's other attributes (9), appended to `parts`."""
-        caches = self._caches
-        for k, v in attrs.items():  # attributes 9
-            t = type(v)
-            if t is float:  # a time or a wait: seldom the same twice
-                kv = self._floats.get(k)
+        """A span's other attributes (9), appended to `parts`: a (key, value) seen before is one lookup."""
+        get = self._kv.get
+        floats = self._floats
+        for k, v in attrs.items():
+            if type(v) is float:  # a time or a wait: seldom the same twice; never looked up (1.0 == 1)
+                kv = floats.get(k)
                 if kv is None:
-                    kv = self._floats[k] = _len(b"\x0a", k.encode()) + b"\x12\x09\x21"
-                parts += (b"\x4a", _VARINT1[len(kv) + 8], kv, _D(v)) if len(kv) < 120 else (key_value(b"\x4a", k, v),)
+                    head = _len(b"\x0a", k.encode()) + b"\x12\x09\x21"  # key 1, value 2: AnyValue.double_value 4
+                    kv = floats[k] = b"\x4a" + _varint(len(head) + 8) + head
+                parts += (kv, _D(v))
                 continue
-            if t is list:  # finish reasons: as a tuple, so that they are kept like the rest
-                v = tuple(v)
-                t = tuple
-            cache = caches.get(t)
-            if cache is None:
-                if v is not None:  # None: no attribute
-                    parts.append(key_value(b"\x4a", k, v))
-                continue
-            known = cache.get(k)
-            if known is None:
-                known = cache[k] = {}
             try:
-                kv = known.get(v)
-            except TypeError:  # a tuple of what cannot be a key: encoded each time
-                parts.append(key_value(b"\x4a", k, v))
-                continue
+                kv = get((k, v))
+            except TypeError:  # a list: kept as a tuple
+                v = tuple(v)
+                kv = get((k, v))
             if kv is None:
-                kv = key_value(b"\x4a", k, v)
-                if t is not str or len(v) <= 200:
-                    if len(known) >= _CACHE_MAX:
-                        known.clear()
-                    known[v] = kv
+                kv = self._attribute(k, v)
             parts.append(kv)
+
+    def _attribute(self, k: str, v: Any) -> bytes:
+        """An attribute not kept yet: encoded, and kept when its value may recur (a string of up to 200 characters,
+        an int, a tuple of strings, None: no attribute). Not bools, nor the ints 0 and 1, nor other tuples: True ==
+        1 == 1.0, so a lookup could not tell them apart (floats are never looked up)."""
+        t = type(v)
+        kv = b"" if v is None else key_value(b"\x4a", k, v)
+        if (
+            (t is str and len(v) <= 200)
+            or (t is int and v not in (0, 1))
+            or (t is tuple and all(type(x) is str for x in v))
+            or v is None
+        ):
+            if len(self._kv) >= _CACHE_MAX * 8:
+                self._kv.clear()
+            self._kv[(k, v)] = kv
+        return kv
 
 
 def env_headers(var_names: tuple[str, ...]) -> dict[str, str]:

@@ -236,7 +236,7 @@ class RequestTrace:
         self.sampled = sampled  # not sampled: its ids propagate (flag 00), no span is exported
         self.state = state  # the client's tracestate, passed on as it came
         self.attrs: dict[str, Any] = _NO_ATTRS  # the captured content (capture_content), once there is some
-        self.reasons: list[str] | None = None  # the finish reasons, in order, once each
+        self.reasons: tuple[str, ...] | None = None  # the finish reasons, in order, once each
         self.klass: str | None = None  # the request's priority class, once an attempt is taken
         self._waited = 0.0  # the queue wait already told in a span
         self._attempts = 0
@@ -287,12 +287,12 @@ class RequestTrace:
         found = _FINISH.findall(data)
         if found:
             reasons = self.reasons
-            if reasons is None:
-                reasons = self.reasons = []
             for m in found:
                 r = (m[0] or m[1] or m[2]).decode()
-                if r not in reasons:
-                    reasons.append(r)
+                if reasons is None:
+                    reasons = self.reasons = (r,)
+                elif r not in reasons:
+                    reasons = self.reasons = (*reasons, r)
 
     def watch(self, feed: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
         """A stream relay's `feed` that also reads the finish reasons of what it relays (service/stream.py)."""
