@@ -49,7 +49,7 @@ def spans(n: int) -> list[otlp.Span]:
             "gateway.outcome": "ok",
             "gateway.cancelled": False,
             "http.response.status_code": 200,
-            "gen_ai.response.finish_reasons": ["stop"],
+            "gen_ai.response.finish_reasons": ("stop",),  # a tuple, as tracing.py keeps them
         }
         client = {
             "gen_ai.operation.name": "chat",

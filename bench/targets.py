@@ -38,8 +38,11 @@ DEFAULT_GATEWAY_CMD = "{py} -m llm_gateway serve --config {config} --host 127.0.
 
 
 #: the gateway configs the bench can run: `team` is the gateway as a team runs it (the `gateway` target),
-#: `minimal` the bench's config before that (the `gateway-minimal` target), `ledger` minimal + the usage ledger
-PROFILES = ("team", "minimal", "ledger")
+#: `minimal` the bench's config before that (the `gateway-minimal` target), `ledger` minimal + the usage ledger,
+#: `traced` minimal + tracing at 100 % sampling to an OTLP/HTTP receiver on 127.0.0.1:4318 (bench/otlp_sink.py)
+PROFILES = ("team", "minimal", "ledger", "traced")
+#: where the `traced` profile exports its spans (bench/otlp_sink.py's default port)
+OTLP_SINK = "http://127.0.0.1:4318"
 #: the `team` profile's admin key (the admin API is mounted; the bench never calls it)
 ADMIN_KEY = "sk-admin-bench-2c4e6a8b0d1f3a5c7e9b1d3f5a7c9e1b"
 
@@ -53,7 +56,8 @@ def gateway_config(
     usage ledger (`usage: {ledger: true}`, the embedded SQLite in `data_dir`, crash spool on). `team`: that and
     a token and cost budget on the key (reserved and settled per request; a price on the model), a
     gateway-side concurrency cap per deployment that the c64 load reaches (requests queue, in fair-share
-    order), and the admin API mounted (an admin key: its key refresher polls the database)."""
+    order), and the admin API mounted (an admin key: its key refresher polls the database). `traced`: minimal and
+    tracing on, every request sampled, exported over OTLP/HTTP to OTLP_SINK (the A/B of what tracing costs)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown gateway profile {profile!r}")
     key: dict = {
@@ -100,6 +104,9 @@ def gateway_config(
         ],
     }
     if profile == "minimal":
+        return cfg
+    if profile == "traced":
+        cfg["tracing"] = {"enabled": True, "endpoint": OTLP_SINK, "protocol": "http", "sampling_ratio": 1.0}
         return cfg
     if data_dir is not None:
         cfg["server"]["data_dir"] = str(data_dir)

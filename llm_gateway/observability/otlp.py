@@ -30,8 +30,9 @@ from urllib.parse import unquote, urlsplit
 
 #: a finished span: name, trace id, span id, parent span id (0: a root), kind (OTLP's: 1 internal, 2 server,
 #: 3 client), start and end (unix ns), its fixed attributes (a constant tuple of keys and a tuple of their values,
-#: a None value left out: encoded once per distinct values and kept), its other attributes, events ((name,
-#: unix ns), ...), error (None: no error status), tracestate (the W3C header's value, "" when none)
+#: a None value left out: encoded once per distinct values and kept), its other attributes (a None value left
+#: out too), events ((name, unix ns), ...), error (None: no error status), tracestate (the W3C header's value,
+#: "" when none)
 Span = tuple[
     str,
     int,
@@ -51,6 +52,11 @@ INTERNAL, SERVER, CLIENT = 1, 2, 3
 _Q = struct.Struct("<Q").pack
 _D = struct.Struct("<d").pack
 _VARINT1 = [bytes((i,)) for i in range(128)]
+_MASK64 = (1 << 64) - 1
+_IDS = struct.Struct(">HQQHQ").pack  # trace_id 1 (tag, length, 16 bytes), span_id 2 (tag, length, 8 bytes)
+_PARENT = struct.Struct(">HQ").pack  # parent_span_id 4
+_TIMES = struct.Struct("<BBBQBQ").pack  # kind 6 (one byte: 1-5), start 7 and end 8 (fixed64)
+_LEN2 = struct.Struct("<BBB").pack  # a tag and a two-byte length (128-16383)
 _CACHE_MAX = 1024  # encoded values kept per attribute key (model, deployment, ... recur; a request id does not)
 
 
@@ -67,7 +73,8 @@ def _varint(n: int) -> bytes:
 
 def _len(tag: bytes, data: bytes) -> bytes:
     """A length-delimited field: tag, length, data."""
-    return tag + _varint(len(data)) + data
+    n = len(data)
+    return tag + (_VARINT1[n] if n < 128 else _varint(n)) + data
 
 
 def _any(value: Any) -> bytes:
@@ -98,27 +105,40 @@ class Encoder:
         res = b"".join(key_value(b"\x0a", k, v) for k, v in resource.items())  # Resource.attributes 1
         self._resource = _len(b"\x0a", res)  # ResourceSpans.resource 1
         self._scope = _len(b"\x0a", _len(b"\x0a", scope.encode()))  # ScopeSpans.scope 1 (InstrumentationScope.name)
-        #: value type -> key -> value -> the encoded attribute (by type: True == 1, so bools and ints apart)
-        self._caches: dict[type, dict[str, dict[Any, bytes]]] = {str: {}, int: {}, bool: {}}
+        #: (key, value) -> the encoded attribute (a list's value as a tuple; see _attribute for what is kept)
+        self._kv: dict[tuple[str, Any], bytes] = {}
         self._floats: dict[str, bytes] = {}  # key -> the attribute's bytes before its 8-byte double
         #: id of a keys tuple (a module constant) -> its values -> their encoded attributes
         self._blocks: dict[int, dict[tuple[Any, ...], bytes]] = {}
+        self._names: dict[str, bytes] = {}  # a span's name -> its field
+        self._events: dict[str, tuple[bytes, bytes]] = {}  # an event's name -> its bytes before and after its time
 
     def request(self, spans: list[Span]) -> bytes:
-        """The ExportTraceServiceRequest of `spans` (resource_spans 1 -> scope_spans 2 -> spans 2)."""
-        scope_spans = self._scope + b"".join(map(self.span, spans))
-        return _len(b"\x0a", self._resource + _len(b"\x12", scope_spans))
+        """The ExportTraceServiceRequest of `spans` (resource_spans 1 -> scope_spans 2 -> spans 2), joined once (a
+        batch is ~300 KB: each field wrapped around it would copy it)."""
+        spans_bytes = b"".join(map(self.span, spans))
+        scope_spans = b"\x12" + _varint(len(self._scope) + len(spans_bytes))
+        n = len(self._resource) + len(scope_spans) + len(self._scope) + len(spans_bytes)
+        return b"".join((b"\x0a", _varint(n), self._resource, scope_spans, self._scope, spans_bytes))
 
     def span(self, s: Span) -> bytes:
-        """One Span message, as ScopeSpans.spans (field 2)."""
+        """One Span message, as ScopeSpans.spans (field 2). What recurs is encoded once and kept: the name, the
+        fixed attributes' block, an attribute's key (and, for strings, ints and bools, its value), an event's name;
+        what varies (ids, times, floats) is packed by one struct each."""
         name, trace_id, span_id, parent, kind, start, end, keys, values, attrs, events, error, state = s
-        caches = self._caches
-        parts = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
+        # trace_id 1, span_id 2 (big-endian, as their hex), [trace_state 3], [parent_span_id 4], name 5, kind 6,
+        # start 7 and end 8 (fixed64)
+        parts = [_IDS(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id)]
         if state:
-            parts.append(_len(b"\x1a", state.encode()))  # trace_state 3
+            parts.append(_len(b"\x1a", state.encode()))
         if parent:
-            parts += (b"\x22\x08", parent.to_bytes(8, "big"))  # parent_span_id 4
-        parts += (_len(b"\x2a", name.encode()), b"\x30", _VARINT1[kind], b"\x39", _Q(start), b"\x41", _Q(end))
+            parts.append(_PARENT(0x2208, parent))
+        head = self._names.get(name)
+        if head is None:
+            head = self._names[name] = _len(b"\x2a", name.encode())
+            if len(self._names) >= _CACHE_MAX:
+                self._names.clear()
+        parts += (head, _TIMES(0x30, kind, 0x39, start, 0x41, end))
         if keys:  # the fixed attributes: one lookup for all of them (a span's request facts recur)
             blocks = self._blocks.get(id(keys))
             if blocks is None:
@@ -130,34 +150,61 @@ class Encoder:
                     blocks.clear()
                 blocks[values] = block
             parts.append(block)
-        for k, v in attrs.items():  # attributes 9
-            t = type(v)
-            if t is float:  # a time or a wait: seldom the same twice
-                kv = self._floats.get(k)
-                if kv is None:
-                    kv = self._floats[k] = _len(b"\x0a", k.encode()) + b"\x12\x09\x21"
-                parts += (b"\x4a", _VARINT1[len(kv) + 8], kv, _D(v)) if len(kv) < 120 else (key_value(b"\x4a", k, v),)
-                continue
-            cache = caches.get(t)
-            if cache is None:  # a list (finish reasons)
-                parts.append(key_value(b"\x4a", k, v))
-                continue
-            known = cache.get(k)
-            if known is None:
-                known = cache[k] = {}
-            kv = known.get(v)
-            if kv is None:
-                kv = key_value(b"\x4a", k, v)
-                if t is not str or len(v) <= 200:
-                    if len(known) >= _CACHE_MAX:
-                        known.clear()
-                    known[v] = kv
-            parts.append(kv)
+        if attrs:
+            self._attributes(parts, attrs)
         for ev_name, at in events:  # events 11: Event.time_unix_nano 1, name 2
-            parts.append(_len(b"\x5a", b"\x09" + _Q(at) + _len(b"\x12", ev_name.encode())))
+            ev = self._events.get(ev_name)
+            if ev is None:
+                field = _len(b"\x12", ev_name.encode())
+                ev = self._events[ev_name] = (b"\x5a" + _varint(9 + len(field)) + b"\x09", field)
+            parts += (ev[0], _Q(at), ev[1])
         if error is not None:  # status 15: Status.message 2, code 3 (2: error)
             parts.append(_len(b"\x7a", _len(b"\x12", error.encode()) + b"\x18\x02"))
-        return _len(b"\x12", b"".join(parts))
+        body = b"".join(parts)
+        n = len(body)
+        if n < 128:
+            return b"\x12" + _VARINT1[n] + body
+        if n < 16384:
+            return _LEN2(0x12, (n & 127) | 128, n >> 7) + body
+        return _len(b"\x12", body)
+
+    def _attributes(self, parts: list[bytes], attrs: dict[str, Any]) -> None:
+        """A span's other attributes (9), appended to `parts`: a (key, value) seen before is one lookup."""
+        get = self._kv.get
+        floats = self._floats
+        for k, v in attrs.items():
+            if type(v) is float:  # a time or a wait: seldom the same twice; never looked up (1.0 == 1)
+                kv = floats.get(k)
+                if kv is None:
+                    head = _len(b"\x0a", k.encode()) + b"\x12\x09\x21"  # key 1, value 2: AnyValue.double_value 4
+                    kv = floats[k] = b"\x4a" + _varint(len(head) + 8) + head
+                parts += (kv, _D(v))
+                continue
+            try:
+                kv = get((k, v))
+            except TypeError:  # a list: kept as a tuple
+                v = tuple(v)
+                kv = get((k, v))
+            if kv is None:
+                kv = self._attribute(k, v)
+            parts.append(kv)
+
+    def _attribute(self, k: str, v: Any) -> bytes:
+        """An attribute not kept yet: encoded, and kept when its value may recur (a string of up to 200 characters,
+        an int, a tuple of strings, None: no attribute). Not bools, nor the ints 0 and 1, nor other tuples: True ==
+        1 == 1.0, so a lookup could not tell them apart (floats are never looked up)."""
+        t = type(v)
+        kv = b"" if v is None else key_value(b"\x4a", k, v)
+        if (
+            (t is str and len(v) <= 200)
+            or (t is int and v not in (0, 1))
+            or (t is tuple and all(type(x) is str for x in v))
+            or v is None
+        ):
+            if len(self._kv) >= _CACHE_MAX * 8:
+                self._kv.clear()
+            self._kv[(k, v)] = kv
+        return kv
 
 
 def env_headers(var_names: tuple[str, ...]) -> dict[str, str]:

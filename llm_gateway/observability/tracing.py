@@ -153,6 +153,9 @@ class Tracing:
         self._on_drop = on_drop
         self._parent_based, self._bound = _sampler(cfg)
         self._servers: dict[str, tuple[str, int]] = {}  # a backend URL's (server.address, server.port)
+        #: (deployment, route, endpoint, class, attempt number) -> an attempt span's name and CLIENT_KEYS' values:
+        #: they recur, and a reload builds new routes (so a new key), never changes one
+        self.clients: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
         encoder = otlp.Encoder(_resource(cfg), "llm_gateway")
         self.batcher = otlp.Batcher(encoder, _sender(cfg), self._dropped)
         self.emit = self.batcher.add
@@ -187,6 +190,18 @@ class Tracing:
             known = self._servers[url] = (u.hostname or "", u.port or (443 if u.scheme == "https" else 80))
         return known
 
+    def client(self, dep: Any, route: Any, endpoint: str, klass: str, n: int) -> tuple[str, tuple[Any, ...]]:
+        """An attempt span's name and CLIENT_KEYS' values, kept in `clients` (bounded)."""
+        b = dep.backend
+        address, port = self.server(b.cfg.url)
+        op = OPERATIONS.get(endpoint, endpoint)
+        model = dep.upstream_model
+        values = (op, b.kind, model, address, port, b.name, b.kind, route.name, route.cfg.strategy, n, klass)
+        if len(self.clients) >= 1024:
+            self.clients.clear()
+        known = self.clients[(dep, route, endpoint, klass, n)] = (f"{op} {model}", values)
+        return known
+
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         """Export what is queued now (blocking: off the loop)."""
         return self.batcher.force_flush(timeout_s)
@@ -201,11 +216,11 @@ class RequestTrace:
 
     __slots__ = (
         "_attempts",
-        "_offset",
         "_waited",
         "attrs",
         "klass",
         "parent",
+        "reasons",
         "sampled",
         "span_id",
         "state",
@@ -220,14 +235,11 @@ class RequestTrace:
         self.parent = parent  # the client's span id (its traceparent), or 0
         self.sampled = sampled  # not sampled: its ids propagate (flag 00), no span is exported
         self.state = state  # the client's tracestate, passed on as it came
-        self.attrs: dict[str, Any] = {}  # the attributes that are not SERVER_KEYS'
+        self.attrs: dict[str, Any] = _NO_ATTRS  # the captured content (capture_content), once there is some
+        self.reasons: tuple[str, ...] | None = None  # the finish reasons, in order, once each
         self.klass: str | None = None  # the request's priority class, once an attempt is taken
-        self._offset = time.time_ns() - time.perf_counter_ns()  # the record's perf_counter times as unix ns
         self._waited = 0.0  # the queue wait already told in a span
         self._attempts = 0
-
-    def _ns(self, perf_s: float) -> int:
-        return self._offset + int(perf_s * 1e9)
 
     def attempt(self, attempt: TracedAttempt, rec: RequestRecord, body: dict[str, Any]) -> AttemptTrace:
         """An attempt starts on a deployment: its CLIENT span, after a `gateway.queue` span for the wait that led
@@ -237,13 +249,13 @@ class RequestTrace:
         tr = self.tracing
         now = time.time_ns()
         waited = rec.waited_s - self._waited
-        dep, route, ticket = attempt.deployment, attempt.route, attempt.ticket
-        klass = CLASS_NAMES.get(ticket.priority, "default")
+        dep, route = attempt.deployment, attempt.route
+        klass = CLASS_NAMES.get(attempt.ticket.priority, "default")
         self._attempts += 1
         if self._attempts == 1:
             self.klass = klass
             if tr.cfg.capture_content:
-                _capture_input(self.attrs, body)
+                _capture_input(self.content(), body)
         if waited > 0:
             self._waited = rec.waited_s
             told = {"gateway.queue_wait_s": waited}
@@ -251,31 +263,36 @@ class RequestTrace:
             start = now - int(waited * 1e9)
             queued = (self.trace_id, span_id, self.span_id, INTERNAL, start, now, QUEUE_KEYS, (klass,), told, (), None)
             tr.emit(("gateway.queue", *queued, ""))
-        b = dep.backend
-        address, port = tr.server(b.cfg.url)
-        op = OPERATIONS.get(rec.endpoint, rec.endpoint)
-        model = dep.upstream_model
-        n = self._attempts
-        values = (op, b.kind, model, address, port, b.name, b.kind, route.name, route.cfg.strategy, n, klass)
-        return AttemptTrace(self, f"{op} {model}", values, now)
+        key = (dep, route, rec.endpoint, klass, self._attempts)
+        known = tr.clients.get(key)
+        if known is None:
+            known = tr.client(*key)
+        return AttemptTrace(self, known[0], known[1], now)
 
     def answered(self, out: bytes) -> None:
         """A whole answer went out: its finish reasons, and its text where content is captured."""
         self.finished(out)
         if self.tracing.cfg.capture_content:
-            self.attrs["gen_ai.output.messages"] = out[:CONTENT_LIMIT].decode("utf-8", "replace")
+            self.content()["gen_ai.output.messages"] = out[:CONTENT_LIMIT].decode("utf-8", "replace")
+
+    def content(self) -> dict[str, Any]:
+        """The span's captured content attributes (made at the first)."""
+        if self.attrs is _NO_ATTRS:
+            self.attrs = {}
+        return self.attrs
 
     def finished(self, data: bytes) -> None:
         """The finish reasons in an answer or a stream's event (finish_reason, stop_reason, incomplete_details'
         reason), added in order, once each."""
         found = _FINISH.findall(data)
         if found:
-            a = self.attrs
-            reasons: list[str] = a.setdefault("gen_ai.response.finish_reasons", [])
+            reasons = self.reasons
             for m in found:
                 r = (m[0] or m[1] or m[2]).decode()
-                if r not in reasons:
-                    reasons.append(r)
+                if reasons is None:
+                    reasons = self.reasons = (r,)
+                elif r not in reasons:
+                    reasons = self.reasons = (*reasons, r)
 
     def watch(self, feed: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
         """A stream relay's `feed` that also reads the finish reasons of what it relays (service/stream.py)."""
@@ -293,21 +310,23 @@ class RequestTrace:
         """The request ended: its record's facts on its span, which goes to the batch."""
         if not self.sampled:
             return
-        a = self.attrs
+        end = time.time_ns()
+        offset = end - time.perf_counter_ns()  # the record's perf_counter times as unix ns
         op = OPERATIONS.get(rec.endpoint)
         name = f"{op} {rec.model}" if op is not None else f"{rec.method} {rec.path}"
-        if rec.prompt_tokens is not None:
-            a["gen_ai.usage.input_tokens"] = rec.prompt_tokens
-        if rec.completion_tokens is not None:
-            a["gen_ai.usage.output_tokens"] = rec.completion_tokens
-        events: tuple[tuple[str, int], ...] = ()
-        if rec.ttft_s is not None:
-            a["gateway.ttft_s"] = rec.ttft_s
-            events = (("gen_ai.first_token", self._ns(rec.t0 + rec.ttft_s)),)
-        a["gateway.request_id"] = rec.rid
-        a["gateway.queue_wait_s"] = rec.waited_s
-        if rec.usage_estimated:
-            a["gateway.usage_estimated"] = True
+        ttft = rec.ttft_s
+        events = () if ttft is None else (("gen_ai.first_token", offset + int((rec.t0 + ttft) * 1e9)),)
+        a = {  # one dict made at once: a None is no attribute (otlp.Span)
+            "gen_ai.usage.input_tokens": rec.prompt_tokens,
+            "gen_ai.usage.output_tokens": rec.completion_tokens,
+            "gen_ai.response.finish_reasons": self.reasons,
+            "gateway.ttft_s": ttft,
+            "gateway.request_id": rec.rid,
+            "gateway.queue_wait_s": rec.waited_s,
+            "gateway.usage_estimated": rec.usage_estimated or None,
+        }
+        if self.attrs:
+            a.update(self.attrs)
         served = rec.backend != "none"
         status = rec.status
         values = (
@@ -329,8 +348,24 @@ class RequestTrace:
             rec.error or None,
         )
         error = (rec.error or "error") if status >= 500 else None  # a server span's error: a 5xx only
-        span = (name, self.trace_id, self.span_id, self.parent, SERVER, self._ns(rec.t0), time.time_ns(), SERVER_KEYS)
-        self.tracing.emit((*span, values, a, events, error, self.state))
+        start = offset + int(rec.t0 * 1e9)
+        self.tracing.emit(
+            (
+                name,
+                self.trace_id,
+                self.span_id,
+                self.parent,
+                SERVER,
+                start,
+                end,
+                SERVER_KEYS,
+                values,
+                a,
+                events,
+                error,
+                self.state,
+            )
+        )
 
     @property
     def ids(self) -> tuple[str, str]:
@@ -371,8 +406,24 @@ class AttemptTrace:
     def end(self) -> None:
         r = self.request
         if r.sampled:
-            span = (self.name, r.trace_id, self.span_id, r.span_id, CLIENT, self.start, time.time_ns(), CLIENT_KEYS)
-            r.tracing.emit((*span, self.values, self.attrs, (), self.error, r.state))
+            end = time.time_ns()
+            r.tracing.emit(
+                (
+                    self.name,
+                    r.trace_id,
+                    self.span_id,
+                    r.span_id,
+                    CLIENT,
+                    self.start,
+                    end,
+                    CLIENT_KEYS,
+                    self.values,
+                    self.attrs,
+                    (),
+                    self.error,
+                    r.state,
+                )
+            )
 
 
 def _capture_input(attrs: dict[str, Any], body: dict[str, Any]) -> None:

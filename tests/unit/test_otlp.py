@@ -84,6 +84,35 @@ def test_a_root_span_without_error_has_no_parent_and_an_unset_status() -> None:
     assert s.trace_id == (1).to_bytes(16, "big") and s.trace_state == ""
 
 
+def test_an_attribute_whose_value_is_none_is_left_out() -> None:
+    span = ("r", 1, 2, 0, otlp.SERVER, 1, 2, ("k",), (None,), {"a": None, "b": 1, "c": None}, (), None, "")
+    (s,) = parsed(otlp.Encoder({}, "x").request([span])).resource_spans[0].scope_spans[0].spans
+    assert {a.key: value(a.value) for a in s.attributes} == {"b": 1}
+
+
+def test_values_equal_across_types_keep_their_types_through_the_caches() -> None:
+    """True == 1 == 1.0 and (True,) == (1,): the writer keeps encodings by (key, value), so none may stand for
+    another; a float's key of over 127 bytes takes a two-byte length."""
+    enc = otlp.Encoder({}, "x")
+    long_key = "k" * 200
+    values = [1, True, 1.0, 0, False, 0.0, 2, 2.0, ("a",), (True,), (1,), [1], None]
+    for _ in range(2):  # the second time from the caches
+        for v in values:
+            span = ("r", 1, 2, 0, otlp.SERVER, 1, 2, (), (), {"x": v, long_key: 0.5}, (), None, "")
+            (s,) = parsed(enc.request([span])).resource_spans[0].scope_spans[0].spans
+            got = {a.key: a.value for a in s.attributes}
+            assert value(got[long_key]) == 0.5
+            if v is None:
+                assert "x" not in got
+                continue
+            kind = {bool: "bool_value", int: "int_value", float: "double_value"}.get(type(v), "array_value")
+            assert got["x"].WhichOneof("value") == kind and value(got["x"]) == (list(v) if kind == "array_value" else v)
+            if kind == "array_value":
+                assert [x.WhichOneof("value") for x in got["x"].array_value.values] == [
+                    {bool: "bool_value", int: "int_value", str: "string_value"}[type(x)] for x in v
+                ]
+
+
 class Sender:
     def __init__(self, fail: bool = False, slow_s: float = 0.0) -> None:
         self.batches: list[int] = []
