@@ -6,8 +6,8 @@ the capabilities the request calls for (vision, tools, json_schema), a token est
 limits, a lower bound of the prompt's tokens for the context-window fit check (`prompt_floor`), and
 the affinity key for prefix-aware routing. Everything else passes through to the engine. Chat messages are sized
 in one pass that gathers their texts and other fields (`Gathered`), summed in C; a translation that builds a chat
-body (the Anthropic one) gathers them as it builds its messages (and encodes its tools once), and read_request takes
-its `Gathered` instead of walking them (or encoding the tools) again.
+body (the Anthropic and Responses ones) gathers them as it builds its messages (and encodes its tools once), and
+read_request takes its `Gathered` instead of walking them (or encoding the tools) again.
 
 The two token numbers differ on purpose. `prompt_tokens` (characters / 4, plus a little per message
 and image; tool definitions, tool calls and the other fields a template renders counted by their JSON
@@ -241,7 +241,8 @@ def _largest_floor(value: Any) -> int:
 
 class Gathered:
     """What sizing chat messages reads of them, gathered in one pass over them (`_messages`), or by a translation as
-    it builds them (the Anthropic one: `read_request(..., gathered=)`), so that nothing walks them twice; `sums` are
+    it builds them (the Anthropic and Responses ones: `read_request(..., gathered=)`), so that nothing walks them
+    twice; `sums` are
     the numbers. Texts in the order of their messages (the first four are the affinity text)."""
 
     __slots__ = ("as_json", "fresh", "images", "other_parts", "strings", "texts", "tools_json")

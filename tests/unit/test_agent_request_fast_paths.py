@@ -6,6 +6,9 @@
 - request_info sizes chat messages in one pass that only gathers their texts and other fields, then sums them
   in C: the reference here is the loop that added each message's share in turn (which also counted the other
   fields of a message without a content key, as a template renders them).
+- The Messages and Responses translations gather what read_request sizes of the chat messages as they build them:
+  read_request gives the same with what they gathered as when it walks the messages itself (the agent request,
+  edge bodies, and any Responses input).
 - The Responses translation builds the input items (each with a fresh id) only when the response is stored,
   the one use they have; everything else a request becomes is the same with `store` true or false.
 - The Messages and Responses translations build a field's dotted path only for the error that names it: every
@@ -250,11 +253,12 @@ def test_a_bad_field_in_a_responses_request_names_its_path(body: dict[str, Any],
 
 def test_the_agent_request_translates_as_before() -> None:
     # what the Messages and Responses forms of the agent request became before the fast paths (git adb3ba0):
-    # the prompt estimates, and a digest of the chat body (the same for both: the same conversation). The Messages
-    # estimate counts the tools by their JSON bytes since, as a chat body's does (16905 when it counted their names,
-    # descriptions and schemas' JSON: the tools are encoded once, for the estimate and read_request both)
+    # the prompt estimates, and a digest of the chat body (the same for both: the same conversation). Both estimates
+    # count the chat tools by their JSON bytes since, as a chat body's does (Messages 16905 when it counted their
+    # names, descriptions and schemas' JSON; Responses 17199 when it counted each function's JSON without its chat
+    # wrapper): the tools are encoded once, for the estimate and read_request both
     msgs, resp = to_chat(_agent("messages")), parse(_agent("responses"))
-    assert (msgs.prompt_estimate, resp.prompt_estimate) == (17276, 17199)
+    assert (msgs.prompt_estimate, resp.prompt_estimate) == (17276, 17360)
     for body in (msgs.body, resp.chat_body([])):
         assert hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16] == "4cb4595eaf3dd424"
 
@@ -417,3 +421,142 @@ def test_what_the_messages_translation_gathers_is_what_read_request_reads(
     assert req.gathered is not None
     gathered, walked = read_request("chat", req.body, req.gathered), read_request("chat", req.body)
     assert gathered == walked and gathered.prompt_floor == walked.prompt_floor
+
+
+# -- the Responses translation gathers what read_request sizes as it builds the chat messages ----------------
+
+_RIMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}
+_CALL = {"type": "function_call", "call_id": "call_1", "name": "read", "arguments": '{"path": "a.py"}'}
+_OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": "1 import os"}
+_REASONING = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "look first"}]}
+_FUNCTION = {"type": "function", "name": "read", "description": "Read a file", "parameters": {"type": "object"}}
+#: what the gateway stored for the key, named by the `item_reference`s below
+_FOUND = {
+    "msg_1": {"id": "msg_1", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "stored"}]},
+    "fc_1": {**_CALL, "id": "fc_1", "call_id": "call_9"},
+    "fco_1": {**_OUTPUT, "id": "fco_1", "call_id": "call_9", "output": [{"type": "input_text", "text": "ok"}]},
+}
+
+
+def _input(items: Any, **fields: Any) -> dict[str, Any]:
+    return {"model": "m", "input": items, "store": False, **fields}
+
+
+GATHERED_RESPONSES = [
+    _agent("responses"),
+    {**_agent("responses"), "store": True},  # its items built too
+    {**_agent("responses"), "tools": None, "instructions": "Ünïcode rules, 漢字."},
+    _input("only a question, café"),
+    _input("a question", instructions="Be brief."),
+    _input([{"role": "user", "content": "hi"}], instructions=""),  # empty instructions: no system message
+    _input([], instructions="nothing but instructions"),
+    _input(
+        [
+            {"role": "developer", "content": "Use tabs."},
+            {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "Be kind."}]},
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "what is this? 漢字"}, _RIMAGE, _RIMAGE],
+            },
+            {"type": "message", "role": "user", "content": [_RIMAGE]},
+            {"role": "user", "content": [{"type": "refusal", "refusal": "no"}, {"type": "input_text", "text": "é"}]},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't"}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "a"}, {"type": "output_text", "text": "b"}],
+            },
+            {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "think, ü"}], "summary": []},
+            {"role": "assistant", "content": ""},  # its empty text is dropped when calls join it
+            _CALL,
+            {**_CALL, "call_id": "call_2", "arguments": '{"path": "é/ü"}'},
+            _OUTPUT,
+            {
+                **_OUTPUT,
+                "call_id": "call_2",
+                "output": [{"type": "input_text", "text": "two "}, _RIMAGE, {"type": "output_text", "text": "parts"}],
+            },
+            _REASONING,
+            {"type": "reasoning", "summary": []},  # no text: the next call still joins nothing
+            {**_CALL, "call_id": "call_3"},
+            {**_OUTPUT, "call_id": "call_3", "output": ""},
+            {"role": "assistant", "content": ""},  # an empty answer that stays one
+            _REASONING,
+            {"role": "assistant", "content": "done"},
+            {"type": "item_reference", "id": "msg_1"},
+            {"id": "fc_1"},  # OpenAI's short form of a reference
+            {"type": "item_reference", "id": "fco_1"},
+            {"role": "user", "content": "go on"},
+        ],
+        tools=[_FUNCTION, {**_FUNCTION, "name": "write", "strict": False}],
+    ),
+    _input([_CALL, _OUTPUT]),  # calls with no assistant message before them
+    _input([_REASONING, _CALL, _OUTPUT, _REASONING]),  # reasoning no assistant turn follows
+]
+
+
+@pytest.mark.parametrize("body", GATHERED_RESPONSES)
+def test_what_the_responses_translation_gathers_is_what_read_request_reads(body: dict[str, Any]) -> None:
+    req = parse(body, _FOUND)
+    chat, gathered = req.chat_body([]), req.gathered_for([])
+    assert gathered is not None
+    by_gathering, walked = read_request("chat", chat, gathered), read_request("chat", chat)
+    assert by_gathering == walked and by_gathering.prompt_floor == walked.prompt_floor
+
+
+def test_an_earlier_conversation_is_walked_not_gathered() -> None:
+    # previous_response_id: the stored chat messages go before this input, and read_request walks them all
+    req = parse(_input([_OUTPUT, {"role": "user", "content": "and now?"}], previous_response_id="resp_1"))
+    earlier = [{"role": "user", "content": "read a.py"}, {"role": "assistant", "content": None, "tool_calls": []}]
+    assert req.gathered_for(earlier) is None
+    assert read_request("chat", req.chat_body(earlier)).prompt_ceiling is not None
+
+
+def test_the_responses_tools_are_encoded_once() -> None:
+    req = parse(_agent("responses"))
+    assert req.gathered is not None and req.gathered.tools_json == orjson.dumps(req.options["tools"])
+    assert read_request("chat", req.chat_body([]), req.gathered).tools_json is req.gathered.tools_json
+
+
+_RTEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)  # what JSON can carry
+_RPART = st.builds(lambda k, t: {"type": k, "text": t}, st.sampled_from(["input_text", "output_text"]), _RTEXT)
+_ITEM = st.one_of(
+    st.builds(
+        lambda r, c: {"type": "message", "role": r, "content": c},
+        st.sampled_from(["user", "assistant", "system", "developer"]),
+        _RTEXT | st.lists(_RPART, min_size=1, max_size=3),
+    ),
+    st.builds(
+        lambda parts: {"role": "user", "content": parts},
+        st.lists(
+            _RPART | st.just(_RIMAGE) | st.builds(lambda t: {"type": "refusal", "refusal": t}, _RTEXT), max_size=3
+        ),
+    ),
+    st.builds(lambda c, a: {**_CALL, "call_id": c, "arguments": a}, _RTEXT, _RTEXT),
+    st.builds(
+        lambda c, o: {**_OUTPUT, "call_id": c, "output": o}, _RTEXT, _RTEXT | st.lists(_RPART | st.just(_RIMAGE))
+    ),
+    st.builds(
+        lambda key, texts: {"type": "reasoning", key: [{"type": f"{key[:7]}_text", "text": t} for t in texts]},
+        st.sampled_from(["content", "summary"]),
+        st.lists(_RTEXT, max_size=2),
+    ),
+)
+
+
+@given(st.lists(_ITEM, min_size=1, max_size=10), st.none() | _RTEXT)
+@example([{"role": "assistant", "content": ""}, _CALL, _CALL], None)
+@example([{"type": "reasoning", "summary": []}, {"role": "assistant", "content": ""}, _CALL], "")
+def test_any_responses_input_is_gathered_as_read_request_reads_it(items: list[Any], instructions: str | None) -> None:
+    req = parse(_input(items, instructions=instructions))
+    chat = req.chat_body([])
+    assert _read(chat, req.gathered_for([])) == _read(chat, None)
+
+
+def _read(chat: dict[str, Any], gathered: Any) -> Any:
+    """What read_request gives (the floor too), or the parameter its error names (reasoning alone: no message)."""
+    try:
+        info = read_request("chat", chat, gathered)
+    except InvalidRequest as e:
+        return e.param
+    return list(info.floor_texts), info, info.prompt_floor  # the texts before the floor is summed (and they go)

@@ -330,3 +330,37 @@ async def test_previous_response_id_chains_stay_on_the_engine_that_holds_them(tm
             await app.context.responses.aclose()
     assert all(len(set(s)) == 1 for s in served.values()), served
     assert len({s[0] for s in served.values()}) == 2, served  # and the chains spread
+
+
+async def test_the_responses_routes_hand_read_request_what_the_translation_gathered(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """The input's chat messages are sized from what the translation gathered as it built them (issue 36), on
+    both routes; a chained request's stored conversation is not gathered, so its messages are walked."""
+    from llm_gateway.routing import request_info
+    from llm_gateway.service import pipeline
+
+    handed: list[bool] = []
+
+    def read(endpoint: str, body: dict[str, Any], gathered: Any = None) -> Any:
+        handed.append(gathered is not None)
+        return request_info.read_request(endpoint, body, gathered)
+
+    monkeypatch.setattr(pipeline, "read_request", read)
+    cfg = config("cache_aware", server=f'{{access_log: false, data_dir: "{tmp_path}"}}')
+    up = engines()
+    up.route("POST", "/tokenize", FakeAnswer.json({"count": 17, "max_model_len": 4096}))
+    async with gateway_client(cfg, upstream=up) as (client, app):
+        try:
+            body: dict[str, Any] = {"model": "agent", "input": "first", "instructions": "Be brief."}
+            first = await client.post("/v1/responses", json=body)
+            assert first.status_code == 200, first.text
+            counted = await client.post("/v1/responses/input_tokens", json=body)
+            assert counted.status_code == 200, counted.text
+            chained = {**body, "input": "second", "previous_response_id": first.json()["id"]}
+            for path in ("/v1/responses", "/v1/responses/input_tokens"):
+                r = await client.post(path, json=chained)
+                assert r.status_code == 200, r.text
+        finally:
+            await app.context.responses.aclose()
+    assert handed == [True, True, False, False]

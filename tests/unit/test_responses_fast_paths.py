@@ -19,6 +19,7 @@ from llm_gateway.dialects.field_checks import PromptChars
 from llm_gateway.dialects.responses import items as responses_items
 from llm_gateway.dialects.responses.request import parse
 from llm_gateway.errors import GatewayError, InvalidRequest
+from llm_gateway.routing.request_info import Gathered
 
 _F = {"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}}
 
@@ -58,20 +59,23 @@ CONTENTS = [
 @pytest.mark.parametrize("content", CONTENTS)
 def test_a_message_read_inline_is_the_message_read_by_its_helper(role: str, content: Any) -> None:
     it = {"type": "message", "role": role, "content": content}
+    by_helper, inline = Gathered(), Gathered()
     try:
-        expected: Any = responses_items._message(it, "input.0", PromptChars())
+        expected: Any = responses_items._message(it, "input.0", PromptChars(), by_helper)
     except InvalidRequest as e:  # images outside a user message
         expected = e.param
     seen = PromptChars()
     try:
-        got: Any = responses_items.input_messages([it], seen)[0][0]
+        got: Any = responses_items.input_messages([it], seen, gathered=inline)[0][0]
     except InvalidRequest as e:
         got = e.param
     assert got == expected
     helper = PromptChars()
     if not isinstance(expected, str):
-        responses_items._message(it, "input.0", helper)
+        responses_items._message(it, "input.0", helper, Gathered())
         assert seen.chars == helper.chars + 16
+        # what read_request sizes of it is gathered the same both ways (an assistant's is no longer fresh)
+        assert (inline.texts, inline.images, inline.fresh) == (by_helper.texts, by_helper.images, role != "assistant")
 
 
 def test_a_function_call_output_of_text_parts_is_its_text() -> None:

@@ -172,7 +172,8 @@ async def create(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
             log.warning("responses cannot be stored now: %s (request %s)", e.message, call.rid)
     exchange = ResponsesExchange(call, req, earlier, store, owner)
     try:
-        await ctx.service.handle(exchange, rec, rt, "chat", req.chat_body(earlier), who)
+        body = req.chat_body(earlier)  # its messages as gathered, unless an earlier conversation leads them
+        await ctx.service.handle(exchange, rec, rt, "chat", body, who, gathered=req.gathered_for(earlier))
     except GatewayError as e:
         raise renamed(e, RESPONSES) from None
 
@@ -189,7 +190,7 @@ async def input_tokens(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: 
     for k in ("stream", "stream_options", "max_tokens", "temperature", "top_p", "logprobs", "top_logprobs", "user"):
         body.pop(k, None)
     try:
-        n, source = await ctx.service.count_prompt_tokens(call, rec, rt, body, who)
+        n, source = await ctx.service.count_prompt_tokens(call, rec, rt, body, who, gathered=req.gathered_for(earlier))
     except GatewayError as e:
         raise renamed(e, RESPONSES) from None
     headers = [(b"x-request-id", call.rid.encode()), (TOKEN_COUNT_HEADER, source.encode())]

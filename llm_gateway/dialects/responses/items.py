@@ -23,6 +23,7 @@ from typing import Any
 
 from llm_gateway.dialects.field_checks import PromptChars, as_list, as_obj, as_str, check_hint
 from llm_gateway.errors import GatewayError, InvalidRequest
+from llm_gateway.routing.request_info import Gathered
 
 
 def unknown(param: str) -> InvalidRequest:
@@ -80,15 +81,21 @@ def input_messages(
     referenced: set[str] | None = None,
     *,
     items_too: bool = True,
+    gathered: Gathered | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The input as chat messages and as items; `found`: the stored items its references name (by id),
     and the ids of those it used are added to `referenced`. `items_too` false: no items (an empty list),
     for a response that is not stored, their one use (an agent's history is 60-odd items, each given an id).
 
     An agent's input is dozens of items: the usual ones (function calls and their string outputs, messages
-    of text) are read inline, paths are built for errors only, and the rest goes through the helpers."""
+    of text) are read inline, paths are built for errors only, and the rest goes through the helpers.
+    `gathered`: what read_request sizes of the chat messages is added to it as they are built, in their order
+    (request_info.Gathered: their texts, tool call ids and reasoning, tool calls, images), so that read_request
+    does not walk them again (issue 36)."""
+    g = gathered if gathered is not None else Gathered()
     if isinstance(value, str):
         seen.chars += len(value)
+        g.texts.append(value)
         if not items_too:
             return [{"role": "user", "content": value}], []
         item = {
@@ -104,6 +111,8 @@ def input_messages(
     chars = 16 * len(as_list(value, "input"))
     asst: dict[str, Any] | None = None  # the last message, when function calls that follow join it
     calls: list[dict[str, Any]] | None = None  # its tool calls, once it has some
+    texts, strings, as_json = g.texts, g.strings, g.as_json
+    fresh = True  # no assistant or tool message yet
     for raw in value:
         try:
             kind = raw.get("type")
@@ -141,13 +150,18 @@ def input_messages(
                 calls.append(call)
             elif asst is not None:
                 asst["tool_calls"] = calls = [call]
+                as_json.append(calls)  # gathered as a list that the calls that follow join
                 if asst["content"] == "":
                     asst["content"] = None
+                    texts.pop()  # its text, the last gathered: any other message since would have ended `asst`
             else:
                 asst = {"role": "assistant", "content": None, "tool_calls": [call]}
                 calls = asst["tool_calls"]
+                as_json.append(calls)
+                fresh = False
                 if reasoning:
-                    asst["reasoning_content"] = "\n\n".join(reasoning)
+                    asst["reasoning_content"] = text = "\n\n".join(reasoning)
+                    strings.append(text)
                     reasoning = []
                 messages.append(asst)
         elif kind == "function_call_output":
@@ -158,18 +172,24 @@ def input_messages(
             if isinstance(out, str) and isinstance(call_id, str):
                 chars += len(out) + 16
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": out})
+                texts.append(out)
+                strings.append(call_id)
             else:
-                _tool_output(it, _path(value, raw), messages, seen)
+                _tool_output(it, _path(value, raw), messages, seen, g)
+            fresh = False
             asst = calls = None
         elif kind == "message":
             msg = _text_message(it)
             if msg is None:
-                msg = _message(it, _path(value, raw), seen)
+                msg = _message(it, _path(value, raw), seen, g)
             else:
                 chars += len(msg["content"])
+                texts.append(msg["content"])
             if msg["role"] == "assistant":
+                fresh = False
                 if reasoning:
-                    msg["reasoning_content"] = "\n\n".join(reasoning)
+                    msg["reasoning_content"] = text = "\n\n".join(reasoning)
+                    strings.append(text)
                     reasoning = []
                 asst, calls = msg, None
             else:
@@ -188,6 +208,8 @@ def input_messages(
         if items_too:
             items.append(_item(it, kind))
     seen.chars += chars
+    if not fresh:
+        g.fresh = False
     return messages, items
 
 
@@ -237,13 +259,15 @@ def _text_message(it: dict[str, Any]) -> dict[str, Any] | None:
     return {"role": role, "content": "".join(texts)}
 
 
-def _message(it: dict[str, Any], p: str, seen: PromptChars) -> dict[str, Any]:
+def _message(it: dict[str, Any], p: str, seen: PromptChars, g: Gathered) -> dict[str, Any]:
+    """`g`: its texts and images are gathered there."""
     role = it.get("role")
     if not isinstance(role, str) or role not in _ROLES:
         raise invalid("expected 'user', 'assistant', 'system' or 'developer'.", f"{p}.role")
     content = it.get("content")
     if isinstance(content, str):
         seen.chars += len(content)
+        g.texts.append(content)
         return {"role": _ROLES[role], "content": content}
     parts: list[dict[str, Any]] = []
     for j, raw in enumerate(content if isinstance(content, list) else as_list(content, f"{p}.content")):
@@ -270,7 +294,14 @@ def _message(it: dict[str, Any], p: str, seen: PromptChars) -> dict[str, Any]:
     if _ROLES[role] != "user" or all(q["type"] == "text" for q in parts):
         if any(q["type"] != "text" for q in parts):
             raise unsupported("images are allowed in user messages only", f"{p}.content")
-        return {"role": _ROLES[role], "content": "".join(q["text"] for q in parts)}
+        text = "".join(q["text"] for q in parts)
+        g.texts.append(text)
+        return {"role": _ROLES[role], "content": text}
+    for q in parts:
+        if q["type"] == "text":
+            g.texts.append(q["text"])
+        else:
+            g.images += 1
     return {"role": "user", "content": parts}
 
 
@@ -289,7 +320,8 @@ def _image(part: dict[str, Any], p: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": img}
 
 
-def _tool_output(it: dict[str, Any], p: str, messages: list[dict[str, Any]], seen: PromptChars) -> None:
+def _tool_output(it: dict[str, Any], p: str, messages: list[dict[str, Any]], seen: PromptChars, g: Gathered) -> None:
+    """`g`: what read_request sizes of the messages it adds is gathered there."""
     call_id = it.get("call_id")
     call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"{p}.call_id")
     out = it.get("output")
@@ -311,9 +343,13 @@ def _tool_output(it: dict[str, Any], p: str, messages: list[dict[str, Any]], see
     text = "".join(texts)
     seen.chars += len(text) + 16
     messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+    g.texts.append(text)
+    g.strings.append(call_id)
+    g.fresh = False
     if images:
         seen.chars += 1024 * len(images)
         messages.append({"role": "user", "content": images})
+        g.images += len(images)
 
 
 def _reasoning_text(it: dict[str, Any], p: str) -> str:

@@ -54,6 +54,7 @@ from llm_gateway.dialects.field_checks import (
 )
 from llm_gateway.dialects.responses.items import input_messages, invalid, unknown, unsupported
 from llm_gateway.errors import InvalidRequest
+from llm_gateway.routing.request_info import Gathered
 
 _FIELDS = frozenset(
     {
@@ -130,6 +131,8 @@ class ResponsesRequest:
     prompt_estimate: int = 0
     #: the ids of the stored items this input referred to (listed in `items`, not stored again)
     referenced: frozenset[str] = frozenset()
+    #: what read_request sizes of the instructions' and this input's chat messages, gathered as they were built
+    gathered: Gathered | None = None
 
     def chat_body(self, earlier: list[dict[str, Any]]) -> dict[str, Any]:
         """The chat body: instructions, then the earlier conversation, then this input."""
@@ -139,6 +142,11 @@ class ResponsesRequest:
         messages += earlier
         messages += self.messages
         return {"model": self.model, "messages": messages, **self.options}
+
+    def gathered_for(self, earlier: list[dict[str, Any]]) -> Gathered | None:
+        """What read_request sizes of `chat_body(earlier)`'s messages (`read_request(gathered=)`); None when there
+        is an earlier conversation (stored chat messages, not gathered: read_request walks the messages then)."""
+        return None if earlier else self.gathered
 
 
 def parse(req: dict[str, Any], found: Mapping[str, dict[str, Any]] | None = None) -> ResponsesRequest:
@@ -161,14 +169,17 @@ def parse(req: dict[str, Any], found: Mapping[str, dict[str, Any]] | None = None
     if req.get("input") is None:
         raise InvalidRequest("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
     seen = PromptChars()
+    gathered = Gathered()  # in the order of chat_body's messages: the instructions first
     instructions = None
     if req.get("instructions") is not None:
         instructions = as_str(req["instructions"], "instructions")
         seen.chars += len(instructions)
+        if instructions:
+            gathered.texts.append(instructions)
     referenced: set[str] = set()
     # the items are stored with the response (GET .../input_items lists them): none to build when it is not
     items_too = req.get("store") is not False
-    messages, items = input_messages(req["input"], seen, found, referenced, items_too=items_too)
+    messages, items = input_messages(req["input"], seen, found, referenced, items_too=items_too, gathered=gathered)
     options: dict[str, Any] = {}
     echo: dict[str, Any] = {"instructions": instructions}
     stream = req.get("stream") is not None and as_bool(req["stream"], "stream")
@@ -177,7 +188,7 @@ def parse(req: dict[str, Any], found: Mapping[str, dict[str, Any]] | None = None
         options["stream"] = True
         options["stream_options"] = {"include_usage": True}  # the usage chunk becomes the response's usage
     _sampling(req, options, echo)
-    _tools(req, options, echo, seen)
+    _tools(req, options, echo, seen, gathered)
     _text(req, options, echo)
     _reasoning(req, options, echo)
     prev = req.get("previous_response_id")
@@ -198,6 +209,7 @@ def parse(req: dict[str, Any], found: Mapping[str, dict[str, Any]] | None = None
         echo,
         seen.chars // 4 + 1,
         frozenset(referenced),
+        gathered,
     )
 
 
@@ -263,7 +275,9 @@ def _sampling(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any]
 _TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict", "defer_loading"})
 
 
-def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], seen: PromptChars) -> None:
+def _tools(
+    req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], seen: PromptChars, gathered: Gathered
+) -> None:
     fns: list[dict[str, Any]] = []  # the chat functions
     echoed: list[dict[str, Any]] = []
     echo["tools"] = echoed
@@ -301,9 +315,10 @@ def _tools(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], s
                 {"type": "function", "name": name, "description": desc, "parameters": params, "strict": strict}
             )
     if fns:
-        options["tools"] = [{"type": "function", "function": fn} for fn in fns]
-        # each function's JSON bytes, in one encoding: a list's is theirs, n - 1 commas and its brackets
-        seen.chars += len(orjson.dumps(fns)) - len(fns) - 1
+        options["tools"] = tools = [{"type": "function", "function": fn} for fn in fns]
+        # their JSON bytes in the estimate, as read_request counts a chat body's tools: one encoding for both
+        gathered.tools_json = tools_json = orjson.dumps(tools)
+        seen.chars += len(tools_json)
     echo["tool_choice"] = "auto"
     choice = req.get("tool_choice")
     if choice is not None:
