@@ -13,13 +13,16 @@ nothing here, and a bytecode's cost varies (a call costs more than a load); a ch
 bytecodes for C calls is measured by instructions.sh or run.sh.
 
     bench/opcounts.py run [--gateway-dir DIR] [--requests N] [--tokens T] [--dialect D] [--new-connections]
-                          [--out F.json]
+                          [--agent] [--profile P] [--out F.json]
     bench/opcounts.py diff A.json B.json [--top N]
 
 `--tokens 0` (the default) sends whole (non-streamed) requests; `--tokens 8` streams of 8 tokens at the
 engine's `--tpot-ms`; `--dialect messages` or `responses` asks for them as Anthropic's or the Responses
 API's (translated, as the board's msg64/resp64 do). `--agent` sends agent_request.py's 74 KB coding-agent
-request (20 tools, 46 messages) in the dialect's own shape instead of request.json. `--gateway-dir` counts
+request (20 tools, 46 messages) in the dialect's own shape instead of request.json. `--profile` runs the
+gateway with another of targets.py's configs (`ledger`, `team`, `traced`; default `minimal`, the bench's
+config), so that what a feature adds on the event loop's thread is counted (threads it starts, such as the
+ledger's writer, are not: only the main thread is traced). `--gateway-dir` counts
 another checkout (a `git worktree` of the commit before a change), run by the same interpreter (BENCH_PY, as
 every bench script).
 """
@@ -188,7 +191,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
     work = Path(tempfile.mkdtemp(prefix="opcounts-"))
     e1, e2, gw = ps.free_port(), ps.free_port(), ps.free_port()
-    cfg = tg.write_gateway_config(work / "gateway.yaml", [f"http://127.0.0.1:{e1}", f"http://127.0.0.1:{e2}"])
+    urls = [f"http://127.0.0.1:{e1}", f"http://127.0.0.1:{e2}"]
+    cfg = tg.write_gateway_config(work / "gateway.yaml", urls, profile=a.profile, data_dir=work / "data")
     out = work / "counts.json"
     elog, glog = work / "engine.log", work / "gateway.log"
     gdir = Path(a.gateway_dir).resolve()
@@ -233,6 +237,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "new_connections": a.new_connections,
         "dialect": a.dialect,
         "agent": a.agent,
+        "profile": a.profile,
         "gateway_dir": str(gdir),
         "python": sys.version.split()[0],
         "executable": sys.executable,
@@ -334,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     r.add_argument(
         "--agent", action="store_true", help="agent_request.py's 74 KB coding-agent request instead of request.json"
+    )
+    r.add_argument(
+        "--profile",
+        choices=("minimal", "ledger", "team", "traced"),
+        default="minimal",
+        help="the gateway's config (targets.PROFILES: minimal, ledger, team, traced): what a feature adds on the loop",
     )
     r.add_argument("--top", type=int, default=30)
     r.add_argument("--out", help="write the counts here (JSON, for `diff`)")

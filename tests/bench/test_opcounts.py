@@ -69,6 +69,7 @@ def _run(tmp_path: Path, **kw: Any) -> dict[str, Any]:
         new_connections=False,
         dialect="chat",
         agent=False,
+        profile="minimal",
     )
     vars(a).update(kw)
     return opcounts.run(a)
@@ -82,6 +83,14 @@ def test_an_agent_run_counts_the_74_kb_request_in_its_dialect(tmp_path: Path) ->
     each = ("llm_gateway/dialects/anthropic/blocks.py", "message")
     assert agent[each] > 10 * small[each]  # its dozens of messages translated, not request.json's one
     assert agent[("llm_gateway/dialects/anthropic/blocks.py", "_assistant")] > 0  # translated from Anthropic blocks
+
+
+def test_a_profile_run_counts_what_its_features_add_on_the_loop(tmp_path: Path) -> None:
+    ledger = _run(tmp_path, requests=3, warmup=1, profile="ledger")
+    assert ledger["config"]["profile"] == "ledger"
+    row = ("llm_gateway/observability/ledger.py", "UsageLedger._row")
+    assert opcounts.per_function(ledger)[row] > 0  # the ledger's row, made on the request path
+    assert row not in opcounts.per_function(_run(tmp_path, requests=3, warmup=1))  # minimal: no row made
 
 
 def test_a_dialect_run_counts_its_translated_streams(tmp_path: Path) -> None:
