@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from llm_gateway.observability import otlp
-from llm_gateway.observability.tracing import CLIENT_KEYS, SERVER_KEYS
+from llm_gateway.observability.genai_spans import CLIENT_KEYS, SERVER_KEYS
 
 RESOURCE = {"service.name": "llm-gateway", "telemetry.sdk.language": "python"}
 

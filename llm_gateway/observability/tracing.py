@@ -17,7 +17,9 @@ the key), the request's class, queue wait (a `gateway.queue` child span before t
 number of attempts. Each `AttemptTrace` is begun when dispatch takes an attempt (service/request.py's
 `Job.took`) and ended when the attempt's slot is freed (routing/attempt.py), with the deployment, engine, the
 routing strategy that chose it, its number, and the error that failed it. Prompts and answers go on the spans
-only with `tracing.capture_content` (a whole answer's text; a stream's text is never kept).
+only with `tracing.capture_content` (a whole answer's text; a stream's text is never kept). The attribute
+keys, operation names, finish-reason pattern and the Protocols by which a span reads the record and the attempt
+are genai_spans.py's.
 """
 
 from __future__ import annotations
@@ -26,12 +28,21 @@ import re
 import time
 from collections.abc import Callable
 from random import getrandbits
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
-
 from llm_gateway.observability import otlp
+from llm_gateway.observability.genai_spans import (
+    CLIENT_KEYS,
+    CONTENT_LIMIT,
+    FINISH_REASON,
+    OPERATIONS,
+    QUEUE_KEYS,
+    SERVER_KEYS,
+    RequestRecord,
+    TracedAttempt,
+    capture_input,
+)
 from llm_gateway.observability.otlp import CLIENT, INTERNAL, SERVER
 from llm_gateway.observability.otlp_config import ID64 as _ID64
 from llm_gateway.observability.otlp_config import resource as _resource
@@ -39,97 +50,10 @@ from llm_gateway.observability.otlp_config import sampler as _sampler
 from llm_gateway.observability.otlp_config import sender as _sender
 from llm_gateway.settings import CLASS_NAMES, TracingConfig
 
-#: GenAI operation names (gen_ai.operation.name) of the gateway's endpoints
-OPERATIONS = {
-    "chat": "chat",
-    "messages": "chat",
-    "responses": "chat",
-    "completions": "text_completion",
-    "embeddings": "embeddings",
-}
-#: an answer's or a stream event's finish reason: OpenAI's finish_reason, Anthropic's stop_reason, a Response's
-#: incomplete_details.reason, or a Responses stream's last event (response.completed / response.failed)
-_FINISH = re.compile(
-    rb'"(?:finish_reason|stop_reason)"\s*:\s*"([a-z_]{1,32})"'
-    rb'|"incomplete_details"\s*:\s*\{\s*"reason"\s*:\s*"([a-z_]{1,32})"'
-    rb'|"type"\s*:\s*"response\.(completed|failed)"'
-)
 #: W3C traceparent: version-trace id-parent id-flags, and more fields only after a version other than 00
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _MASK64 = _ID64 - 1
-#: the attributes whose values recur from request to request, as otlp.Span's fixed keys (encoded once per values)
-SERVER_KEYS = (
-    "http.request.method",
-    "url.path",
-    "gen_ai.operation.name",
-    "gen_ai.request.model",
-    "gen_ai.response.model",
-    "gateway.deployment",
-    "gateway.engine",
-    "gateway.key.name",  # the name: never the key itself
-    "gateway.priority_class",
-    "gateway.stream",
-    "gateway.attempts",
-    "gateway.retries",
-    "gateway.outcome",
-    "gateway.cancelled",
-    "http.response.status_code",
-    "error.type",
-)
-CLIENT_KEYS = (
-    "gen_ai.operation.name",
-    "gen_ai.provider.name",
-    "gen_ai.request.model",
-    "server.address",
-    "server.port",
-    "gateway.deployment",
-    "gateway.engine",
-    "gateway.model",
-    "gateway.routing.strategy",
-    "gateway.attempt",
-    "gateway.priority_class",
-)
-QUEUE_KEYS = ("gateway.priority_class",)
 _NO_ATTRS: dict[str, Any] = {}
-CONTENT_LIMIT = 64 * 1024  # characters of a prompt or an answer put on a span (capture_content)
-
-
-class RequestRecord(Protocol):
-    """What a trace reads of a request's record (record.py's `RequestRecord`, which holds the trace)."""
-
-    rid: str
-    t0: float
-    method: str
-    path: str
-    endpoint: str
-    key: str
-    model: str
-    backend: str
-    engine: str
-    upstream_model: str | None
-    stream: bool
-    status: int
-    outcome: str
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    usage_estimated: bool
-    ttft_s: float | None
-    attempts: int
-    waited_s: float
-    error: str | None
-
-
-class TracedAttempt(Protocol):
-    """What a trace reads of an attempt (routing/attempt.py's `Attempt`, which sits above this layer)."""
-
-    @property
-    def deployment(self) -> Any: ...
-
-    @property
-    def route(self) -> Any: ...
-
-    @property
-    def ticket(self) -> Any: ...
 
 
 def make_tracing(cfg: TracingConfig, on_drop: Callable[[str, int], None] | None = None) -> Tracing | None:
@@ -255,7 +179,7 @@ class RequestTrace:
         if self._attempts == 1:
             self.klass = klass
             if tr.cfg.capture_content:
-                _capture_input(self.content(), body)
+                capture_input(self.content(), body)
         if waited > 0:
             self._waited = rec.waited_s
             told = {"gateway.queue_wait_s": waited}
@@ -284,7 +208,7 @@ class RequestTrace:
     def finished(self, data: bytes) -> None:
         """The finish reasons in an answer or a stream's event (finish_reason, stop_reason, incomplete_details'
         reason), added in order, once each."""
-        found = _FINISH.findall(data)
+        found = FINISH_REASON.findall(data)
         if found:
             reasons = self.reasons
             for m in found:
@@ -424,14 +348,3 @@ class AttemptTrace:
                     r.state,
                 )
             )
-
-
-def _capture_input(attrs: dict[str, Any], body: dict[str, Any]) -> None:
-    for field in ("messages", "input", "prompt"):
-        value = body.get(field)
-        if value is not None:
-            attrs["gen_ai.input.messages"] = orjson.dumps(value).decode()[:CONTENT_LIMIT]
-            system = body.get("system") or body.get("instructions")
-            if isinstance(system, str):
-                attrs["gen_ai.system_instructions"] = system[:CONTENT_LIMIT]
-            return

@@ -1,0 +1,111 @@
+"""What tracing.py's spans say and read, apart from how they are made: the GenAI semantic conventions' operation
+names, the attribute keys whose values recur from request to request (otlp.Span's fixed keys, encoded once per
+values), the finish reasons found in an answer's bytes, what `capture_content` puts on a span, and the two
+Protocols by which a trace reads a request's record and an attempt (which sit above this layer).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Protocol
+
+import orjson
+
+#: GenAI operation names (gen_ai.operation.name) of the gateway's endpoints
+OPERATIONS = {
+    "chat": "chat",
+    "messages": "chat",
+    "responses": "chat",
+    "completions": "text_completion",
+    "embeddings": "embeddings",
+}
+#: an answer's or a stream event's finish reason: OpenAI's finish_reason, Anthropic's stop_reason, a Response's
+#: incomplete_details.reason, or a Responses stream's last event (response.completed / response.failed)
+FINISH_REASON = re.compile(
+    rb'"(?:finish_reason|stop_reason)"\s*:\s*"([a-z_]{1,32})"'
+    rb'|"incomplete_details"\s*:\s*\{\s*"reason"\s*:\s*"([a-z_]{1,32})"'
+    rb'|"type"\s*:\s*"response\.(completed|failed)"'
+)
+#: the attributes whose values recur from request to request, as otlp.Span's fixed keys (encoded once per values)
+SERVER_KEYS = (
+    "http.request.method",
+    "url.path",
+    "gen_ai.operation.name",
+    "gen_ai.request.model",
+    "gen_ai.response.model",
+    "gateway.deployment",
+    "gateway.engine",
+    "gateway.key.name",  # the name: never the key itself
+    "gateway.priority_class",
+    "gateway.stream",
+    "gateway.attempts",
+    "gateway.retries",
+    "gateway.outcome",
+    "gateway.cancelled",
+    "http.response.status_code",
+    "error.type",
+)
+CLIENT_KEYS = (
+    "gen_ai.operation.name",
+    "gen_ai.provider.name",
+    "gen_ai.request.model",
+    "server.address",
+    "server.port",
+    "gateway.deployment",
+    "gateway.engine",
+    "gateway.model",
+    "gateway.routing.strategy",
+    "gateway.attempt",
+    "gateway.priority_class",
+)
+QUEUE_KEYS = ("gateway.priority_class",)
+CONTENT_LIMIT = 64 * 1024  # characters of a prompt or an answer put on a span (capture_content)
+
+
+class RequestRecord(Protocol):
+    """What a trace reads of a request's record (record.py's `RequestRecord`, which holds the trace)."""
+
+    rid: str
+    t0: float
+    method: str
+    path: str
+    endpoint: str
+    key: str
+    model: str
+    backend: str
+    engine: str
+    upstream_model: str | None
+    stream: bool
+    status: int
+    outcome: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    usage_estimated: bool
+    ttft_s: float | None
+    attempts: int
+    waited_s: float
+    error: str | None
+
+
+class TracedAttempt(Protocol):
+    """What a trace reads of an attempt (routing/attempt.py's `Attempt`, which sits above this layer)."""
+
+    @property
+    def deployment(self) -> Any: ...
+
+    @property
+    def route(self) -> Any: ...
+
+    @property
+    def ticket(self) -> Any: ...
+
+
+def capture_input(attrs: dict[str, Any], body: dict[str, Any]) -> None:
+    for field in ("messages", "input", "prompt"):
+        value = body.get(field)
+        if value is not None:
+            attrs["gen_ai.input.messages"] = orjson.dumps(value).decode()[:CONTENT_LIMIT]
+            system = body.get("system") or body.get("instructions")
+            if isinstance(system, str):
+                attrs["gen_ai.system_instructions"] = system[:CONTENT_LIMIT]
+            return
