@@ -242,8 +242,7 @@ def _largest_floor(value: Any) -> int:
 class Gathered:
     """What sizing chat messages reads of them, gathered in one pass over them (`_messages`), or by a translation as
     it builds them (the Anthropic and Responses ones: `read_request(..., gathered=)`), so that nothing walks them
-    twice; `sums` are
-    the numbers. Texts in the order of their messages (the first four are the affinity text)."""
+    twice; `sums` are the numbers. Texts in the order of their messages (the first four are the affinity text)."""
 
     __slots__ = ("as_json", "fresh", "images", "other_parts", "strings", "texts", "tools_json")
 
