@@ -93,7 +93,7 @@ def main() -> None:
     prev = dict(body, messages=body["messages"][:-3])  # the turn before: what the engines hold
     prev_info = read_request("chat", prev)
     records = [PrefixRecord(), PrefixRecord()]
-    placed(records[0], prev_info, None, cfg, 1.0)
+    placed(records[0], [], prev_info, None, cfg, 1.0)
 
     def route() -> None:
         info.blocks = None  # hash again every round: the per-request cost
@@ -101,7 +101,7 @@ def main() -> None:
         annotate(views, records, info, "session-1", cfg, 2.0)
 
     def record() -> None:
-        placed(records[1], info, "session-1", cfg, 2.0)
+        placed(records[1], [records[0]], info, "session-1", cfg, 2.0)
 
     print(f"body {len(raw) / 1000:.0f} KB, {len(body['messages'])} messages, rendered {pb.size / 1000:.0f} KB")
     held = pb.share(records[0].matched(pb.keys, 2.0, 3600))

@@ -276,8 +276,7 @@ class Dispatcher:
             if gi == 0 and not fitting and not fits_in_any(groups[1:], info):
                 raise explain_too_long(group, static, info)
             static = fitting
-            # cache_aware: the conversation's placement key (its session, else its first question's block key)
-            # and where the replicas' shared record placed it (routing/placements.py)
+            # cache_aware: the placement key (session, else first question's block key), the shared placement
             place = assigned = None
             if group.cfg.strategy == "cache_aware":
                 place = session or prefix_cache.anchor_key(info, group.cfg.affinity.block_bytes)
@@ -306,7 +305,8 @@ class Dispatcher:
                     dep.admission.leave()
                     continue
                 if group.cfg.strategy == "cache_aware":  # what its engine now holds, and how much it held
-                    share = prefix_cache.placed(dep.prefixes, info, place, group.cfg.affinity, time.monotonic())
+                    others = [d.prefixes for d in static if d is not dep]  # no longer count this conversation
+                    share = prefix_cache.placed(dep.prefixes, others, info, place, group.cfg.affinity, time.monotonic())
                     observe(self.metrics.child(self.metrics.prefix_match, group.name), share)
                     if place is not None and self.placements is not None and dep.key != assigned:
                         await self.placements.put(group.name, place, dep.key, group.cfg.affinity.ttl_s)

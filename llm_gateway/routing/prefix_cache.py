@@ -223,6 +223,17 @@ class PrefixRecord:
     def forget_session(self, session: str) -> None:
         self.sessions.pop(session, None)
 
+    def live(self, now: float, ttl_s: float) -> int:
+        """The sessions sent here within `ttl_s` (the older ones are dropped: the LRU's head is the oldest)."""
+        sessions = self.sessions
+        oldest = now - ttl_s
+        while sessions:
+            first = next(iter(sessions))
+            if sessions[first] >= oldest:
+                break
+            del sessions[first]
+        return len(sessions)
+
 
 def max_blocks(cache_tokens: int, block_bytes: int) -> int:
     """The blocks an engine cache of `cache_tokens` tokens holds (at least one)."""
@@ -246,20 +257,31 @@ def annotate(
     cfg: AffinityConfig,
     now: float,
 ) -> None:
-    """Set each candidate's `match` (share of the prompt its record holds) and `session_at`."""
+    """Set each candidate's `match` (share of the prompt its record holds), `session_at` and `conversations`."""
     pb = blocks_of(info, cfg.block_bytes)
     for view, record in zip(views, records, strict=True):
         if pb.keys:
             view.match = pb.share(record.matched(pb.keys, now, cfg.ttl_s))
         if session is not None:
             view.session_at = record.session_at(session, now, cfg.ttl_s)
+        view.conversations = record.live(now, cfg.ttl_s)
 
 
-def placed(record: PrefixRecord, info: RequestInfo, session: str | None, cfg: AffinityConfig, now: float) -> float:
-    """The request went to this deployment: record its blocks and session; returns the share it matched."""
+def placed(
+    record: PrefixRecord,
+    others: list[PrefixRecord],
+    info: RequestInfo,
+    session: str | None,
+    cfg: AffinityConfig,
+    now: float,
+) -> float:
+    """The request went to this deployment: record its blocks and session (which the `others`, the model's other
+    deployments, no longer count among their live conversations); returns the share it matched."""
     pb = blocks_of(info, cfg.block_bytes)
     share = pb.share(record.matched(pb.keys, now, cfg.ttl_s))
     record.record(pb.keys, now, max_blocks(cfg.cache_tokens, cfg.block_bytes))
     if session is not None:
         record.note_session(session, now)
+        for other in others:
+            other.forget_session(session)
     return share

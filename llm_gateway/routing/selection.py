@@ -40,11 +40,13 @@ the failover order). Strategies:
      would keep it away through its record while the others, which never saw the move, sent it home: the
      turns would flip-flop between engines (bench/agent_cache.py, 3 replicas: 1.21x the recompute of one).
      With `spread_new` (where the replicas share their placements through Redis, or
-     `affinity.new_conversations: load`) a new conversation spreads by load instead (rule 4): the shared
-     record (or, with one replica, its own) carries its placement to the later turns, and load spreads a
-     handful of sessions more evenly than a hash does;
-  4. a new conversation (no assistant turn yet, `fresh`) or one no candidate holds any of spreads by
-     least load (ties take turns);
+     `affinity.new_conversations: load`) a new conversation is spread instead (rule 4): the shared
+     record (or, with one replica, its own) carries its placement to the later turns;
+  4. a new conversation (no assistant turn yet, `fresh`) goes, with `spread_new`, to the candidate left after
+     rule 1 that holds the fewest live conversations (`conversations`: those this replica last sent there
+     within `ttl_s`), equal counts by least load: a conversation is the unit of an agent's future load, and
+     the in-flight count at its first turn is not. Without `spread_new`, and for a conversation no
+     candidate holds any of, least load (ties take turns);
   5. otherwise the highest `match - load_weight * spare` goes first (production-stack's `loadaware`
      score, matched/prompt - beta * relative load), ties by load.
 """
@@ -80,6 +82,7 @@ class CandidateView:
     match: float = 0.0  # cache_aware: the share of the prompt its engine may hold (prefix_cache.py)
     session_at: float = 0.0  # cache_aware: when it last served this request's session (0: never)
     assigned: bool = False  # cache_aware: the replicas' shared record places this request's session here
+    conversations: int = 0  # cache_aware: the live conversations this replica last sent here (prefix_cache.py)
 
 
 def load_score(
@@ -156,7 +159,7 @@ def order(
         return by_load
     if strategy == "cache_aware":
         key = None if spread_new and fresh else affinity_key
-        return _cache_aware(cands, scores, by_load, fresh, load_weight, max_imbalance, key, not spread_new)
+        return _cache_aware(cands, scores, by_load, fresh, load_weight, max_imbalance, key, spread_new)
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
@@ -168,7 +171,7 @@ def _cache_aware(
     load_weight: float,
     max_imbalance: float,
     key: str | None = None,
-    hashed: bool = False,
+    spread_new: bool = False,
 ) -> list[int]:
     """The `cache_aware` order (the module's docstring has the rules). Its load leaves the KV-cache fill out:
     a full cache is what this strategy routes to, and llama-server's fill (its busy slots) repeats a probe ago
@@ -181,13 +184,15 @@ def _cache_aware(
     for i in cool:
         if cands[i].assigned:
             return [i] + [j for j in by_load if j != i]
-    if key is None or not hashed:  # hash placement: the hash, the same on every replica, wins over this record
+    if key is None or spread_new:  # hash placement: the hash, the same on every replica, wins over this record
         seen = max(cool, key=lambda i: cands[i].session_at)
         if cands[seen].session_at > 0.0:
             return [seen] + [i for i in by_load if i != seen]
     if key is not None:
         first = max(cool, key=lambda i: _rendezvous(key, cands[i].key))
         return [first] + [i for i in by_load if i != first]
+    if fresh and spread_new:  # the fewest live conversations first (sorted is stable: equal counts by load)
+        return sorted(cool, key=lambda i: cands[i].conversations) + hot
     if fresh or max(cands[i].match for i in cool) <= 0.0:
         return by_load
     ranked = sorted(cool, key=lambda i: load_weight * (scores[i] - lowest) - cands[i].match)  # stable: ties by load

@@ -116,7 +116,8 @@ class AffinityConfig(Strict):
     new_conversations: Literal["auto", "hash", "load"] = Field(
         "auto",
         description="cache_aware: where a new conversation goes: the rendezvous hash of its key (the same on every "
-        "replica), or least load; auto: least load where replicas share placements through Redis, else the hash",
+        "replica), or `load`: the deployment holding the fewest of this replica's live conversations, then least load; "
+        "auto: load where replicas share placements through Redis, else the hash",
     )
     engine_slots: bool = Field(
         False,

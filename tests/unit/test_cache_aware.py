@@ -4,7 +4,8 @@
 The rules proved here, deterministically: the chained block keys name whole prefixes; the record holds a
 prefix of each conversation and never more than its bound; at equal load the deployment holding the prefix
 goes first; a hot replica (load per slot more than `max_imbalance` above the lowest) yields; a new
-conversation spreads by load; a known session stays; the score trades the matched share against load.
+conversation spreads by load, or with `spread_new` to the fewest live conversations; a known session
+stays; the score trades the matched share against load.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from llm_gateway.routing.prefix_cache import (
     PrefixRecord,
     block_keys,
     max_blocks,
+    placed,
     prompt_blocks,
     render,
 )
+from llm_gateway.routing.request_info import RequestInfo
 from llm_gateway.routing.selection import CandidateView, order
+from llm_gateway.settings import AffinityConfig
 from tests.conftest import gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream
 
@@ -40,10 +44,18 @@ def conversation(session: int, turns: int) -> list[dict[str, Any]]:
     return msgs
 
 
-def view(key: str, *, in_flight: int = 0, capacity: int = 2, match: float = 0.0, session_at: float = 0.0):
+def view(
+    key: str,
+    *,
+    in_flight: int = 0,
+    capacity: int = 2,
+    match: float = 0.0,
+    session_at: float = 0.0,
+    conversations: int = 0,
+):
     # reports_load False: the load score is the gateway's own in-flight count per slot, exactly
     c = CandidateView(key, in_flight, capacity, False, None, 0)
-    c.match, c.session_at = match, session_at
+    c.match, c.session_at, c.conversations = match, session_at, conversations
     return c
 
 
@@ -143,6 +155,19 @@ def test_sessions_are_remembered_with_their_time_and_age_out() -> None:
     assert r.session_at("s2", NOW, 60) == 0.0
 
 
+def test_live_conversations_are_those_sent_within_the_ttl_and_a_move_leaves_the_old_count() -> None:
+    a, b = PrefixRecord(), PrefixRecord()
+    info = RequestInfo("m", None, False, False, frozenset(), 0, None, "", conversation=conversation(0, 1))
+    cfg = AffinityConfig(block_bytes=BLOCK, ttl_s=60)
+    placed(a, [b], info, "s1", cfg, NOW)
+    placed(a, [b], info, "s2", cfg, NOW + 30)
+    assert (a.live(NOW + 31, 60), b.live(NOW + 31, 60)) == (2, 0)
+    assert a.live(NOW + 61, 60) == 1  # s1 was last sent 61 s ago: gone, s2 stays
+    placed(b, [a], info, "s2", cfg, NOW + 62)  # s2 moved to b: a counts it no more
+    assert (a.live(NOW + 62, 60), b.live(NOW + 62, 60)) == (0, 1)
+    assert b.session_at("s2", NOW + 62, 60) == NOW + 62
+
+
 # -- the order ------------------------------------------------------------------------------------------
 
 
@@ -182,6 +207,23 @@ def test_a_new_conversation_spreads_by_load_and_takes_turns() -> None:
     busy_a = [view("a", match=0.7, in_flight=1), view("b", match=0.0)]
     assert cache_order(busy_a, fresh=True) == ["b", "a"]  # and goes to the least loaded
     assert cache_order(busy_a, fresh=False)[0] == "a"  # the same request in a running conversation stays
+
+
+def test_spread_places_a_new_conversation_where_the_fewest_live_conversations_are() -> None:
+    # a is less loaded right now but already holds more conversations: each is an agent's future load
+    cands = [view("a", conversations=9), view("b", conversations=7, in_flight=1)]
+    assert cache_order(cands, fresh=True, spread_new=True) == ["b", "a"]
+    assert cache_order(cands, fresh=True) == ["a", "b"]  # without spread: least load
+    assert cache_order(cands, fresh=False, spread_new=True)[0] == "a"  # a running conversation: not this rule
+    for rotation in range(4):  # equal counts go by load, and the rotation does not override that
+        even = [view("a", conversations=3, in_flight=1), view("b", conversations=3)]
+        assert cache_order(even, fresh=True, spread_new=True, rotation=rotation)[0] == "b"
+    # equal counts and loads take turns
+    firsts = {cache_order([view("a"), view("b")], fresh=True, spread_new=True, rotation=r)[0] for r in range(4)}
+    assert firsts == {"a", "b"}
+    # a hot replica yields first, however few conversations it holds
+    hot = [view("a", conversations=0, in_flight=5), view("b", conversations=8)]
+    assert cache_order(hot, fresh=True, spread_new=True) == ["b", "a"]
 
 
 def test_a_conversation_nobody_holds_goes_by_least_load() -> None:
