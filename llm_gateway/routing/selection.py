@@ -122,7 +122,7 @@ def order(
     prefer_resident: bool = True,
     fresh: bool = False,
     load_weight: float = 0.5,
-    max_imbalance: float = 1.0,
+    max_imbalance: float = 2.0,
     spread_new: bool = False,
 ) -> list[int]:
     """Indices of `cands` in the order to try them."""

@@ -111,7 +111,10 @@ class AffinityConfig(Strict):
         0.5, ge=0, description="cache_aware: beta in matched/prompt - beta * (load - lowest load), load per slot"
     )
     max_imbalance: float = Field(
-        1.0, gt=0, description="cache_aware: a deployment this much load per slot above the lowest yields"
+        2.0,
+        gt=0,
+        description="cache_aware: a deployment this much load per slot above the lowest yields (2.0: README's "
+        "agent runs moved no conversation and matched the oracle; 1.0 moved long ones late, 1.18x on vLLM)",
     )
     new_conversations: Literal["auto", "hash", "load"] = Field(
         "auto",

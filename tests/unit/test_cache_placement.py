@@ -29,6 +29,7 @@ from llm_gateway.routing.placements import RedisPlacements
 from llm_gateway.routing.prefix_cache import prompt_blocks
 from llm_gateway.routing.request_info import RequestInfo
 from llm_gateway.routing.selection import CandidateView, order
+from llm_gateway.settings import AffinityConfig
 from tests.conftest import gateway_client
 from tests.support.redis_server import RedisNotInstalled, RedisServer
 from tests.unit.test_cache_aware import NAMES, SYSTEM, config, conversation, engines
@@ -53,7 +54,13 @@ def view(key: str, *, in_flight: int = 0, session_at: float = 0.0, assigned: boo
 
 
 def first(
-    cands: list[CandidateView], key: str | None, *, fresh: bool = False, rotation: int = 0, spread_new: bool = False
+    cands: list[CandidateView],
+    key: str | None,
+    *,
+    fresh: bool = False,
+    rotation: int = 0,
+    spread_new: bool = False,
+    max_imbalance: float = AffinityConfig().max_imbalance,  # the config's default, as dispatch passes it
 ) -> str:
     idx = order(
         "cache_aware",
@@ -64,6 +71,7 @@ def first(
         affinity_key=key,
         fresh=fresh,
         spread_new=spread_new,
+        max_imbalance=max_imbalance,
     )
     return cands[idx[0]].key
 
@@ -112,8 +120,11 @@ def test_an_unplaced_conversation_goes_where_the_rendezvous_hash_says_on_every_r
 
 def test_the_hash_yields_to_load_like_every_other_rule() -> None:
     k = next(f"c{i:x}" for i in range(100) if first([view("a/m"), view("b/m")], f"c{i:x}") == "a/m")
-    assert first([view("a/m", in_flight=3), view("b/m")], k) == "b/m"  # 1.5 per slot above: hot, it yields
-    assert first([view("a/m", in_flight=2), view("b/m")], k) == "a/m"  # 1.0 above: not hot yet
+    # the default max_imbalance (2.0 per slot; capacity 2)
+    assert first([view("a/m", in_flight=5), view("b/m")], k) == "b/m"  # 2.5 per slot above: hot, it yields
+    assert first([view("a/m", in_flight=4), view("b/m")], k) == "a/m"  # 2.0 above: not hot yet
+    assert first([view("a/m", in_flight=3), view("b/m")], k) == "a/m"  # 1.5 above: not under the default...
+    assert first([view("a/m", in_flight=3), view("b/m")], k, max_imbalance=1.0) == "b/m"  # ...but at 1.0
 
 
 def test_with_a_shared_record_a_new_conversation_spreads_by_load_and_a_running_one_still_hashes() -> None:
@@ -132,7 +143,7 @@ def test_the_shared_record_wins_over_the_local_one_and_the_hash() -> None:
     assert first([view("a/m"), view("b/m", assigned=True)], k) == "b/m"
     assert first([view("a/m", session_at=NOW - 1), view("b/m", assigned=True)], k) == "b/m"
     assert first([view("a/m"), view("b/m", session_at=NOW - 1)], k, spread_new=True) == "b/m"  # the local record next
-    assert first([view("a/m"), view("b/m", assigned=True, in_flight=3)], k) == "a/m"  # hot: it yields
+    assert first([view("a/m"), view("b/m", assigned=True, in_flight=5)], k) == "a/m"  # hot: it yields
 
 
 def test_with_hash_placement_the_hash_wins_over_the_local_record_unless_home_is_hot() -> None:
@@ -140,7 +151,7 @@ def test_with_hash_placement_the_hash_wins_over_the_local_record_unless_home_is_
     k = next(f"c{i:x}" for i in range(100) if first([view("a/m"), view("b/m")], f"c{i:x}") == "a/m")
     moved = [view("a/m", session_at=NOW - 20), view("b/m", session_at=NOW - 1)]
     assert first(moved, k) == "a/m"  # home is no longer hot: home again, as every other replica would
-    assert first([view("a/m", session_at=NOW - 20, in_flight=3), view("b/m", session_at=NOW - 1)], k) == "b/m"
+    assert first([view("a/m", session_at=NOW - 20, in_flight=5), view("b/m", session_at=NOW - 1)], k) == "b/m"
     assert first(moved, None) == "b/m"  # no placement key: the local record still decides
 
 
