@@ -22,7 +22,11 @@ cancelled. The runs are deterministic (PYTHONHASHSEED=0, fixed times): the same 
     PYTHONPATH=. .venv/bin/python bench/ledger_writer.py --keep /tmp/cg   # then callgrind_annotate each file
 
 Needs valgrind (`apt-get install valgrind`). Not counted: the kernel (the spool's write(2), SQLite's file I/O),
-the event loop's hand-offs (one per batch), and time itself.
+the event loop's hand-offs (one per batch), and time itself. So the same two processes also run natively, and
+their minor page faults per row (the same slope of their rusage) are printed beside the count (their CPU
+time is not: the set-up's noise on a shared machine is larger than the rows' cost):
+an allocation pattern can save instructions and cost a page fault a row, which valgrind's own memory
+management hides (see observability/spool.py's `_rows`).
 """
 
 from __future__ import annotations
@@ -106,19 +110,34 @@ def _migrated(directory: Path) -> Path:
     return path
 
 
-def _count(args: argparse.Namespace, template: Path, work: Path, flushes: int) -> tuple[subprocess.Popen[bytes], Path]:
-    run = work / f"f{flushes}"
+def _start(
+    args: argparse.Namespace, template: Path, work: Path, flushes: int, counted: bool
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """One measured process: under callgrind (`counted`) or natively (for the kernel's side: page faults)."""
+    run = work / f"{'cg' if counted else 'native'}-f{flushes}"
     run.mkdir()
     db = run / "ledger.db"
     shutil.copy(template, db)
     out = run / "cg.out"
     cmd = [
-        "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no", "--compress-strings=no",
         sys.executable, __file__, "--child", str(db), str(run / "spool"),
         str(args.batch), str(flushes), str(args.batch * args.flushes * 2), str(args.in_flight),
     ]  # fmt: skip
+    if counted:
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no", *cmd]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out
+
+
+def _wait(proc: subprocess.Popen[bytes]) -> Any:
+    """The process's own rusage, once it ended well."""
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        sys.exit(f"ledger_writer: a measured run failed ({proc.returncode}):\n{err.decode()[-3000:]}")
+    return usage
 
 
 def _total(out: Path) -> int:
@@ -144,21 +163,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ledger-writer-") as tmp:
         work = Path(tmp)
         template = _migrated(work)
-        runs = [_count(args, template, work, n) for n in (args.flushes, 2 * args.flushes)]
+        native = []
+        for n in (args.flushes, 2 * args.flushes):  # one at a time: their CPU times are read too
+            native.append(_wait(_start(args, template, work, n, counted=False)[0]))
+        runs = [_start(args, template, work, n, counted=True) for n in (args.flushes, 2 * args.flushes)]
         totals = []
         for proc, out in runs:
-            _, err = proc.communicate()
-            if proc.returncode:
-                sys.exit(f"ledger_writer: the counted run failed ({proc.returncode}):\n{err.decode()[-3000:]}")
+            _wait(proc)
             totals.append(_total(out))
             if args.keep is not None:
                 args.keep.mkdir(parents=True, exist_ok=True)
                 shutil.copy(out, args.keep / f"callgrind.{out.parent.name}")
     rows = args.batch * args.flushes
     per_row = (totals[1] - totals[0]) / rows
+    faults = (native[1].ru_minflt - native[0].ru_minflt) / rows
     print(
         f"ledger writer path: {per_row:,.0f} instructions/row (batch {args.batch}, {args.in_flight} in flight; "
-        f"{totals[0]:,} and {totals[1]:,} instructions for {rows} and {2 * rows} rows)"
+        f"{totals[0]:,} and {totals[1]:,} instructions for {rows} and {2 * rows} rows)\n"
+        f"natively: {faults:.2f} minor page faults/row (the kernel's work, which the count does not see)"
     )
 
 

@@ -5,6 +5,9 @@ files are, byte for byte, a header line and one `orjson.dumps` line per row (wha
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -67,3 +70,36 @@ def test_the_spools_files_are_a_header_and_one_json_line_per_row(tmp_path: Path)
         assert found.interrupted == []  # closed clean: nothing was in flight any more
     finally:
         found.release()
+
+
+#: a fresh process (the gateway's heap, not pytest's) encodes a flush's rows in a worker thread, as the
+#: ledger's checkpoint does, and prints the minor page faults of 20 flushes once warm
+FAULTS = """
+import resource, sys
+from concurrent.futures import ThreadPoolExecutor
+from llm_gateway.observability.spool import _rows
+rows = [(1_764_590_400_000 + i, f"req-{i:08d}", f"team-{i % 7}", f"kc_{i % 7:04d}", "model-1", "pool-a", "chat",
+         200, "success", 900 + i, 20 + i, i % 4 == 0, None if i % 5 == 0 else 51.5 + i, 250.125) for i in range(500)]
+with ThreadPoolExecutor(1) as pool:
+    pool.submit(_rows, rows).result()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        pool.submit(_rows, rows).result()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_encoding_a_flushs_rows_for_the_spool_does_not_page_fault_per_row():
+    """Holding every row's `orjson.dumps` result until one join made the allocator give memory back to the kernel
+    and fault it in again at each flush: ~400 minor page faults per 500 rows (~1 ms of the kernel's time),
+    invisible to an instruction count. Encoding and dropping each row's bytes in turn faults nothing once warm."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", FAULTS],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    faults = int(out.stdout)
+    assert faults < 500, f"{faults} minor page faults for 20 flushes of 500 rows"
