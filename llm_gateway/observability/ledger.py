@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import datetime as dt
 import logging
 import time
@@ -326,14 +325,29 @@ class UsageLedger:
         spool.write(new, [self._interrupted(rec, now, perf) for rec in running])
         return {(r.rid, r.t0) for r in running}
 
-    @classmethod
-    def _interrupted(cls, rec: RequestRecord, now: float, perf: float) -> Row:
+    @staticmethod
+    def _interrupted(rec: RequestRecord, now: float, perf: float) -> Row:
         """The row a request in flight leaves if the process dies now: outcome `interrupted`, status 500, the
-        tokens a stream has relayed so far."""
-        gone = dataclasses.replace(rec, status=500, outcome="interrupted", usage_estimated=True)
-        if rec.live is not None:
-            gone.prompt_tokens, gone.completion_tokens = rec.live()
-        return cls._row(gone, now, perf - rec.t0)
+        tokens a stream has relayed so far. Built as `_row` builds a finished one, straight from the record
+        (no copy of it per request per checkpoint)."""
+        duration_s = perf - rec.t0
+        prompt, completion = (rec.prompt_tokens, rec.completion_tokens) if rec.live is None else rec.live()
+        return (
+            int((now - duration_s) * 1000),
+            rec.rid,
+            rec.key,
+            rec.key_id,
+            rec.model,
+            rec.backend,
+            rec.endpoint,
+            500,
+            "interrupted",
+            prompt or 0,
+            completion or 0,
+            True,
+            None if rec.ttft_s is None else round(rec.ttft_s * 1000, 3),
+            round(duration_s * 1000, 3),
+        )
 
     def _spool_failed(self, e: OSError) -> None:
         self._spool_errors.inc()

@@ -37,7 +37,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -57,7 +57,7 @@ from llm_gateway.settings import DATABASE_SCHEMES, GatewayConfig
 from llm_gateway.settings.server import DB_FILE
 from llm_gateway.state.driver_errors import translated
 from llm_gateway.state.migrations import MIGRATIONS_DIR
-from llm_gateway.state.sqlite_writer import Rows, SqliteWriter, sqlite_pragmas
+from llm_gateway.state.sqlite_writer import Prepare, Rows, SqliteWriter, sqlite_pragmas
 
 log = logging.getLogger("gateway.state")
 
@@ -159,12 +159,13 @@ class Database:
         table: sa.Table,
         columns: Sequence[str],
         rows: Rows,
-        prepare: Callable[[Rows], Rows] | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         """Append `rows` (each the values of `columns`, in order) to `table` in one transaction, all or none,
         for the cost of a hand-off on the event loop: no SQL is compiled and no row is touched there on SQLite
-        (the dedicated writer thread runs `prepare`, if given, on the batch, then the INSERT); on Postgres
-        asyncpg encodes the rows in C. `DatabaseUnavailable` when the database is down, locked or too slow."""
+        (the dedicated writer thread runs `prepare`, if given, on the batch, then the INSERT; its `Batch` may
+        hold the values of `columns`' first ones once for every row); on Postgres asyncpg encodes the rows in
+        C. `DatabaseUnavailable` when the database is down, locked or too slow."""
         if not rows:
             return
         key = (table.name, tuple(columns))
@@ -174,11 +175,11 @@ class Database:
         url = self.engine.url
         with translated():
             if url.get_backend_name() == "postgresql":
-                await self._insert_asyncpg(sql, rows if prepare is None else prepare(rows))
+                await self._insert_asyncpg(sql, rows if prepare is None else prepare(rows).whole())
                 return
             path = url.database or ""
             if path in ("", ":memory:") or path.startswith("file:"):  # the engine's own connection only
-                data = rows if prepare is None else prepare(rows)
+                data = rows if prepare is None else prepare(rows).whole()
                 async with self.engine.begin() as conn:
                     await conn.execute(table.insert(), [dict(zip(columns, r, strict=True)) for r in data])
                 return

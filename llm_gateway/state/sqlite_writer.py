@@ -1,6 +1,8 @@
 """The SQLite writer thread of append-only batches (the usage ledger's rows): one thread and one stdlib
 `sqlite3` connection of its own, so that the event loop only hands a batch over (state/database.py's
-`Database.insert_rows`), and the pragmas every SQLite connection of the gateway runs.
+`Database.insert_rows`; the thread prepares it as a `Batch`, whose values shared by every row are bound once
+per statement), the pragmas every SQLite connection of the gateway runs, and the `sqlite3` adapters of bool
+and None (see `_ADAPTED`).
 """
 
 from __future__ import annotations
@@ -9,20 +11,49 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import operator
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 Rows = Sequence[Sequence[Any]]
+
+
+class Batch(NamedTuple):
+    """Rows made ready to insert (what `Database.insert_rows`' `prepare` gives): `shared` holds the values of the
+    INSERT's first columns when every row has the same ones (bound once per statement, as `?1`, `?2`...: the
+    ledger's day), and `rows` each row's values of the columns after those."""
+
+    shared: tuple[Any, ...]
+    rows: Rows
+
+    def whole(self) -> Rows:
+        """Each row with the shared values in front (for a driver that binds row by row)."""
+        return [(*self.shared, *r) for r in self.rows] if self.shared else self.rows
+
+
+Prepare = Callable[[Rows], Batch]
 
 #: the most rows one INSERT statement carries (its sizes are the powers of two up to this, so the driver's
 #: statement cache holds at most 9 texts per table): a batch of 500 rows is 5 statements, not 500 steps
 MAX_ROWS_PER_STATEMENT = 256
 #: SQLite's smallest default limit on bound variables (SQLITE_MAX_VARIABLE_NUMBER before 3.32)
 _MIN_VARIABLES = 999
+
+
+_NOTHING: dict[None, None] = {}
+#: Values the stdlib `sqlite3` binds only after asking its adapter registry, then the value itself, for an
+#: adapter (a bool, None: every ledger row has one or two). Without one registered each lookup fails with an
+#: AttributeError whose message it formats: ~2,000 instructions a value, a tenth of the writer's work on a
+#: row (bench/ledger_writer.py). Registered, each is a dict lookup and a call in C that gives what SQLite
+#: stores anyway (a bool as the integer 1 or 0, None as NULL), in every `sqlite3` connection of the process;
+#: `operator.index` rather than `int`, whose call goes through the type's constructor (~300 more a bool).
+_ADAPTED: tuple[tuple[type[Any], Callable[[Any], Any]], ...] = ((bool, operator.index), (type(None), _NOTHING.get))
+for _type, _adapter in _ADAPTED:
+    sqlite3.register_adapter(_type, _adapter)
 
 
 def sqlite_pragmas(busy_timeout_s: float) -> tuple[str, ...]:
@@ -59,7 +90,7 @@ class SqliteWriter:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="db-writer", initializer=_yield_to_the_loop)
         self._conn: sqlite3.Connection | None = None
 
-    async def insert(self, sql: str, rows: Rows, prepare: Callable[[Rows], Rows] | None) -> None:
+    async def insert(self, sql: str, rows: Rows, prepare: Prepare | None) -> None:
         """`sql` is the single-row INSERT (`INSERT INTO t (cols) VALUES (?, ...)`); the thread runs it as few
         multi-row statements (see `_statements`)."""
         await asyncio.get_running_loop().run_in_executor(self._pool, self._insert, sql, rows, prepare)
@@ -78,12 +109,12 @@ class SqliteWriter:
             self._conn = conn
         return self._conn
 
-    def _insert(self, sql: str, rows: Rows, prepare: Callable[[Rows], Rows] | None) -> None:
+    def _insert(self, sql: str, rows: Rows, prepare: Prepare | None) -> None:
         conn = self._connection()
-        data = rows if prepare is None else prepare(rows)
+        batch = Batch((), rows) if prepare is None else prepare(rows)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for text, params in _statements(conn, sql, data):
+            for text, params in _statements(conn, sql, batch):
                 conn.execute(text, params)
             conn.execute("COMMIT")
         except BaseException:
@@ -103,33 +134,38 @@ class SqliteWriter:
             self._pool.shutdown(wait=False)
 
 
-def _statements(conn: sqlite3.Connection, sql: str, rows: Rows) -> list[tuple[str, list[Any]]]:
+def _statements(conn: sqlite3.Connection, sql: str, batch: Batch) -> list[tuple[str, list[Any]]]:
     """The batch as multi-row INSERTs of power-of-two sizes (at most `MAX_ROWS_PER_STATEMENT` rows, and within
-    the connection's limit on bound variables), each with its values flattened in C. Why not executemany: it
-    steps (and resets, and gives the GIL up around) the statement once per row; here the thread binds a
-    statement once and SQLite inserts its rows in one step. Measured with the real writer beside a busy event
-    loop on one core: 3.7-4.0 -> 2.7-3.0 us of the writer's CPU per row (issue 36)."""
+    the connection's limit on bound variables), each with its values flattened in C; the batch's shared values
+    come first, bound once (`?1`...) and named in every row. Why not executemany: it steps (and resets, and
+    gives the GIL up around) the statement once per row; here the thread binds a statement once and SQLite
+    inserts its rows in one step. Measured with the real writer beside a busy event loop on one core:
+    3.7-4.0 -> 2.7-3.0 us of the writer's CPU per row (issue 36)."""
+    shared, rows = batch
     if not rows:
         return []
-    width = len(rows[0])
+    own = len(rows[0])  # the values each row binds
     limit = _MIN_VARIABLES
     with contextlib.suppress(AttributeError, sqlite3.Error):  # getlimit: Python 3.11+
         limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
     size = MAX_ROWS_PER_STATEMENT
-    while size > 1 and size * width > limit:
+    while size > 1 and len(shared) + size * own > limit:
         size //= 2
-    head, _, one = sql.rpartition("VALUES")
+    head = sql.rpartition("VALUES")[0]
     out = []
     i, n = 0, len(rows)
     while i < n:
         while size > n - i:
             size //= 2
-        out.append((_text(head, one.strip(), size), list(itertools.chain.from_iterable(rows[i : i + size]))))
+        values = list(itertools.chain(shared, itertools.chain.from_iterable(rows[i : i + size])))
+        out.append((_text(head, len(shared), own, size), values))
         i += size
     return out
 
 
 @functools.lru_cache(maxsize=64)
-def _text(head: str, one: str, size: int) -> str:
-    """`head` followed by `size` copies of the row's placeholders `one`: built once per size."""
+def _text(head: str, shared: int, own: int, size: int) -> str:
+    """`head` followed by `size` rows of placeholders, each the `shared` numbered ones (`?1`...) then `own`
+    plain ones (SQLite numbers a `?` one past the largest number so far): built once per shape."""
+    one = "(" + ", ".join([*(f"?{j}" for j in range(1, shared + 1)), *itertools.repeat("?", own)]) + ")"
     return head + "VALUES " + ", ".join(itertools.repeat(one, size))

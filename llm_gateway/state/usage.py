@@ -3,7 +3,8 @@
 Rows come from `llm_gateway.observability.ledger` (one per generation request, buffered behind the request
 path) as tuples, the values of `ROW_COLUMNS` in order; a batch is one transaction through
 `Database.insert_rows` (on SQLite a few multi-row INSERTs in the database's
-writer thread, which also adds each row's UTC day; nothing per row on the event loop). The
+writer thread, which also adds the rows' UTC day: bound once for a batch on one day; nothing per row on the
+event loop). The
 report groups them by any of `DIMENSIONS` over a time range, with the cost of each group priced by the
 models' current `price` (a group is summed per model first, so a report by key alone is priced right).
 A database that is down or too slow raises `DatabaseUnavailable` (503), as everywhere in `state`.
@@ -20,12 +21,14 @@ import io
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
 
 from llm_gateway.settings import Price
 from llm_gateway.state.database import Database
+from llm_gateway.state.sqlite_writer import Batch
 from llm_gateway.state.tables import usage_ledger
 from llm_gateway.types import USAGE_COLUMNS
 
@@ -38,8 +41,9 @@ _UNIT_S = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 REPLAY_MATCH_MS = 1000
 #: the values of a ledger row, in order (one definition: types.USAGE_COLUMNS); the table's `day` is derived
 ROW_COLUMNS = USAGE_COLUMNS
-_INSERTED = (*ROW_COLUMNS, "day")
+_INSERTED = ("day", *ROW_COLUMNS)  # the day first: shared by every row of a batch on one day (`_with_days`)
 _DAY_MS = 86_400_000
+_AT_MS = itemgetter(0)  # a row's at_ms
 
 
 class UsageStore:
@@ -149,17 +153,29 @@ def _order(r: UsageRow) -> tuple[int, int, tuple[str, ...]]:
     return (-r.total_tokens, -r.requests, tuple(v or "" for v in r.group.values()))
 
 
-def _with_days(rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
-    """Each row with its UTC day (YYYY-MM-DD of at_ms) appended; one date formatted per day, not per row."""
+def _with_days(rows: Sequence[Sequence[Any]]) -> Batch:
+    """The batch with its rows' UTC day (YYYY-MM-DD of at_ms) in front. On one day, nearly every batch (a flush
+    holds a second of requests), the day is a shared value, bound once per statement; across midnight each row
+    gets its own (one date formatted per day, not per row)."""
+    if not rows:
+        return Batch((), rows)
+    first = min(map(_AT_MS, rows)) // _DAY_MS
+    if max(map(_AT_MS, rows)) // _DAY_MS == first:
+        return Batch((_date(first),), rows)
     days: dict[int, str] = {}
     out = []
     for r in rows:
         n = r[0] // _DAY_MS
         day = days.get(n)
         if day is None:
-            day = days[n] = dt.datetime.fromtimestamp(n * 86_400, dt.UTC).strftime("%Y-%m-%d")
-        out.append((*r, day))
-    return out
+            day = days[n] = _date(n)
+        out.append((day, *r))
+    return Batch((), out)
+
+
+def _date(day: int) -> str:
+    """Days since the epoch as YYYY-MM-DD."""
+    return dt.datetime.fromtimestamp(day * 86_400, dt.UTC).strftime("%Y-%m-%d")
 
 
 @dataclass(slots=True)

@@ -4,14 +4,19 @@ every row lands exactly as it was handed over, whatever the batch's size."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from llm_gateway.state.database import Database
-from llm_gateway.state.sqlite_writer import MAX_ROWS_PER_STATEMENT
-from llm_gateway.state.usage import ROW_COLUMNS, UsageStore
+from llm_gateway.state.sqlite_writer import MAX_ROWS_PER_STATEMENT, _statements
+from llm_gateway.state.usage import _INSERTED, ROW_COLUMNS, UsageStore, _with_days
+from llm_gateway.types import USAGE_COLUMNS
 
 DAY1_MS = 1_764_547_200_000  # 2025-12-01T00:00:00Z
 
@@ -60,3 +65,80 @@ async def test_every_row_lands_exactly_as_handed_over_whatever_the_batch_size(db
     days = ["2025-12-01" if i < 100 else "2025-12-02" for i in range(n)]
     want = [(*r[:11], int(r[11]), *r[12:], d) for r, d in zip(rows, days, strict=True)]  # SQLite keeps bools as 0/1
     assert got == want
+
+
+#: a process of its own, that imports nothing of the gateway (so no adapter it registers): the rows, each with
+#: its day, stored by the stdlib's plain `executemany`, the way every value was bound before any of this
+REFERENCE = """
+import json, sqlite3, sys
+path, cols, rows = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.stdin.read())
+conn = sqlite3.connect(path, isolation_level=None)
+conn.executemany(
+    f"INSERT INTO usage_ledger ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})", rows
+)
+conn.close()
+"""
+
+
+def as_stored(path: Path) -> list[tuple[object, ...]]:
+    """Every stored value as SQLite has it: its type and its SQL literal (1 and 1.0 and '1' differ)."""
+    cols = [*USAGE_COLUMNS, "day"]
+    shown = ", ".join(f"typeof({c}), quote({c})" for c in cols)
+    with sqlite3.connect(path) as conn:
+        got = conn.execute(f"SELECT {shown} FROM usage_ledger ORDER BY request_id").fetchall()
+    conn.close()
+    return got
+
+
+#: batches as row numbers: on one day (the day bound once), across midnight in order, and out of order with
+#: its first and last rows on the same day and the middle one on the next
+BATCHES = {"one row": [0], "one day": list(range(60)), "two days": list(range(300)), "mixed": [50, 150, 60]}
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+async def test_stored_values_are_those_a_plain_executemany_stores_bools_nones_and_days_included(
+    tmp_path: Path, batch: str
+):
+    """The writer's multi-row statements, the day bound once for a batch on one day, and the adapters the writer
+    registers store every value as the stdlib did without them: a bool as the integer 0 or 1, None as NULL,
+    floats as reals, each row's own UTC day as text."""
+    path, reference = tmp_path / "ledger.db", tmp_path / "reference.db"
+    await (await Database.open(f"sqlite+aiosqlite:///{reference}")).aclose()  # the same schema, empty
+    db = await Database.open(f"sqlite+aiosqlite:///{path}", statement_timeout_s=2)
+    numbers = BATCHES[batch]
+    rows = [row(i) for i in numbers]
+    n = len(rows)
+    try:
+        await UsageStore(db).insert_rows(rows)
+    finally:
+        await db.aclose()
+    days = ["2025-12-01" if i < 100 else "2025-12-02" for i in numbers]
+    cols = json.dumps([*USAGE_COLUMNS, "day"])
+    with_days = json.dumps([[*r, d] for r, d in zip(rows, days, strict=True)])
+    subprocess.run([sys.executable, "-c", REFERENCE, str(reference), cols], input=with_days, text=True, check=True)
+    got, want = as_stored(path), as_stored(reference)
+    assert len(want) == n
+    assert got == want
+    if n > 3:
+        assert {v[22:24] for v in want} == {("integer", "1"), ("integer", "0")}  # usage_estimated, a bool
+        assert ("null", "NULL") in {v[24:26] for v in want}  # a null ttft_ms
+
+
+def test_a_batch_on_one_day_binds_its_day_once_per_statement_and_one_across_midnight_per_row():
+    """The day is the INSERT's first column: on one day it is `?1` in every row, bound once (a batch of 500 binds
+    500 x 14 + 1 values per statement set, not 500 x 15); across midnight each row binds its own."""
+    conn = sqlite3.connect(":memory:")
+    sql = f"INSERT INTO usage_ledger ({', '.join(_INSERTED)}) VALUES ({', '.join('?' for _ in _INSERTED)})"
+    one_day = [row(i) for i in range(100)]
+    statements = _statements(conn, sql, _with_days(one_day))
+    assert [len(p) for _, p in statements] == [1 + 64 * 14, 1 + 32 * 14, 1 + 4 * 14]
+    for text, params in statements:
+        assert text.count("(?1, ?, ") == text.count("(") - 1 == (len(params) - 1) // 14  # one `(` for the columns
+        assert params[0] == "2025-12-01"
+        assert "2025-12-01" not in params[1:]
+    across = [row(i) for i in range(95, 105)]
+    statements = _statements(conn, sql, _with_days(across))
+    assert sum(len(p) for _, p in statements) == 10 * 15
+    assert all("?1" not in text for text, _ in statements)
+    assert [p[0::15] for _, p in statements] == [["2025-12-01"] * 5 + ["2025-12-02"] * 3, ["2025-12-02"] * 2]
+    conn.close()
