@@ -35,13 +35,13 @@ from llm_gateway.observability import otlp
 from llm_gateway.observability.genai_spans import (
     CLIENT_KEYS,
     CONTENT_LIMIT,
-    FINISH_REASON,
     OPERATIONS,
     QUEUE_KEYS,
     SERVER_KEYS,
     RequestRecord,
     TracedAttempt,
     capture_input,
+    finish_reasons,
 )
 from llm_gateway.observability.otlp import CLIENT, INTERNAL, SERVER
 from llm_gateway.observability.otlp_config import ID64 as _ID64
@@ -208,11 +208,11 @@ class RequestTrace:
     def finished(self, data: bytes) -> None:
         """The finish reasons in an answer or a stream's event (finish_reason, stop_reason, incomplete_details'
         reason), added in order, once each."""
-        found = FINISH_REASON.findall(data)
+        found = finish_reasons(data)
         if found:
             reasons = self.reasons
             for m in found:
-                r = (m[0] or m[1] or m[2]).decode()
+                r = m.decode()
                 if reasons is None:
                     reasons = self.reasons = (r,)
                 elif r not in reasons:
