@@ -1,7 +1,8 @@
 """What tracing.py's spans say and read, apart from how they are made: the GenAI semantic conventions' operation
 names, the attribute keys whose values recur from request to request (otlp.Span's fixed keys, encoded once per
-values), the finish reasons found in an answer's bytes, what `capture_content` puts on a span, and the two
-Protocols by which a trace reads a request's record and an attempt (which sit above this layer).
+values), those whose values are each span's own (never kept), the finish reasons found in an answer's bytes,
+what `capture_content` puts on a span, and the two Protocols by which a trace reads a request's record and an
+attempt (which sit above this layer).
 """
 
 from __future__ import annotations
@@ -78,6 +79,13 @@ CLIENT_KEYS = (
     "gateway.priority_class",
 )
 QUEUE_KEYS = ("gateway.priority_class",)
+#: the attributes whose values differ from span to span (otlp.Encoder's `unique`: written as they come, never kept)
+UNIQUE_KEYS = (
+    "gateway.request_id",
+    "gen_ai.input.messages",
+    "gen_ai.output.messages",
+    "gen_ai.system_instructions",
+)
 CONTENT_LIMIT = 64 * 1024  # characters of a prompt or an answer put on a span (capture_content)
 
 

@@ -38,6 +38,7 @@ from llm_gateway.observability.genai_spans import (
     OPERATIONS,
     QUEUE_KEYS,
     SERVER_KEYS,
+    UNIQUE_KEYS,
     RequestRecord,
     TracedAttempt,
     capture_input,
@@ -80,7 +81,7 @@ class Tracing:
         #: (deployment, route, endpoint, class, attempt number) -> an attempt span's name and CLIENT_KEYS' values:
         #: they recur, and a reload builds new routes (so a new key), never changes one
         self.clients: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
-        encoder = otlp.Encoder(_resource(cfg), "llm_gateway")
+        encoder = otlp.Encoder(_resource(cfg), "llm_gateway", UNIQUE_KEYS)
         self.batcher = otlp.Batcher(encoder, _sender(cfg), self._dropped)
         self.emit = self.batcher.add
 
