@@ -78,6 +78,15 @@ def post_many(port: int, n: int, conc: int, body: bytes) -> int:
     return good[0]
 
 
+def _metrics(port: int) -> str:
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("GET", "/metrics", headers={"authorization": f"Bearer {tg.API_KEY}"})
+        return conn.getresponse().read().decode()
+    except OSError as e:
+        return f"(no /metrics: {e})"
+
+
 def sink_spans(path: Path) -> int:
     try:
         return int(json.loads(path.read_text())["spans"])
@@ -133,6 +142,9 @@ def measure(profile: str, a: argparse.Namespace, engines: list[str], out: Path, 
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     gw = Path(a.gateway_dir).resolve()
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(gw)}
+    # an export's time limit is wall-clock: under callgrind (~50x slower) on a shared box, 10 s can pass while the
+    # sink answers, and the batch would be dropped (export_failed)
+    env["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"] = "300"
     cmd = [tg.PROJECT_PY, "-m", "llm_gateway", "serve", "--config", str(config), "--host", "127.0.0.1"]
     target = Target(profile, [*cmd, "--port", str(port)], out, gw, env)
     spans_per_request = 2 if sink is not None else 0  # the request's SERVER span and its attempt's CLIENT span
@@ -142,7 +154,8 @@ def measure(profile: str, a: argparse.Namespace, engines: list[str], out: Path, 
         deadline = time.monotonic() + 120
         while sink_spans(sink_out) < expected:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{profile}: the sink has {sink_spans(sink_out)} of {expected} spans")
+                dropped = [x for x in _metrics(port).splitlines() if x.startswith("gateway_trace_spans_dropped")]
+                raise RuntimeError(f"{profile}: the sink has {sink_spans(sink_out)} of {expected} spans; {dropped}")
             time.sleep(0.05)
 
     try:
