@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from llm_gateway.observability import otlp
-from llm_gateway.observability.genai_spans import CLIENT_KEYS, SERVER_KEYS
+from llm_gateway.observability.genai_spans import CLIENT_KEYS, SERVER_KEYS, UNIQUE_KEYS
 
 RESOURCE = {"service.name": "llm-gateway", "telemetry.sdk.language": "python"}
 
@@ -168,7 +168,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    ENC = otlp.Encoder(RESOURCE, "llm_gateway")
+    ENC = otlp.Encoder(RESOURCE, "llm_gateway", UNIQUE_KEYS)  # as tracing.py makes it
     batch = spans(a.batch)
     print(f"writer:             {per_span_us(writer, batch, a.rounds):6.2f} µs/span")
     try:

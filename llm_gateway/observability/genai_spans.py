@@ -1,7 +1,8 @@
 """What tracing.py's spans say and read, apart from how they are made: the GenAI semantic conventions' operation
 names, the attribute keys whose values recur from request to request (otlp.Span's fixed keys, encoded once per
-values), the finish reasons found in an answer's bytes, what `capture_content` puts on a span, and the two
-Protocols by which a trace reads a request's record and an attempt (which sit above this layer).
+values), those whose values are each span's own (never kept), the finish reasons found in an answer's bytes,
+what `capture_content` puts on a span, and the two Protocols by which a trace reads a request's record and an
+attempt (which sit above this layer).
 """
 
 from __future__ import annotations
@@ -26,6 +27,25 @@ FINISH_REASON = re.compile(
     rb'|"incomplete_details"\s*:\s*\{\s*"reason"\s*:\s*"([a-z_]{1,32})"'
     rb'|"type"\s*:\s*"response\.(completed|failed)"'
 )
+#: FINISH_REASON's first alternative, begun only where a match can begin: at the `re` of `reason"` (a literal
+#: prefix: the engine skips to it, where FINISH_REASON tries a match at every `"` of the JSON). Its second
+#: alternative matches, as the empty string, a `"reason"` or a `"response.completed"`/`"response.failed"` that
+#: FINISH_REASON's other alternatives begin around: where one is found, FINISH_REASON reads the bytes instead.
+_FINISH_FAST = re.compile(
+    rb're(?:ason"(?:(?<="finish_reason")|(?<="stop_reason"))\s*:\s*"([a-z_]{1,32})"'
+    rb'|(?<="re)(?:ason"|sponse\.(?:completed|failed)"))'
+)
+
+
+def finish_reasons(data: bytes) -> list[bytes]:
+    """The finish reasons in `data`, in order: what FINISH_REASON finds, at ~2.4x fewer instructions on an answer or
+    a chat, messages or Responses delta event (one that FINISH_REASON's rarer alternatives may match: ~1.4x more)."""
+    found: list[bytes] = _FINISH_FAST.findall(data)
+    if b"" in found:
+        return [a or b or c for a, b, c in FINISH_REASON.findall(data)]
+    return found
+
+
 #: the attributes whose values recur from request to request, as otlp.Span's fixed keys (encoded once per values)
 SERVER_KEYS = (
     "http.request.method",
@@ -59,6 +79,13 @@ CLIENT_KEYS = (
     "gateway.priority_class",
 )
 QUEUE_KEYS = ("gateway.priority_class",)
+#: the attributes whose values differ from span to span (otlp.Encoder's `unique`: written as they come, never kept)
+UNIQUE_KEYS = (
+    "gateway.request_id",
+    "gen_ai.input.messages",
+    "gen_ai.output.messages",
+    "gen_ai.system_instructions",
+)
 CONTENT_LIMIT = 64 * 1024  # characters of a prompt or an answer put on a span (capture_content)
 
 

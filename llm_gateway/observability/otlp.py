@@ -1,11 +1,12 @@
 """OTLP trace export without the OpenTelemetry SDK on the request path: finished spans as plain tuples in a bounded
-queue, encoded in the export thread straight to `ExportTraceServiceRequest` protobuf bytes, sent in batches over
-OTLP/HTTP (POST /v1/traces, application/x-protobuf) or OTLP/gRPC (`TraceService/Export`, the bytes as they are).
+queue, encoded in the export thread straight to `ExportTraceServiceRequest` protobuf bytes, sent in batches by one of
+otlp_senders.py's senders (OTLP/HTTP or OTLP/gRPC).
 
 Why not the SDK: its span objects and its OTLP encoding (message objects per attribute) cost ~54 µs per span on
 this VM, 1.56x-2.02x the CPU of an untraced request at 100 % sampling (issue 40). Here the request path appends one
-tuple per span (`Span`) and the batch thread writes the wire format itself; a span's string attributes recur
-(model, deployment, engine, route), so each key/value pair is encoded once and kept (a bounded dict).
+tuple per span (`Span`) and the batch thread writes the wire format itself; a span's attributes mostly recur
+(model, deployment, engine, route), so each value is encoded once per key and kept (at most 1,024 a key), but for
+the keys whose values are each span's own (a request id: `Encoder`'s `unique`), written as they come.
 
 The wire format is opentelemetry-proto's trace.proto / common.proto / resource.proto (v1, field numbers as
 there; github.com/open-telemetry/opentelemetry-proto, opentelemetry/proto/trace/v1/trace.proto); a test parses
@@ -13,24 +14,22 @@ what this writes with the official generated classes. Batching follows the SDK's
 OTEL_BSP_* variables: a queue of at most OTEL_BSP_MAX_QUEUE_SIZE spans (2048; a span that finds it full is dropped
 and counted, the loop never waits), exported every OTEL_BSP_SCHEDULE_DELAY ms (5000) or as soon as
 OTEL_BSP_MAX_EXPORT_BATCH_SIZE (512) are queued, each export bounded by OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT
-(seconds, as the Python SDK reads it; 10). OTEL_EXPORTER_OTLP_(TRACES_)HEADERS and _COMPRESSION (gzip) are sent.
+(seconds, as the Python SDK reads it; 10), which the sender applies.
 """
 
 from __future__ import annotations
 
-import gzip
-import http.client
 import os
 import struct
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 #: a finished span: name, trace id, span id, parent span id (0: a root), kind (OTLP's: 1 internal, 2 server,
 #: 3 client), start and end (unix ns), its fixed attributes (a constant tuple of keys and a tuple of their values,
-#: a None value left out: encoded once per distinct values and kept), its other attributes (a None value left
+#: scalars of one type a key, a None value left out: encoded once per distinct values and kept, by the values
+#: tuple, where True == 1 == 1.0), its other attributes (a None value left
 #: out too), events ((name, unix ns), ...), error (None: no error status), tracestate (the W3C header's value,
 #: "" when none)
 Span = tuple[
@@ -57,6 +56,8 @@ _IDS = struct.Struct(">HQQHQ").pack  # trace_id 1 (tag, length, 16 bytes), span_
 _PARENT = struct.Struct(">HQ").pack  # parent_span_id 4
 _TIMES = struct.Struct("<BBBQBQ").pack  # kind 6 (one byte: 1-5), start 7 and end 8 (fixed64)
 _LEN2 = struct.Struct("<BBB").pack  # a tag and a two-byte length (128-16383)
+_TAG_LEN = struct.Struct("<BB").pack  # a tag and a one-byte length
+_STRING = struct.Struct("<BBBB").pack  # KeyValue.value 2 -> AnyValue.string_value 1, both one-byte lengths
 _CACHE_MAX = 1024  # encoded values kept per attribute key (model, deployment, ... recur; a request id does not)
 
 
@@ -101,12 +102,17 @@ def key_value(tag: bytes, key: str, value: Any) -> bytes:
 class Encoder:
     """Spans to an ExportTraceServiceRequest: one ResourceSpans (the process's resource) with one ScopeSpans."""
 
-    def __init__(self, resource: dict[str, Any], scope: str) -> None:
+    def __init__(self, resource: dict[str, Any], scope: str, unique: Iterable[str] = ()) -> None:
+        """`unique`: the attribute keys whose values differ from span to span (a request id, captured content):
+        their values are written as they come, never kept."""
         res = b"".join(key_value(b"\x0a", k, v) for k, v in resource.items())  # Resource.attributes 1
         self._resource = _len(b"\x0a", res)  # ResourceSpans.resource 1
         self._scope = _len(b"\x0a", _len(b"\x0a", scope.encode()))  # ScopeSpans.scope 1 (InstrumentationScope.name)
-        #: (key, value) -> the encoded attribute (a list's value as a tuple; see _attribute for what is kept)
-        self._kv: dict[tuple[str, Any], bytes] = {}
+        self._unique = frozenset(unique)
+        #: key -> value -> the encoded attribute (a list's value as a tuple; see _attribute for what is kept), at
+        #: most _CACHE_MAX values a key
+        self._kv: dict[str, dict[Any, bytes]] = {}
+        self._keys: dict[str, bytes] = {}  # a unique key -> its KeyValue.key field
         self._floats: dict[str, bytes] = {}  # key -> the attribute's bytes before its 8-byte double
         #: id of a keys tuple (a module constant) -> its values -> their encoded attributes
         self._blocks: dict[int, dict[tuple[Any, ...], bytes]] = {}
@@ -169,136 +175,61 @@ class Encoder:
         return _len(b"\x12", body)
 
     def _attributes(self, parts: list[bytes], attrs: dict[str, Any]) -> None:
-        """A span's other attributes (9), appended to `parts`: a (key, value) seen before is one lookup."""
-        get = self._kv.get
-        floats = self._floats
+        """A span's other attributes (9), appended to `parts`: None is no attribute; a float is packed; a unique
+        key's string is written as it comes; any other value seen before under its key is one lookup."""
+        kvs = self._kv
+        unique = self._unique
         for k, v in attrs.items():
-            if type(v) is float:  # a time or a wait: seldom the same twice; never looked up (1.0 == 1)
-                kv = floats.get(k)
+            if v is None:
+                continue
+            t = type(v)
+            if t is float:  # a time or a wait: seldom the same twice; never looked up (1.0 == 1)
+                kv = self._floats.get(k)
                 if kv is None:
                     head = _len(b"\x0a", k.encode()) + b"\x12\x09\x21"  # key 1, value 2: AnyValue.double_value 4
-                    kv = floats[k] = b"\x4a" + _varint(len(head) + 8) + head
+                    kv = self._floats[k] = b"\x4a" + _varint(len(head) + 8) + head
                 parts += (kv, _D(v))
                 continue
+            if t is str and k in unique:  # KeyValue: key 1, value 2 (AnyValue.string_value 1)
+                data = v.encode()
+                n = len(data)
+                key = self._keys.get(k)
+                if key is None:
+                    key = self._keys[k] = _len(b"\x0a", k.encode())
+                m = len(key) + n + 4
+                if m < 128:  # every length one byte
+                    parts += (_TAG_LEN(0x4A, m), key, _STRING(0x12, n + 2, 0x0A, n), data)
+                else:
+                    parts.append(key_value(b"\x4a", k, v))
+                continue
+            cache = kvs.get(k)
+            if cache is None:
+                cache = kvs[k] = {}
             try:
-                kv = get((k, v))
+                kv = cache.get(v)
             except TypeError:  # a list: kept as a tuple
                 v = tuple(v)
-                kv = get((k, v))
+                kv = cache.get(v)
             if kv is None:
-                kv = self._attribute(k, v)
+                kv = _attribute(cache, k, v)
             parts.append(kv)
 
-    def _attribute(self, k: str, v: Any) -> bytes:
-        """An attribute not kept yet: encoded, and kept when its value may recur (a string of up to 200 characters,
-        an int, a tuple of strings, None: no attribute). Not bools, nor the ints 0 and 1, nor other tuples: True ==
-        1 == 1.0, so a lookup could not tell them apart (floats are never looked up)."""
-        t = type(v)
-        kv = b"" if v is None else key_value(b"\x4a", k, v)
-        if (
-            (t is str and len(v) <= 200)
-            or (t is int and v not in (0, 1))
-            or (t is tuple and all(type(x) is str for x in v))
-            or v is None
-        ):
-            if len(self._kv) >= _CACHE_MAX * 8:
-                self._kv.clear()
-            self._kv[(k, v)] = kv
-        return kv
 
-
-def env_headers(var_names: tuple[str, ...]) -> dict[str, str]:
-    """OTEL_EXPORTER_OTLP_(TRACES_)HEADERS: `k=v,k2=v2`, URL-encoded (the first variable set wins)."""
-    for name in var_names:
-        raw = os.environ.get(name)
-        if raw:
-            out = {}
-            for item in raw.split(","):
-                k, sep, v = item.partition("=")
-                if sep and k.strip():
-                    out[unquote(k.strip()).lower()] = unquote(v.strip())
-            return out
-    return {}
-
-
-def _env(*names: str) -> str | None:
-    for n in names:
-        v = os.environ.get(n)
-        if v:
-            return v
-    return None
-
-
-class HttpSender:
-    """OTLP/HTTP: POST protobuf bytes to the traces URL on one kept connection (the export thread's)."""
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        u = urlsplit(url)
-        self.url, self.timeout_s = url, timeout_s
-        self._https, self._host, self._path = u.scheme == "https", u.netloc, u.path or "/v1/traces"
-        if u.query:
-            self._path += "?" + u.query
-        self._headers = {"content-type": "application/x-protobuf", "user-agent": "llm-gateway"}
-        self._headers.update(env_headers(("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")))
-        self._gzip = _env("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION") == "gzip"
-        if self._gzip:
-            self._headers["content-encoding"] = "gzip"
-        self._conn: http.client.HTTPConnection | None = None
-
-    def send(self, body: bytes) -> None:
-        if self._gzip:
-            body = gzip.compress(body)
-        for retry in (False, True):  # a kept connection the receiver closed: once more on a new one
-            if self._conn is None:
-                cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-                self._conn = cls(self._host, timeout=self.timeout_s)
-            try:
-                self._conn.request("POST", self._path, body, self._headers)
-                resp = self._conn.getresponse()
-                resp.read()
-            except (OSError, http.client.HTTPException):
-                self.close()
-                if retry:
-                    raise
-                continue
-            if resp.status >= 300:
-                raise OSError(f"OTLP receiver answered {resp.status}")
-            return
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-
-class GrpcSender:
-    """OTLP/gRPC: the bytes as the request of `TraceService/Export` (no serializer: grpcio sends bytes as they are)."""
-
-    METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-
-    def __init__(self, endpoint: str, timeout_s: float, insecure: bool | None) -> None:
-        import grpc  # type: ignore[import-untyped]
-
-        u = urlsplit(endpoint if "://" in endpoint else "//" + endpoint)
-        target = u.netloc or endpoint
-        if insecure is None:
-            flag = _env("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE") or ""
-            insecure = u.scheme == "http" or flag.lower() == "true"
-        self.url, self.timeout_s = target, timeout_s
-        self._channel = (
-            grpc.insecure_channel(target) if insecure else grpc.secure_channel(target, grpc.ssl_channel_credentials())
-        )
-        self._export: Callable[..., Any] = self._channel.unary_unary(self.METHOD)
-        headers = env_headers(("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"))
-        self._metadata = tuple(headers.items())
-        gz = _env("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION") == "gzip"
-        self._compression = grpc.Compression.Gzip if gz else None
-
-    def send(self, body: bytes) -> None:
-        self._export(body, timeout=self.timeout_s, metadata=self._metadata, compression=self._compression)
-
-    def close(self) -> None:
-        self._channel.close()
+def _attribute(cache: dict[Any, bytes], k: str, v: Any) -> bytes:
+    """An attribute not kept yet: encoded, and kept in its key's `cache` when its value may recur (a string of up to
+    200 characters, an int, a tuple of strings). Not bools, nor the ints 0 and 1, nor other tuples: True == 1 ==
+    1.0, so a lookup could not tell them apart (floats are never looked up)."""
+    t = type(v)
+    kv = key_value(b"\x4a", k, v)
+    if (
+        (t is str and len(v) <= 200)
+        or (t is int and v not in (0, 1))
+        or (t is tuple and all(type(x) is str for x in v))
+    ):
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        cache[v] = kv
+    return kv
 
 
 class Batcher:

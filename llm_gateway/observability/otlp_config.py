@@ -8,7 +8,7 @@ import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from llm_gateway.observability import otlp
+from llm_gateway.observability import otlp_senders
 from llm_gateway.settings import TracingConfig
 
 ID64 = 1 << 64  # trace ids' low 64 bits are under this; a ratio's bound is a share of it
@@ -22,7 +22,7 @@ def sender(cfg: TracingConfig) -> Any:
     if proto == "grpc":
         endpoint = cfg.endpoint or env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env("OTEL_EXPORTER_OTLP_ENDPOINT")
         insecure = True if endpoint and endpoint.startswith("http:") else None
-        return otlp.GrpcSender(endpoint or "localhost:4317", timeout, insecure)
+        return otlp_senders.GrpcSender(endpoint or "localhost:4317", timeout, insecure)
     endpoint = cfg.endpoint
     if endpoint is None:
         endpoint = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")  # the whole URL, as it is
@@ -31,7 +31,7 @@ def sender(cfg: TracingConfig) -> Any:
             endpoint = endpoint.rstrip("/") + "/v1/traces"
     elif urlsplit(endpoint).path in ("", "/"):
         endpoint = endpoint.rstrip("/") + "/v1/traces"  # as the SDK does for OTEL_EXPORTER_OTLP_ENDPOINT
-    return otlp.HttpSender(endpoint, timeout)
+    return otlp_senders.HttpSender(endpoint, timeout)
 
 
 def sampler(cfg: TracingConfig) -> tuple[bool, int]:

@@ -35,13 +35,14 @@ from llm_gateway.observability import otlp
 from llm_gateway.observability.genai_spans import (
     CLIENT_KEYS,
     CONTENT_LIMIT,
-    FINISH_REASON,
     OPERATIONS,
     QUEUE_KEYS,
     SERVER_KEYS,
+    UNIQUE_KEYS,
     RequestRecord,
     TracedAttempt,
     capture_input,
+    finish_reasons,
 )
 from llm_gateway.observability.otlp import CLIENT, INTERNAL, SERVER
 from llm_gateway.observability.otlp_config import ID64 as _ID64
@@ -80,7 +81,7 @@ class Tracing:
         #: (deployment, route, endpoint, class, attempt number) -> an attempt span's name and CLIENT_KEYS' values:
         #: they recur, and a reload builds new routes (so a new key), never changes one
         self.clients: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
-        encoder = otlp.Encoder(_resource(cfg), "llm_gateway")
+        encoder = otlp.Encoder(_resource(cfg), "llm_gateway", UNIQUE_KEYS)
         self.batcher = otlp.Batcher(encoder, _sender(cfg), self._dropped)
         self.emit = self.batcher.add
 
@@ -208,11 +209,11 @@ class RequestTrace:
     def finished(self, data: bytes) -> None:
         """The finish reasons in an answer or a stream's event (finish_reason, stop_reason, incomplete_details'
         reason), added in order, once each."""
-        found = FINISH_REASON.findall(data)
+        found = finish_reasons(data)
         if found:
             reasons = self.reasons
             for m in found:
-                r = (m[0] or m[1] or m[2]).decode()
+                r = m.decode()
                 if reasons is None:
                     reasons = self.reasons = (r,)
                 elif r not in reasons:
@@ -294,7 +295,7 @@ class RequestTrace:
     @property
     def ids(self) -> tuple[str, str]:
         """(trace id, span id) of the request's span, as hex, for the access log."""
-        return f"{self.trace_id:032x}", f"{self.span_id:016x}"
+        return self.trace_id.to_bytes(16, "big").hex(), self.span_id.to_bytes(8, "big").hex()
 
 
 class AttemptTrace:
@@ -314,7 +315,9 @@ class AttemptTrace:
     def inject(self, headers: dict[str, str]) -> None:
         """The W3C `traceparent` (and the client's `tracestate`) of this attempt, on the engine's request."""
         r = self.request
-        headers["traceparent"] = f"00-{r.trace_id:032x}-{self.span_id:016x}-{'01' if r.sampled else '00'}"
+        # the ids' hex by to_bytes().hex(): the same text as f"{id:032x}" at ~60 % of its instructions
+        trace, span = r.trace_id.to_bytes(16, "big").hex(), self.span_id.to_bytes(8, "big").hex()
+        headers["traceparent"] = f"00-{trace}-{span}-{'01' if r.sampled else '00'}"
         if r.state:
             headers["tracestate"] = r.state
 

@@ -73,8 +73,8 @@ def test_the_image_installs_the_tracing_extra_with_what_otlp_export_imports(inst
     (install,) = [i for i in runtime if i.cmd == "RUN" and "pip install" in i.value[0]]
     assert '".[tracing]"' in wheel.value[0] and '"llm-gateway[tracing]"' in install.value[0]
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tracing"]
-    # OTLP/gRPC's one import beyond the standard library (llm_gateway/observability/otlp.py: GrpcSender)
-    assert "import grpc" in (REPO / "llm_gateway/observability/otlp.py").read_text()
+    # OTLP/gRPC's one import beyond the standard library (llm_gateway/observability/otlp_senders.py: GrpcSender)
+    assert "import grpc" in (REPO / "llm_gateway/observability/otlp_senders.py").read_text()
     assert any(re.match(r"grpcio\b", req) for req in extra), extra
 
 
