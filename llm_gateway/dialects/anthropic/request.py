@@ -39,8 +39,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from llm_gateway.dialects.anthropic.blocks import Seen, message, system_text
 from llm_gateway.dialects.anthropic.options import context_management, output_config, thinking, tool, tool_choice
 from llm_gateway.dialects.field_checks import (
@@ -57,6 +55,7 @@ from llm_gateway.dialects.field_checks import (
 )
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.request_info import Gathered
+from llm_gateway.wire.client_body import encoded_list
 
 #: Messages fields the translation reads
 _MESSAGES_FIELDS = frozenset(
@@ -154,10 +153,11 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
     if req.get("tools") is not None:
         tools = [tool(t, j) for j, t in enumerate(as_list(req["tools"], "tools"))]
         if tools:
-            body["tools"] = tools
-            # their JSON bytes in the estimate, as read_request counts a chat body's tools: one encoding for both
-            seen.gathered.tools_json = tools_json = orjson.dumps(tools)
-            seen.chars += len(tools_json)
+            # their JSON bytes in the estimate, as read_request counts a chat body's tools, and in the engine's
+            # body (wire/client_body.py): one encoding for all three
+            body["tools"] = encoded = encoded_list(tools)
+            seen.gathered.tools_json = encoded.json
+            seen.chars += len(encoded.json)
     if req.get("tool_choice") is not None:
         tool_choice(req["tool_choice"], body)
     if req.get("thinking") is not None:

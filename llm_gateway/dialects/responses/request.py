@@ -38,8 +38,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from llm_gateway.dialects.field_checks import (
     Hint,
     PromptChars,
@@ -55,6 +53,7 @@ from llm_gateway.dialects.field_checks import (
 from llm_gateway.dialects.responses.items import input_messages, invalid, unknown, unsupported
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.request_info import Gathered
+from llm_gateway.wire.client_body import encoded_list
 
 _FIELDS = frozenset(
     {
@@ -315,10 +314,11 @@ def _tools(
                 {"type": "function", "name": name, "description": desc, "parameters": params, "strict": strict}
             )
     if fns:
-        options["tools"] = tools = [{"type": "function", "function": fn} for fn in fns]
-        # their JSON bytes in the estimate, as read_request counts a chat body's tools: one encoding for both
-        gathered.tools_json = tools_json = orjson.dumps(tools)
-        seen.chars += len(tools_json)
+        # their JSON bytes in the estimate, as read_request counts a chat body's tools, and in the engine's body
+        # (wire/client_body.py): one encoding for all three
+        options["tools"] = tools = encoded_list([{"type": "function", "function": fn} for fn in fns])
+        gathered.tools_json = tools.json
+        seen.chars += len(tools.json)
     echo["tool_choice"] = "auto"
     choice = req.get("tool_choice")
     if choice is not None:
