@@ -153,18 +153,22 @@ class ResponsesStream:
 
     # -- frames --------------------------------------------------------------------------------------
     def _frame(self, kind: str, fields: dict[str, Any]) -> bytes:
+        return b"".join(self._parts(kind, fields))
+
+    def _parts(self, kind: str, fields: dict[str, Any]) -> tuple[bytes, bytes, bytes]:
+        """A frame in three parts, to be joined once: a frame with the whole Response is tens of KB (its echoed
+        tools and instructions), and each `+` copies all of it again (issue 36 item 2)."""
         obj = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+        return b"event: " + kind.encode() + b"\ndata: ", orjson.dumps(obj), b"\n\n"
 
     def _start(self, obj: dict[str, Any]) -> bytes:
         self._started = True
         model = obj.get("model")
         if isinstance(model, str) and model:
             self.response["model"] = model
-        return self._frame("response.created", {"response": self._whole()}) + self._frame(
-            "response.in_progress", {"response": self._whole()}
-        )
+        created = self._parts("response.created", {"response": self._whole()})
+        return b"".join((*created, *self._parts("response.in_progress", {"response": self._whole()})))
 
     def _whole(self) -> dict[str, Any]:
         """The Response as it stands, for a frame: its echoed tools and instructions as their kept JSON."""
@@ -315,11 +319,11 @@ class ResponsesStream:
         resp["usage"] = u
         kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
         self.terminal = kind
-        return out + self._frame(kind, {"response": self._whole()})
+        return b"".join((out, *self._parts(kind, {"response": self._whole()})))
 
     def _failed(self, code: str, message: str) -> bytes:
         out = b"" if self._started else self._start({})
         self.response["status"] = "failed"
         self.response["error"] = {"code": code, "message": message}
         self.terminal = "response.failed"
-        return out + self._frame("response.failed", {"response": self._whole()})
+        return b"".join((out, *self._parts("response.failed", {"response": self._whole()})))
