@@ -247,8 +247,10 @@ class CoalescingCycle(RequestResponseCycle):
             return False
         if not last:
             n = len(data)
-            # a chunk's size line from a table: cheaper than formatting it (bytes' % parses its format)
-            self.transport.write((_SIZE_LINES[n] if n < _SIZE_LINES_N else b"%x\r\n" % n) + data + b"\r\n")
+            if n < _SIZE_LINES_N:  # a chunk's size line from a table: cheaper than formatting it (bytes' % parses it)
+                self.transport.write(_SIZE_LINES[n] + data + b"\r\n")
+            else:  # a large chunk (a Response frame echoing an agent's tools: tens of KB) copied once, not per `+`
+                self.transport.write(b"".join((b"%x\r\n" % n, data, b"\r\n")))
             return True
         self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
         self._complete()

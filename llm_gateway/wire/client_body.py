@@ -10,6 +10,11 @@ The bytes were parsed by orjson into the same dict, so the engine reads what the
 re-encoding did not have: a top-level key the client sent twice reaches the engine twice. orjson keeps the last
 one; so do the Python engines (json/pydantic), Go's encoding/json and nlohmann's json (llama.cpp), and serde's
 derived structs (TGI) refuse the request, so no engine reads a value the gateway did not check.
+
+A translated body (/v1/messages, /v1/responses) has no client bytes, but its `tools` were encoded once already,
+for the size estimate (`Gathered.tools_json`): they come as an `EncodedList`, the list beside its JSON, and the
+upstream body splices those bytes in (an `orjson.Fragment`) instead of encoding 20 tool schemas again (issue 36
+item 2). The bytes are the same as a plain encoding's: nothing changes a tools list once it is built.
 """
 
 from __future__ import annotations
@@ -20,6 +25,29 @@ import orjson
 
 #: the types whose equal values are the same JSON (so the upstream name of a model can equal the client's)
 _SCALARS = (str, int, float, bool)
+
+
+class EncodedList(list[Any]):
+    """A list and `json`, its compact JSON as `orjson.dumps` writes it (made once, by whoever built the list)."""
+
+    __slots__ = ("json",)
+
+    def __init__(self, items: list[Any], json: bytes) -> None:
+        super().__init__(items)
+        self.json = json
+
+
+def encoded_list(items: list[Any]) -> EncodedList:
+    """`items` with their JSON beside them."""
+    return EncodedList(items, orjson.dumps(items))
+
+
+def _dumps(out: dict[str, Any]) -> bytes:
+    """`out` as JSON, with the JSON an `EncodedList` of `tools` carries spliced in rather than encoded again."""
+    tools = out.get("tools")
+    if type(tools) is EncodedList:
+        return orjson.dumps({**out, "tools": orjson.Fragment(tools.json)})
+    return orjson.dumps(out)
 
 
 class ClientBody(dict[str, Any]):
@@ -37,7 +65,7 @@ def encode(out: dict[str, Any], source: dict[str, Any]) -> bytes:
     """`out` as JSON: from `source`'s bytes when `source` is a `ClientBody` and `out` is its client's body with
     fields added (at the top level, after the client's own: the order `orjson.dumps(out)` has); else encoded."""
     if not isinstance(source, ClientBody):
-        return orjson.dumps(out)
+        return _dumps(out)
     sent = source._sent
     added: dict[str, Any] = {}
     kept = 0

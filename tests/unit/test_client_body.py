@@ -1,6 +1,7 @@
 """An OpenAI-compatible engine's body is the client's bytes with the gateway's added fields spliced in (issue 36):
 whatever the splice gives parses to exactly the dict a re-encoding gave, in the same key order; a changed or
-removed field is encoded whole; and the agent-sized chat request takes the splice through a real adapter."""
+removed field is encoded whole; and the agent-sized chat request takes the splice through a real adapter. A translated
+body's tools (`EncodedList`) go in as the bytes the size estimate encoded, the same bytes a plain encoding gives."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llm_gateway.adapters.vllm import VLLMAdapter
+from llm_gateway.dialects.anthropic.request import to_chat
+from llm_gateway.dialects.responses.request import parse
 from llm_gateway.types import BackendInfo, CallContext
-from llm_gateway.wire.client_body import ClientBody, encode
+from llm_gateway.wire.client_body import ClientBody, EncodedList, encode, encoded_list
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import agent_request
@@ -93,3 +96,36 @@ def test_the_agent_request_reaches_vllm_as_the_clients_bytes(stream: bool) -> No
     assert orjson.loads(req.body) == orjson.loads(plain.body)
     renamed = adapter.build("chat", body, CallContext("chat", "fake-model", "org/Model-7B", stream, False, "rid"))
     assert orjson.loads(renamed.body)["model"] == "org/Model-7B" and not renamed.body.startswith(raw[:-1])
+
+
+def test_an_encoded_list_is_spliced_not_encoded_again() -> None:
+    tools = EncodedList([{"name": "a"}], b'[{"name":"spliced"}]')  # bytes that are not its items' own: seen to be used
+    assert encode({"model": "m", "tools": tools, "n": 1}, {}) == b'{"model":"m","tools":[{"name":"spliced"}],"n":1}'
+    assert encode({"tools": [{"name": "a"}]}, {}) == b'{"tools":[{"name":"a"}]}'  # a plain list: encoded
+    made = encoded_list([{"name": "a", "x": [1.5, None]}])
+    assert made == [{"name": "a", "x": [1.5, None]}] and made.json == orjson.dumps(list(made))
+
+
+def _translated(dialect: str, stream: bool) -> tuple[dict[str, Any], bytes]:
+    """The agent request's chat translation in `dialect`, and its tools' JSON as the size estimate encoded them."""
+    sent = {**agent_request.bodies()[dialect], "stream": stream}
+    if dialect == "messages":
+        msgs = to_chat(sent)
+        assert msgs.gathered is not None
+        return msgs.body, msgs.gathered.tools_json
+    req = parse(sent)
+    assert req.gathered is not None
+    return req.chat_body([]), req.gathered.tools_json
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("dialect", ["messages", "responses"])
+def test_a_translated_agent_request_reaches_vllm_as_a_plain_encoding_would(dialect: str, stream: bool) -> None:
+    body, estimated = _translated(dialect, stream)
+    tools = body["tools"]
+    assert type(tools) is EncodedList and tools.json is estimated and len(tools) == 20  # one encoding for both
+    adapter = VLLMAdapter(BackendInfo("b", "http://127.0.0.1:1"))
+    req = adapter.build("chat", body, _ctx(stream))
+    plain = adapter.build("chat", {**body, "tools": list(tools)}, _ctx(stream))
+    assert req.body == plain.body  # the engine gets the same bytes
+    assert orjson.dumps(list(tools)) in req.body

@@ -478,6 +478,7 @@ async def test_stream_events_are_written_directly_framed_as_uvicorn_frames_them(
 async def test_the_direct_chunk_writer_takes_chunks_from_a_chunked_head_to_the_end_only(server: Server) -> None:
     """`write_chunk` reads one flag for six states: it declines (False, nothing written) before any head, writes
     after `start_now`'s chunked head, and declines again once the answer has ended."""
+    big = b"data: " + b"x" * 30_000 + b"\n\n"  # as a Response frame echoing an agent's tools
     conn = server.connect()
     with stream_gate() as gate:
         conn.send(request("GET", "/idle"))
@@ -485,13 +486,15 @@ async def test_the_direct_chunk_writer_takes_chunks_from_a_chunked_head_to_the_e
         cycle = conn.proto.cycle
         assert not cycle.write_chunk(b"too early") and conn.transport.writes == 0
         assert cycle.start_now(200, [(b"content-type", b"text/event-stream")], b"data: 0\n\n")
-        assert cycle.write_chunk(b"data: 1\n\n") and cycle.write_chunk(b"data: 2\n\n", last=True)
+        assert cycle.write_chunk(b"data: 1\n\n") and cycle.write_chunk(big)
+        assert cycle.write_chunk(b"data: 2\n\n", last=True)
         assert not cycle.write_chunk(b"too late") and not cycle.write_chunk(b"", last=True)
-        assert conn.transport.writes == 3 and conn.transport.late_writes == 0
+        assert conn.transport.writes == 4 and conn.transport.late_writes == 0
         gate.set()
         await server.settle()
     body = bytes(conn.transport.out).partition(b"\r\n\r\n")[2]
-    assert dechunk(body) == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b""]
+    assert dechunk(body) == [b"data: 0\n\n", b"data: 1\n\n", big, b"data: 2\n\n", b""]
+    assert b"\r\n%x\r\n%b\r\n" % (len(big), big) in body  # a chunk over the size lines' table: framed alike
 
 
 async def test_the_direct_chunk_writer_takes_chunks_after_a_head_sent_as_asgi_until_the_client_leaves(

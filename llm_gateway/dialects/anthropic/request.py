@@ -27,6 +27,9 @@ What maps, field by field:
   `input_examples`); `context_management` whose edits only clear thinking (see anthropic_options), and a
   system block that is Claude Code's billing attribution (`x-anthropic-billing-header: ...`) is dropped.
 
+A tool list byte for byte the same as one of the last 8 (an agent's, on every turn) is not translated again:
+its chat tools, and their JSON, are kept (`chat_tools`).
+
 An explicit null is taken as an absent optional field. Anthropic rejects top-level fields it does not
 know ("x: Extra inputs are not permitted"); so does this (and in tools, tool_choice, thinking,
 metadata, output_config; content blocks may carry extra keys, such as `citations`). Fields
@@ -57,6 +60,7 @@ from llm_gateway.dialects.field_checks import (
 )
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.request_info import Gathered
+from llm_gateway.wire.client_body import EncodedList, encoded_list
 
 #: Messages fields the translation reads
 _MESSAGES_FIELDS = frozenset(
@@ -152,12 +156,13 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
         raise bad("Field required", "max_tokens")
     stream, stops = _sampling(req, body)
     if req.get("tools") is not None:
-        tools = [tool(t, j) for j, t in enumerate(as_list(req["tools"], "tools"))]
-        if tools:
-            body["tools"] = tools
-            # their JSON bytes in the estimate, as read_request counts a chat body's tools: one encoding for both
-            seen.gathered.tools_json = tools_json = orjson.dumps(tools)
-            seen.chars += len(tools_json)
+        encoded = chat_tools(as_list(req["tools"], "tools"))
+        if encoded:
+            # their JSON bytes in the estimate, as read_request counts a chat body's tools, and in the engine's
+            # body (wire/client_body.py): one encoding for all three
+            body["tools"] = encoded
+            seen.gathered.tools_json = encoded.json
+            seen.chars += len(encoded.json)
     if req.get("tool_choice") is not None:
         tool_choice(req["tool_choice"], body)
     if req.get("thinking") is not None:
@@ -169,6 +174,27 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
             body.pop(k, None)
         stream, stops = False, ()
     return MessagesRequest(body, stream, stops, seen.chars // 4 + 1, seen.gathered)
+
+
+#: the chat tools of the last few distinct tool lists, by the JSON of the client's (an agent sends the same
+#: 20-odd tools on every turn: translating them again cost more than encoding them as the key)
+_RECENT_TOOLS: list[tuple[bytes, EncodedList]] = []
+RECENT_TOOLS = 8
+
+
+def chat_tools(tools: list[Any]) -> EncodedList:
+    """The chat function tools for Anthropic `tools`, with their JSON: kept for a list whose JSON is byte for byte
+    one of the last `RECENT_TOOLS` (equal bytes are equal values, types included: 1 and 1.0 differ)."""
+    key = orjson.dumps(tools)
+    n = len(key)
+    for k, found in _RECENT_TOOLS:
+        if len(k) == n and k == key:
+            return found
+    made = encoded_list([tool(t, j) for j, t in enumerate(tools)])
+    _RECENT_TOOLS.append((key, made))
+    if len(_RECENT_TOOLS) > RECENT_TOOLS:
+        del _RECENT_TOOLS[0]
+    return made
 
 
 def _sampling(req: dict[str, Any], body: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:

@@ -12,7 +12,7 @@ What maps, field by field:
   translation that drops it breaks thinking models, maximhq/bifrost#2446);
 - `previous_response_id`: the stored conversation of that response goes before this input (the
   handler loads it; `ResponsesRequest.chat_body` joins them);
-- `tools` (function tools) -> chat function tools; `tool_choice` auto / none / required / a named
+- `tools` (function tools, responses/tools.py) -> chat function tools; `tool_choice` auto / none / required / a named
   function; `parallel_tool_calls`;
 - `max_output_tokens` -> `max_tokens`, `temperature`, `top_p`, `top_logprobs` (and `include`
   `message.output_text.logprobs`) -> `logprobs`/`top_logprobs`, `user` (or `safety_identifier`)
@@ -38,8 +38,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from llm_gateway.dialects.field_checks import (
     Hint,
     PromptChars,
@@ -53,6 +51,7 @@ from llm_gateway.dialects.field_checks import (
     only_fields,
 )
 from llm_gateway.dialects.responses.items import input_messages, invalid, unknown, unsupported
+from llm_gateway.dialects.responses.tools import function_tools
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.request_info import Gathered
 
@@ -272,53 +271,18 @@ def _sampling(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any]
         echo["truncation"] = req["truncation"]
 
 
-_TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict", "defer_loading"})
-
-
 def _tools(
     req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], seen: PromptChars, gathered: Gathered
 ) -> None:
-    fns: list[dict[str, Any]] = []  # the chat functions
-    echoed: list[dict[str, Any]] = []
-    echo["tools"] = echoed
+    echo["tools"] = []
     if req.get("tools") is not None:
-        for j, t in enumerate(as_list(req["tools"], "tools")):  # paths built for their errors only
-            if not isinstance(t, dict):
-                as_obj(t, f"tools.{j}")
-            kind = t.get("type")
-            if kind != "function":
-                if not isinstance(kind, str):
-                    raise InvalidRequest(f"Missing required parameter: 'tools[{j}].type'.", param=f"tools.{j}.type")
-                raise unsupported(
-                    f"'{kind}' tools are not supported by this gateway (only function tools are)", f"tools.{j}.type"
-                )
-            if not t.keys() <= _TOOL_FIELDS:
-                only_fields(t, _TOOL_FIELDS, f"tools.{j}")
-            name, desc, params, strict = t.get("name"), t.get("description"), t.get("parameters"), t.get("strict")
-            if not isinstance(name, str):
-                as_str(name, f"tools.{j}.name")
-            fn: dict[str, Any] = {"name": name}
-            if desc is not None:
-                if not isinstance(desc, str):
-                    as_str(desc, f"tools.{j}.description")
-                fn["description"] = desc
-            if params is not None:
-                if not isinstance(params, dict):
-                    as_obj(params, f"tools.{j}.parameters")
-                fn["parameters"] = params
-            if strict is not None:
-                fn["strict"] = as_bool(strict, f"tools.{j}.strict")
-            else:
-                strict = True
-            fns.append(fn)
-            echoed.append(
-                {"type": "function", "name": name, "description": desc, "parameters": params, "strict": strict}
-            )
-    if fns:
-        options["tools"] = tools = [{"type": "function", "function": fn} for fn in fns]
-        # their JSON bytes in the estimate, as read_request counts a chat body's tools: one encoding for both
-        gathered.tools_json = tools_json = orjson.dumps(tools)
-        seen.chars += len(tools_json)
+        tools, echo["tools"] = function_tools(as_list(req["tools"], "tools"))  # kept for an agent's next turn
+        if tools:
+            # their JSON bytes in the estimate, as read_request counts a chat body's tools, and in the engine's
+            # body (wire/client_body.py): one encoding for all three
+            options["tools"] = tools
+            gathered.tools_json = tools.json
+            seen.chars += len(tools.json)
     echo["tool_choice"] = "auto"
     choice = req.get("tool_choice")
     if choice is not None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from llm_gateway.dialects.responses.echo import fragments
 from llm_gateway.dialects.responses.items import new_id
 from llm_gateway.dialects.responses.request import ResponsesRequest
 from llm_gateway.dialects.responses.response import (
@@ -57,6 +58,7 @@ class ResponsesStream:
     __slots__ = (
         "_calls",
         "_deltas",
+        "_echo",
         "_events",
         "_finish",
         "_item",
@@ -75,6 +77,7 @@ class ResponsesStream:
 
     def __init__(self, req: ResponsesRequest, response_id: str) -> None:
         self.response = skeleton(req, response_id)
+        self._echo = fragments(req)  # the echoed tools and instructions, encoded (their JSON kept across turns)
         self.turn: dict[str, Any] = {"role": "assistant", "content": None}
         self.estimate = req.prompt_estimate
         self.terminal: str | None = None  # the last event's type, once sent: nothing follows it
@@ -150,18 +153,26 @@ class ResponsesStream:
 
     # -- frames --------------------------------------------------------------------------------------
     def _frame(self, kind: str, fields: dict[str, Any]) -> bytes:
+        return b"".join(self._parts(kind, fields))
+
+    def _parts(self, kind: str, fields: dict[str, Any]) -> tuple[bytes, bytes, bytes]:
+        """A frame in three parts, to be joined once: a frame with the whole Response is tens of KB (its echoed
+        tools and instructions), and each `+` copies all of it again (issue 36 item 2)."""
         obj = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+        return b"event: " + kind.encode() + b"\ndata: ", orjson.dumps(obj), b"\n\n"
 
     def _start(self, obj: dict[str, Any]) -> bytes:
         self._started = True
         model = obj.get("model")
         if isinstance(model, str) and model:
             self.response["model"] = model
-        return self._frame("response.created", {"response": self.response}) + self._frame(
-            "response.in_progress", {"response": self.response}
-        )
+        created = self._parts("response.created", {"response": self._whole()})
+        return b"".join((*created, *self._parts("response.in_progress", {"response": self._whole()})))
+
+    def _whole(self) -> dict[str, Any]:
+        """The Response as it stands, for a frame: its echoed tools and instructions as their kept JSON."""
+        return {**self.response, **self._echo} if self._echo else self.response
 
     # -- events --------------------------------------------------------------------------------------
     def _event(self, obj: dict[str, Any]) -> bytes:
@@ -308,11 +319,11 @@ class ResponsesStream:
         resp["usage"] = u
         kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
         self.terminal = kind
-        return out + self._frame(kind, {"response": resp})
+        return b"".join((out, *self._parts(kind, {"response": self._whole()})))
 
     def _failed(self, code: str, message: str) -> bytes:
         out = b"" if self._started else self._start({})
         self.response["status"] = "failed"
         self.response["error"] = {"code": code, "message": message}
         self.terminal = "response.failed"
-        return out + self._frame("response.failed", {"response": self.response})
+        return b"".join((out, *self._parts("response.failed", {"response": self._whole()})))
