@@ -103,8 +103,8 @@ def _request(port: int, tokens: int, dialect: str = "chat", agent: bool = False)
 
         body = agent_request.bodies()[dialect]
         body["stream"] = tokens > 0
-        if tokens:
-            body["max_tokens"] = tokens
+        if tokens:  # the dialect's own name for it: the Responses API refuses `max_tokens` (400)
+            body["max_output_tokens" if dialect == "responses" else "max_tokens"] = tokens
         data = agent_request.encode(body)
     else:
         body = json.loads((BENCH / "request.json").read_bytes())

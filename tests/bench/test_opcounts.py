@@ -5,6 +5,7 @@ must see the gateway's own request path."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import sysconfig
 from pathlib import Path
@@ -128,3 +129,15 @@ def test_a_new_connection_per_request_counts_the_connections_set_up_too(tmp_path
     assert _of(kept, "GatewayProtocol.__init__") * 30 == pytest.approx(one)
     assert sum(funcs.values()) > sum(kept.values())  # a stream on a new connection: more than a whole answer
     assert "streams of 4 tokens, each on a new connection" in opcounts.report(data)
+
+
+def test_an_agent_request_names_its_token_cap_as_its_dialect_does() -> None:
+    # the Responses API answers `max_tokens` with a 400 (Unknown parameter): `--agent --dialect responses` broke on it
+    for dialect, field, other in (
+        ("chat", "max_tokens", "max_output_tokens"),
+        ("messages", "max_tokens", "max_output_tokens"),
+        ("responses", "max_output_tokens", "max_tokens"),
+    ):
+        raw = opcounts._request(8000, 16, dialect, agent=True)
+        body = json.loads(raw.partition(b"\r\n\r\n")[2])
+        assert body[field] == 16 and other not in body and body["stream"] is True, dialect
