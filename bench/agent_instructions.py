@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agent_request
 import procstat as ps
 import targets as tg
-from instructions import Counted
+from instructions import Counted, report
 
 BENCH = Path(__file__).resolve().parent
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
@@ -138,19 +138,11 @@ def main() -> None:
     finally:
         engine.terminate()
         engine.wait(10)
-    print()
-    print(
+    title = (
         f"**Agent request, user-space instructions (callgrind)**, {a.requests} requests a dialect, "
         f"{a.tokens} tokens each, c{a.concurrency}, {a.profile} config; gateway from {a.gateway_dir}"
     )
-    print()
-    print(table(results))
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
-    if not os.environ.get("BENCH_KEEP_DUMPS"):
-        shutil.rmtree(out, ignore_errors=True)
-    else:
-        print(f"dumps kept in {out}")
+    report(title, table(results), results, a.json, out)
 
 
 if __name__ == "__main__":

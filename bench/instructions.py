@@ -177,6 +177,21 @@ def table(results: dict[str, dict[str, float]], tokens: list[int]) -> str:
     return "\n".join(rows)
 
 
+def report(title: str, text: str, results: object, json_path: str | None, out: Path) -> None:
+    """Print a run's title and table, write its results as JSON where asked, and remove the callgrind dumps in
+    `out` unless BENCH_KEEP_DUMPS is set (this script's, agent_instructions.py's and whole_instructions.py's end)."""
+    print()
+    print(title)
+    print()
+    print(text)
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=1))
+    if not os.environ.get("BENCH_KEEP_DUMPS"):
+        shutil.rmtree(out, ignore_errors=True)
+    else:
+        print(f"dumps kept in {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", default="gateway", help="comma list of: gateway, smg")
@@ -235,19 +250,11 @@ def main() -> None:
     finally:
         engine.terminate()
         engine.wait(10)
-    print()
-    print(
+    title = (
         f"**User-space instructions (callgrind)**, {a.streams} streams a length at c{a.concurrency}, "
         f"{a.tpot_ms} ms/token; gateway from {a.gateway_dir} on {Path(tg.PROJECT_PY).resolve()}"
     )
-    print()
-    print(table(results, a.tokens))
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
-    if not os.environ.get("BENCH_KEEP_DUMPS"):
-        shutil.rmtree(out, ignore_errors=True)
-    else:
-        print(f"dumps kept in {out}")
+    report(title, table(results, a.tokens), results, a.json, out)
 
 
 if __name__ == "__main__":

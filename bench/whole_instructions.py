@@ -244,19 +244,11 @@ def main() -> None:
     finally:
         engine.terminate()
         engine.wait(10)
-    print()
-    print(
+    title = (
         f"**Whole-process user-space instructions (callgrind)**, {a.requests} requests at c{a.conc} "
         f"(request.json, not streamed), idle {a.idle_s:g} s taken off; gateway from {a.gateway_dir}"
     )
-    print()
-    print(table(results))
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
-    if not os.environ.get("BENCH_KEEP_DUMPS"):
-        shutil.rmtree(out, ignore_errors=True)
-    else:
-        print(f"dumps kept in {out}")
+    ins.report(title, table(results), results, a.json, out)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ per event and fixed, the table's ratios, and one real count of a tiny process un
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -75,3 +76,18 @@ def test_a_real_process_counted_between_zero_and_dump_gives_more_for_more_work(t
     finally:
         target.stop()
     assert 0 < small < big and big > 20 * small
+
+
+def test_a_runs_report_prints_its_table_writes_its_json_and_drops_the_dumps(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("BENCH_KEEP_DUMPS", raising=False)
+    out = tmp_path / "dumps"
+    out.mkdir()
+    (out / "cg.out").write_text("x")
+    instructions.report("**title**", "| a |", {"gateway": {"x": 1.0}}, str(tmp_path / "r.json"), out)
+    assert "**title**" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text()) == {"gateway": {"x": 1.0}}
+    assert not out.exists()
+    out.mkdir()
+    monkeypatch.setenv("BENCH_KEEP_DUMPS", "1")
+    instructions.report("t", "", {}, None, out)
+    assert out.exists() and f"dumps kept in {out}" in capsys.readouterr().out
