@@ -53,6 +53,9 @@ log = logging.getLogger("gateway.usage")
 MAX_RETRY_S = 30.0
 COLUMNS = USAGE_COLUMNS
 Row = tuple[Any, ...]  # the values of COLUMNS
+#: where status, outcome, prompt_tokens, completion_tokens and usage_estimated sit in a row, in that order
+_STATUS = COLUMNS.index("status")
+assert COLUMNS[_STATUS : _STATUS + 5] == ("status", "outcome", "prompt_tokens", "completion_tokens", "usage_estimated")
 
 
 class RowSink(Protocol):
@@ -325,29 +328,14 @@ class UsageLedger:
         spool.write(new, [self._interrupted(rec, now, perf) for rec in running])
         return {(r.rid, r.t0) for r in running}
 
-    @staticmethod
-    def _interrupted(rec: RequestRecord, now: float, perf: float) -> Row:
+    @classmethod
+    def _interrupted(cls, rec: RequestRecord, now: float, perf: float) -> Row:
         """The row a request in flight leaves if the process dies now: outcome `interrupted`, status 500, the
-        tokens a stream has relayed so far. Built as `_row` builds a finished one, straight from the record
-        (no copy of it per request per checkpoint)."""
-        duration_s = perf - rec.t0
+        tokens a stream has relayed so far (estimated). `_row`'s, those five values replaced: no copy of the
+        record per request per checkpoint."""
         prompt, completion = (rec.prompt_tokens, rec.completion_tokens) if rec.live is None else rec.live()
-        return (
-            int((now - duration_s) * 1000),
-            rec.rid,
-            rec.key,
-            rec.key_id,
-            rec.model,
-            rec.backend,
-            rec.endpoint,
-            500,
-            "interrupted",
-            prompt or 0,
-            completion or 0,
-            True,
-            None if rec.ttft_s is None else round(rec.ttft_s * 1000, 3),
-            round(duration_s * 1000, 3),
-        )
+        row = cls._row(rec, now, perf - rec.t0)
+        return (*row[:_STATUS], 500, "interrupted", prompt or 0, completion or 0, True, *row[_STATUS + 5 :])
 
     def _spool_failed(self, e: OSError) -> None:
         self._spool_errors.inc()

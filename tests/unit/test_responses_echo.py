@@ -13,8 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
+from llm_gateway.dialects.recent import Recent
 from llm_gateway.dialects.responses import exchange, response, stream
-from llm_gateway.dialects.responses.echo import KEPT, Recent, dumps, fragments
+from llm_gateway.dialects.responses.echo import KEPT, dumps, fragments, kept_json
 from llm_gateway.dialects.responses.request import parse
 from llm_gateway.dialects.responses.response import to_response
 from llm_gateway.dialects.responses.stream import ResponsesStream
@@ -36,14 +37,14 @@ def _answer() -> dict[str, Any]:
 
 
 def test_recent_finds_equal_keys_and_keeps_the_last_few() -> None:
-    kept = Recent()
-    first = kept.get(b"abc", ["abc"])
-    assert kept.get(b"".join([b"ab", b"c"]), ["other"]) is first  # an equal key, another object: found
-    assert orjson.dumps({"x": kept.get(b"abd", ["abd"])}) == b'{"x":["abd"]}'  # the same length, other contents
+    kept: Recent[orjson.Fragment] = Recent(KEPT)
+    first = kept_json(kept, b"abc", ["abc"])
+    assert kept_json(kept, b"".join([b"ab", b"c"]), ["other"]) is first  # an equal key, another object: found
+    assert orjson.dumps({"x": kept_json(kept, b"abd", ["abd"])}) == b'{"x":["abd"]}'  # the same length, other contents
     for i in range(KEPT - 1):
-        kept.get(b"k%d" % i, [i])
-    assert kept.get(b"abc", ["new"]) is not first  # pushed out by KEPT newer keys
-    assert orjson.dumps(kept.get("text", "text")) == b'"text"'
+        kept_json(kept, b"k%d" % i, [i])
+    assert kept_json(kept, b"abc", ["new"]) is not first  # pushed out by KEPT newer keys
+    assert orjson.dumps(kept_json(kept, "text", "text")) == b'"text"'
 
 
 def test_a_whole_response_is_what_plain_encoding_gives_across_turns() -> None:

@@ -58,6 +58,7 @@ from llm_gateway.dialects.field_checks import (
     check_hint,
     only_fields,
 )
+from llm_gateway.dialects.recent import Recent
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.request_info import Gathered
 from llm_gateway.wire.client_body import EncodedList, encoded_list
@@ -178,23 +179,18 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
 
 #: the chat tools of the last few distinct tool lists, by the JSON of the client's (an agent sends the same
 #: 20-odd tools on every turn: translating them again cost more than encoding them as the key)
-_RECENT_TOOLS: list[tuple[bytes, EncodedList]] = []
 RECENT_TOOLS = 8
+_RECENT_TOOLS: Recent[EncodedList] = Recent(RECENT_TOOLS)
 
 
 def chat_tools(tools: list[Any]) -> EncodedList:
     """The chat function tools for Anthropic `tools`, with their JSON: kept for a list whose JSON is byte for byte
-    one of the last `RECENT_TOOLS` (equal bytes are equal values, types included: 1 and 1.0 differ)."""
+    one of the last `RECENT_TOOLS` (dialects/recent.py)."""
     key = orjson.dumps(tools)
-    n = len(key)
-    for k, found in _RECENT_TOOLS:
-        if len(k) == n and k == key:
-            return found
-    made = encoded_list([tool(t, j) for j, t in enumerate(tools)])
-    _RECENT_TOOLS.append((key, made))
-    if len(_RECENT_TOOLS) > RECENT_TOOLS:
-        del _RECENT_TOOLS[0]
-    return made
+    found = _RECENT_TOOLS.find(key)
+    if found is None:
+        found = _RECENT_TOOLS.keep(key, encoded_list([tool(t, j) for j, t in enumerate(tools)]))
+    return found
 
 
 def _sampling(req: dict[str, Any], body: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:

@@ -4,11 +4,11 @@ A Response echoes the request's tools and instructions (`ResponsesRequest.echo`)
 schemas and its long system prompt, the same on every turn of its session, written into the whole Response
 once and into a stream three times (`response.created`, `.in_progress`, `.completed`). Encoding them each
 time was a third of what /v1/responses costs over chat completions (issue 36 item 2). Here their JSON is
-kept for the last `KEPT` distinct values of each (per process), found by the bytes the request's chat tools
-were already encoded as (`Gathered.tools_json`: the echo is a function of them) and by the instructions'
-text, compared by length first, then contents; `fragments()` gives them as `orjson.Fragment`s to put over
-the Response's own values when it is encoded (`dumps`), so the bytes are those a plain encoding writes. The
-Response object itself keeps its plain values (stored, listed, answered again as they are).
+kept for the last `KEPT` distinct values of each (per process, dialects/recent.py), found by the bytes the
+request's chat tools were already encoded as (`Gathered.tools_json`: the echo is a function of them) and by the
+instructions' text; `fragments()` gives them as `orjson.Fragment`s to put over the Response's own values when it
+is encoded (`dumps`), so the bytes are those a plain encoding writes. The Response object itself keeps its plain
+values (stored, listed, answered again as they are).
 """
 
 from __future__ import annotations
@@ -17,39 +17,21 @@ from typing import Any
 
 import orjson
 
+from llm_gateway.dialects.recent import Recent
 from llm_gateway.dialects.responses.request import ResponsesRequest
 
-#: distinct tools (and instructions) whose JSON is kept: a replica's recent agents
+#: distinct tools (and instructions) whose JSON is kept
 KEPT = 8
+_TOOLS: Recent[orjson.Fragment] = Recent(KEPT)
+_INSTRUCTIONS: Recent[orjson.Fragment] = Recent(KEPT)
 
 
-class Recent:
-    """The JSON of the last `KEPT` distinct keys' values, the newest last; a key found moves to the end."""
-
-    __slots__ = ("_entries",)
-
-    def __init__(self) -> None:
-        self._entries: list[tuple[str | bytes, orjson.Fragment]] = []
-
-    def get(self, key: str | bytes, value: Any) -> orjson.Fragment:
-        """`value`'s JSON, kept under `key` (which decides `value`): found, or encoded and kept."""
-        entries = self._entries
-        n = len(key)
-        for i in range(len(entries) - 1, -1, -1):
-            k, frag = entries[i]
-            if len(k) == n and k == key:
-                if i != len(entries) - 1:
-                    entries.append(entries.pop(i))
-                return frag
-        frag = orjson.Fragment(orjson.dumps(value))
-        entries.append((key, frag))
-        if len(entries) > KEPT:
-            del entries[0]
-        return frag
-
-
-_TOOLS = Recent()
-_INSTRUCTIONS = Recent()
+def kept_json(kept: Recent[orjson.Fragment], key: str | bytes, value: Any) -> orjson.Fragment:
+    """`value`'s JSON, kept in `kept` under `key` (which decides `value`): found, or encoded and kept."""
+    found = kept.find(key)
+    if found is None:
+        found = kept.keep(key, orjson.Fragment(orjson.dumps(value)))
+    return found
 
 
 def fragments(req: ResponsesRequest) -> dict[str, Any]:
@@ -58,10 +40,10 @@ def fragments(req: ResponsesRequest) -> dict[str, Any]:
     tools = req.echo.get("tools")
     key = req.gathered.tools_json if req.gathered is not None else b""
     if tools and key:
-        out["tools"] = _TOOLS.get(key, tools)
+        out["tools"] = kept_json(_TOOLS, key, tools)
     text = req.echo.get("instructions")
     if isinstance(text, str) and text:
-        out["instructions"] = _INSTRUCTIONS.get(text, text)
+        out["instructions"] = kept_json(_INSTRUCTIONS, text, text)
     return out
 
 

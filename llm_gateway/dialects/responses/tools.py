@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from llm_gateway.dialects.field_checks import as_bool, as_obj, as_str, only_fields
+from llm_gateway.dialects.recent import Recent
 from llm_gateway.dialects.responses.items import unsupported
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.wire.client_body import EncodedList, encoded_list
@@ -22,22 +23,17 @@ from llm_gateway.wire.client_body import EncodedList, encoded_list
 _TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict", "defer_loading"})
 #: distinct tool lists whose translation is kept
 KEPT = 8
-_kept: list[tuple[bytes, EncodedList, list[dict[str, Any]]]] = []
+_kept: Recent[tuple[EncodedList, list[dict[str, Any]]]] = Recent(KEPT)
 
 
 def function_tools(tools: list[Any]) -> tuple[EncodedList, list[dict[str, Any]]]:
     """The chat tools (with their JSON) and the echoed tools for a request's `tools` list (checked: raises
-    GatewayError as OpenAI would)."""
+    GatewayError as OpenAI would), kept for the last `KEPT` lists (dialects/recent.py)."""
     key = orjson.dumps(tools)
-    n = len(key)
-    for k, chat, echoed in _kept:
-        if len(k) == n and k == key:
-            return chat, echoed
-    chat, echoed = _translate(tools)
-    _kept.append((key, chat, echoed))
-    if len(_kept) > KEPT:
-        del _kept[0]
-    return chat, echoed
+    found = _kept.find(key)
+    if found is None:
+        found = _kept.keep(key, _translate(tools))
+    return found
 
 
 def _translate(tools: list[Any]) -> tuple[EncodedList, list[dict[str, Any]]]:
