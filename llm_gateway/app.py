@@ -30,6 +30,7 @@ from llm_gateway.dialects.common import HandlerContext, StoredResponses
 from llm_gateway.dialects.routes import ROUTES
 from llm_gateway.errors import ServiceUnavailable
 from llm_gateway.http.asgi import GatewayApp
+from llm_gateway.routing.kv_events import KvEvents
 from llm_gateway.routing.managed import Manager
 from llm_gateway.routing.prober import Prober
 from llm_gateway.service.batch_runner import Batches
@@ -64,6 +65,7 @@ def create_app(
 ) -> GatewayApp:
     gw = Gateway(config, upstream=upstream, config_path=config_path)
     prober = Prober(lambda: gw.upstream, gw.metrics)
+    kv_events = KvEvents(lambda: gw.upstream, gw.metrics)  # engines' KV-cache events, where backends name them
     # managed backends: engines the gateway starts on demand and stops (routing/managed.py)
     managed = Manager(lambda: gw.upstream, gw.metrics, log_dir=Path(gw.server.data_dir, MANAGED_LOG_DIR))
     watcher: ConfigWatcher | None = None
@@ -125,6 +127,7 @@ def create_app(
         """After a reload: probe loops and managed engines follow the new table."""
         if probes:
             prober.sync(gw.runtime.table)
+        kv_events.sync(gw.runtime.table)
         task = asyncio.get_running_loop().create_task(managed.sync(gw.runtime.table))
         syncs.add(task)
         task.add_done_callback(syncs.discard)
@@ -137,6 +140,7 @@ def create_app(
         await managed.sync(gw.runtime.table)
         if probes:
             prober.sync(gw.runtime.table)
+        kv_events.sync(gw.runtime.table)
         if config_path is not None:
             watcher = ConfigWatcher(
                 gw,
@@ -174,6 +178,7 @@ def create_app(
         if watcher is not None:
             await watcher.aclose()
         await prober.aclose()
+        await kv_events.aclose()
         await managed.aclose()  # every engine it started, by process group
         if metrics_runner is not None:
             await metrics_runner.cleanup()

@@ -180,6 +180,11 @@ class Adapter(ABC):
     async def probe(self, client: ProbeClient) -> ProbeResult:
         """Readiness, served models, their context windows and load, from cheap endpoints only."""
 
+    async def kv_event_endpoints(self, client: ProbeClient) -> tuple[str, ...] | None:
+        """The ZeroMQ endpoints the engine publishes its KV-cache events on, as a subscriber connects to them
+        (routing/kv_events.py, a backend's `kv_events: auto`); None: the engine does not say."""
+        return None
+
     # -- native APIs (only called for an API in `native_apis`) -----------------------------------------
     def build_native(self, api: str, body: dict[str, Any], ctx: CallContext) -> UpstreamRequest:
         """The upstream request for the client's own `api` body (which must not be mutated)."""

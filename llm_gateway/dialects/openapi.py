@@ -133,6 +133,17 @@ READINESS = {
                     "engine": {"type": "string"},
                     "state": {"type": "string"},
                     "in_flight": {"type": "integer"},
+                    "prefix_cache": {  # a backend with `kv_events` (routing/kv_events.py)
+                        "type": "object",
+                        "required": ["source"],
+                        "properties": {
+                            "source": {"type": "string", "enum": ["kv_events", "approximate"]},
+                            "endpoints": {"type": "array", "items": {"type": "string"}},
+                            "batches": {"type": "integer"},
+                            "cached_tokens": {"type": "integer"},
+                            "block_size": {"type": "integer"},
+                        },
+                    },
                 },
             },
         },

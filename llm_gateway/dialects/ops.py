@@ -36,6 +36,8 @@ async def readyz(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
             on_demand = on_demand or b.managed.startable()
         if b.loras.held:  # the LoRA adapters its engine holds (routing/lora.py)
             entry["lora"] = b.loras.describe()
+        if b.cfg.kv_events is not None:  # what cache_aware's record of its prefix cache follows (kv_events.py)
+            entry["prefix_cache"] = b.kv.describe() if b.kv is not None else {"source": "approximate"}
         backends[b.name] = entry
     ready = on_demand or any(v["state"] in ("ready", "busy") for v in backends.values())
     status = 200 if ready else 503

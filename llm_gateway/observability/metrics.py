@@ -21,7 +21,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Enum,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
@@ -202,6 +210,28 @@ class Metrics:
             ["model"],
             registry=r,
             buckets=MATCH_BUCKETS,
+        )
+        # engines' KV-cache events (routing/kv_events.py), per backend that names `kv_events`
+        self.kv_events = Counter(
+            "gateway_kv_events",
+            "KV-cache events received from engines, by kind (BlockStored, BlockRemoved, AllBlocksCleared, restart, "
+            "unreadable).",
+            ["backend", "event"],
+            registry=r,
+        )
+        self.engine_cached_tokens = Gauge(
+            "gateway_engine_kv_cached_tokens",
+            "Tokens the engine's prefix cache holds, by its KV-cache events (stored less evicted).",
+            ["backend"],
+            registry=r,
+        )
+        self.prefix_cache_source = Enum(
+            "gateway_prefix_cache_source",
+            "What cache_aware's record of the engine's prefix cache follows: its KV-cache events, or only what the "
+            "gateway sent (approximate).",
+            ["backend"],
+            states=["approximate", "kv_events"],
+            registry=r,
         )
         self.prompt_counts = Counter(
             "gateway_prompt_counts",

@@ -5,8 +5,11 @@ engine may still hold in its KV/prefix cache (vLLM and SGLang prefix caching, ll
 `--cache-ram`), and whether it served this conversation's session last. Nothing here asks the engine: it is
 an approximate record of what the gateway itself sent, the way SMG's cache-aware policy keeps an approximate
 radix tree per worker (lightseekorg/smg `model_gateway/src/policies/cache_aware.rs` @1cb05933) and production-stack's
-`loadaware` router keeps hashed prefixes per endpoint (vllm-project/production-stack#1035). Engines' own KV
-events (vLLM `--kv-events-config`, SGLang) and llama-server's `id_slot` would be exact; they are not used yet.
+`loadaware` router keeps hashed prefixes per endpoint (vllm-project/production-stack#1035). Where the engine
+publishes its KV-cache events (vLLM and SGLang `--kv-events-config`, a backend's `kv_events`), the record follows
+them (routing/kv_events.py): emptied when the engine clears or restarts, aged as it evicts; the match itself stays
+this record's, since the events name blocks of token ids and the gateway does not tokenize. llama-server's slots:
+slots.py.
 
 The prompt: the request's conversation in the order a chat template renders it (tools first, then each
 message's role, text, and tool calls), from the strings already in hand (the parsed body's messages and the
@@ -40,6 +43,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from llm_gateway.routing.engine_kv import EngineKv
 from llm_gateway.routing.request_info import RequestInfo
 from llm_gateway.routing.selection import CandidateView
 from llm_gateway.settings import AffinityConfig
@@ -176,13 +180,37 @@ def anchor_key(info: RequestInfo, block_bytes: int) -> str | None:
 
 
 class PrefixRecord:
-    """One deployment's approximate prefix cache: block keys and sessions, LRU, bounded, aged."""
+    """One deployment's approximate prefix cache: block keys and sessions, LRU, bounded, aged; where its engine
+    publishes KV-cache events (`engine`, routing/kv_events.py), emptied when the engine clears and aged as it
+    evicts (`settle`)."""
 
-    __slots__ = ("blocks", "sessions")
+    __slots__ = ("blocks", "engine", "seen_clears", "seen_removed", "sessions")
 
     def __init__(self) -> None:
         self.blocks: OrderedDict[int, float] = OrderedDict()
         self.sessions: OrderedDict[str, float] = OrderedDict()
+        self.engine: EngineKv | None = None
+        self.seen_clears = 0  # the engine's clears this record has applied
+        self.seen_removed = 0  # the engine's evicted tokens this record has aged out
+
+    def settle(self, block_bytes: int) -> None:
+        """Apply what the engine's events said since the last call: a clear (or restart) empties the record;
+        evicted tokens take as many bytes' blocks off the least recent end (BYTES_PER_TOKEN a token)."""
+        engine = self.engine
+        if engine is None:
+            return
+        if engine.clears != self.seen_clears:
+            self.seen_clears = engine.clears
+            self.seen_removed = engine.removed_tokens
+            self.blocks.clear()
+            return
+        evicted = (engine.removed_tokens - self.seen_removed) * BYTES_PER_TOKEN // block_bytes
+        if evicted <= 0:
+            return
+        self.seen_removed += evicted * block_bytes // BYTES_PER_TOKEN  # the rest waits for the next eviction
+        blocks = self.blocks
+        for _ in range(min(evicted, len(blocks))):
+            blocks.popitem(last=False)
 
     def matched(self, keys: list[int], now: float, ttl_s: float) -> int:
         """How many leading keys this deployment holds, sent within `ttl_s` (what is held is a prefix)."""
@@ -260,6 +288,8 @@ def annotate(
     """Set each candidate's `match` (share of the prompt its record holds), `session_at` and `conversations`."""
     pb = blocks_of(info, cfg.block_bytes)
     for view, record in zip(views, records, strict=True):
+        if record.engine is not None:
+            record.settle(cfg.block_bytes)
         if pb.keys:
             view.match = pb.share(record.matched(pb.keys, now, cfg.ttl_s))
         if session is not None:

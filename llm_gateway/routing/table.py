@@ -16,6 +16,7 @@ from llm_gateway.adapters.base import Adapter
 from llm_gateway.adapters.registry import adapter_for
 from llm_gateway.routing.admission import Admission
 from llm_gateway.routing.breaker import Breaker
+from llm_gateway.routing.engine_kv import EngineKv
 from llm_gateway.routing.lora_book import LoraBook
 from llm_gateway.routing.prefix_cache import PrefixRecord
 from llm_gateway.routing.slots import SlotBook
@@ -69,6 +70,8 @@ class Backend:
     managed: OnDemand | None = None
     #: the LoRA adapters its engine holds (routing/lora.py)
     loras: LoraBook = field(default_factory=LoraBook)
+    #: the engine's KV-cache events (routing/kv_events.py), for a backend whose config names `kv_events`
+    kv: EngineKv | None = None
     #: the config's name and the adapter's engine kind, read on every request: plain attributes, not
     #: properties over the pydantic config (a Python call each); a reload keeps a backend only with the
     #: same name and engine, so they never change

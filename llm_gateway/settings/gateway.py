@@ -56,11 +56,34 @@ class BackendConfig(Strict):
         description="LoRA adapters the gateway keeps loaded on this engine at once (vLLM --max-cpu-loras, SGLang "
         "--max-loaded-loras); the least recently used idle one is unloaded to make room; None: no cap",
     )
+    kv_events: str | None = Field(
+        None,
+        description="vLLM/SGLang: the engine's KV-cache event publisher (its --kv-events-config), as "
+        "tcp://host:port, or `auto` (vLLM: the one it names at /kv_event_sources). cache_aware's record of the "
+        "engine's prefix cache then empties when the engine clears or restarts and ages as it evicts "
+        "(routing/kv_events.py); needs the `kv-events` extra",
+    )
 
     @field_validator("api_key", mode="before")
     @classmethod
     def _empty_key_is_none(cls, v: object) -> object:
         return None if v == "" else v
+
+    @field_validator("kv_events")
+    @classmethod
+    def _check_kv_events(cls, v: str | None) -> str | None:
+        if v is None or v == "auto":
+            return v
+        parts = urlsplit(v)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme != "tcp" or not parts.hostname or port is None or parts.path not in ("", "/"):
+            raise ValueError("must be tcp://host:port (the engine's ZeroMQ publisher) or 'auto'")
+        if parts.hostname in ("*", "0.0.0.0"):
+            raise ValueError("must name the engine's host (the engine binds '*'; the gateway connects to it)")
+        return v.rstrip("/")
 
     @field_validator("url")
     @classmethod

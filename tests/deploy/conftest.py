@@ -5,6 +5,8 @@ alert-rule checks."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -12,14 +14,15 @@ import pytest
 from multidict import CIMultiDict
 
 from llm_gateway.access.keys import digest_of
+from llm_gateway.routing.kv_events import KvEvents
 from llm_gateway.routing.prober import probe_once
 from llm_gateway.service.reload import ConfigWatcher
 from tests.conftest import OTHER_KEY, TEST_KEY, gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream, refused
 
 METRICS_TOKEN = "metrics-token-for-the-deploy-tests"  # every series, the per-key ones too (server.metrics_auth)
-# Engines: a (vLLM) answers, b (SGLang) is overloaded (503, retried elsewhere), c (llama-server)
-# fails with 500 (not retryable), d (LMDeploy) refuses connections.
+# Engines: a (vLLM) answers (and publishes KV-cache events on a real ZeroMQ socket), b (SGLang) is overloaded (503,
+# retried elsewhere), c (llama-server) fails with 500 (not retryable), d (LMDeploy) refuses connections.
 TRAFFIC_CONFIG = f"""
 server: {{access_log: false, metrics_auth: {{sha256: "{digest_of(METRICS_TOKEN)}"}}}}
 auth:
@@ -29,7 +32,7 @@ auth:
     - {{name: bob, sha256: "{digest_of(OTHER_KEY)}", limits: {{rpm: 1}}}}
 routing: {{retries: 2, backoff_base_ms: 0, breaker_failures: 1, breaker_cooldown_s: 600}}
 backends:
-  - {{name: engine-a, engine: vllm, url: "http://engine-a.test"}}
+  - {{name: engine-a, engine: vllm, url: "http://engine-a.test", kv_events: "tcp://127.0.0.1:KV_PORT"}}
   - {{name: engine-b, engine: sglang, url: "http://engine-b.test"}}
   - {{name: engine-c, engine: llama-server, url: "http://engine-c.test"}}
   - {{name: engine-d, engine: lmdeploy, url: "http://engine-d.test"}}
@@ -102,7 +105,37 @@ VLLM_METRICS = (
 
 
 async def _traffic(workdir: Path) -> str:
-    cfg_text = TRAFFIC_CONFIG
+    with kv_publisher() as (port, publish):
+        return await _traffic_with(workdir, TRAFFIC_CONFIG.replace("KV_PORT", str(port)), publish)
+
+
+@contextmanager
+def kv_publisher() -> Iterator[tuple[int, Callable[[], bool]]]:
+    """engine-a's KV-event publisher: a ZeroMQ PUB on a free port; `publish()` sends vLLM's batch of one store and
+    one eviction (tests/unit/test_kv_events.py has the encodings) and says whether the gateway counted one yet."""
+    import msgspec
+    import zmq
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    stored = {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None, "token_ids": [0] * 32,
+              "block_size": 16, "lora_id": None, "medium": "GPU"}  # fmt: skip
+    batch = msgspec.msgpack.encode([1.0, [stored, {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU"}], 0])
+    seq = iter(range(1 << 30))
+
+    def publish() -> bool:
+        pub.send_multipart([b"", next(seq).to_bytes(8, "big"), batch])
+        return True
+
+    try:
+        yield port, publish
+    finally:
+        pub.close(0)
+        ctx.term()
+
+
+async def _traffic_with(workdir: Path, cfg_text: str, publish: Callable[[], bool]) -> str:
     cfg = make_config(cfg_text)
     up = FakeUpstream(
         {
@@ -129,6 +162,16 @@ async def _traffic(workdir: Path) -> str:
         assert await watcher.reload("test") is False
         # a probe of engine-a: state, models and load signals from its /metrics
         await probe_once(app.gw.upstream, app.gw.runtime.table.backends["engine-a"], app.gw.metrics)
+        # engine-a's KV-cache events, as the app's startup follows them (a SUB joins a moment after it connects)
+        kv_events = KvEvents(lambda: app.gw.upstream, app.gw.metrics)
+        kv_events.sync(app.gw.runtime.table)
+        engine_a = app.gw.runtime.table.backends["engine-a"]
+        for _ in range(200):
+            publish()
+            await asyncio.sleep(0.02)
+            if engine_a.kv is not None and engine_a.kv.batches:
+                break
+        await kv_events.aclose()
 
         async def chat(model: str, *, key: str = TEST_KEY, **extra: object) -> int:
             r = await client.post(

@@ -67,15 +67,19 @@ def test_builder_stage_builds_wheels_and_runtime_installs_only_from_them(instruc
     assert not [i for i in runtime if i.cmd in ("COPY", "ADD")], "the runtime stage copies nothing from the context"
 
 
-def test_the_image_installs_the_tracing_extra_with_what_otlp_export_imports(instructions):
+def test_the_image_installs_the_tracing_and_kv_events_extras_with_what_they_import(instructions):
     build, runtime = stages(instructions)
     (wheel,) = [i for i in build if i.cmd == "RUN" and "pip wheel" in i.value[0]]
     (install,) = [i for i in runtime if i.cmd == "RUN" and "pip install" in i.value[0]]
-    assert '".[tracing]"' in wheel.value[0] and '"llm-gateway[tracing]"' in install.value[0]
-    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tracing"]
+    assert '".[tracing,kv-events]"' in wheel.value[0] and '"llm-gateway[tracing,kv-events]"' in install.value[0]
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     # OTLP/gRPC's one import beyond the standard library (llm_gateway/observability/otlp_senders.py: GrpcSender)
     assert "import grpc" in (REPO / "llm_gateway/observability/otlp_senders.py").read_text()
-    assert any(re.match(r"grpcio\b", req) for req in extra), extra
+    assert any(re.match(r"grpcio\b", req) for req in extras["tracing"]), extras["tracing"]
+    # the KV-event feed's two imports (llm_gateway/routing/kv_events.py: KvEventFeed._run)
+    feed = (REPO / "llm_gateway/routing/kv_events.py").read_text()
+    assert "import zmq" in feed and "import msgspec" in feed
+    assert {re.match(r"[a-z]+", req)[0] for req in extras["kv-events"]} == {"pyzmq", "msgspec"}
 
 
 def test_python_version_satisfies_the_project(instructions):
