@@ -63,7 +63,7 @@ class Echo:
     __slots__ = ("_json", "marks")
 
     def __init__(self, response: dict[str, Any], encoded: dict[str, bytes]) -> None:
-        keys = [k for k in response if k in encoded]  # the order the Response has them in: the marks' order
+        keys = sorted(encoded, key=list(response).index)  # the order the Response has them in: the marks' order
         self.marks = dict.fromkeys(keys, MARK)
         self._json = [encoded[k] for k in keys]
 

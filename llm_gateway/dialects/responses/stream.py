@@ -49,6 +49,20 @@ _ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded"})
 
 _TEXT_DELTA_HEAD = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":'
 _TEXT_DELTA_END = b'","logprobs":[]}\n\n'  # what `_frame` writes after a text delta without logprobs
+#: the frames that carry the whole Response, up to their sequence number (`_whole`)
+_WHOLE = {
+    k: b'event: %b\ndata: {"type":"%b","sequence_number":' % (k.encode(), k.encode())
+    for k in (
+        "response.created",
+        "response.in_progress",
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+    )
+}
+_STARTS = (_WHOLE["response.created"], _WHOLE["response.in_progress"])
+#: sequence numbers as `_frame` writes them, for a token's delta (a lookup: cheaper than formatting one)
+_SEQ = tuple(b"%d" % n for n in range(4096))
 
 
 class ResponsesStream:
@@ -141,7 +155,9 @@ class ResponsesStream:
         self._deltas += 1
         seq = self._seq
         self._seq = seq + 1
-        return _TEXT_DELTA_HEAD + b"%d" % seq + self._where + text + _TEXT_DELTA_END
+        return b"".join(
+            (_TEXT_DELTA_HEAD, _SEQ[seq] if seq < 4096 else b"%d" % seq, self._where, text, _TEXT_DELTA_END)
+        )
 
     def end(self) -> bytes:
         """The chat stream's `[DONE]`: the last items' ends and `response.completed` (or `.incomplete`)."""
@@ -173,24 +189,26 @@ class ResponsesStream:
         self._seq += 1
         return b"".join((b"event: " + kind.encode() + b"\ndata: ", orjson.dumps(obj), b"\n\n"))
 
-    def _whole(self, kind: str, out: list[bytes]) -> None:
-        """A frame with the Response as it stands, appended to `out` as pieces: its echoed tools and instructions
-        (tens of KB for an agent) are their kept JSON, beside the rest, not copied into it (echo.py): the caller's
-        one join is their one copy (issue 36 item 2)."""
+    def _whole(self, kinds: tuple[bytes, ...], out: list[bytes]) -> None:
+        """A frame of each kind (`_WHOLE`'s) with the Response as it stands, appended to `out` as pieces: the
+        Response is encoded once for them all (`{"type":...,"sequence_number":N,"response":` + it + `}`, as
+        orjson writes that object), its echoed tools and instructions (tens of KB for an agent) their kept JSON,
+        beside the rest, not copied into it (echo.py): the caller's one join is their one copy (issue 36 item 2)."""
+        pieces: list[bytes] = []
         echo = self._echo
-        obj = {"type": kind, "sequence_number": self._seq, "response": {**self.response, **echo.marks}}
-        self._seq += 1
-        out.append(b"event: " + kind.encode() + b"\ndata: ")
-        echo.pieces(orjson.dumps(obj), out)
-        out.append(b"\n\n")
+        echo.pieces(orjson.dumps({**self.response, **echo.marks}), pieces)
+        for kind in kinds:
+            out.append(b'%b%d,"response":' % (kind, self._seq))
+            out += pieces
+            out.append(b"}\n\n")
+            self._seq += 1
 
     def _start(self, obj: dict[str, Any], out: list[bytes]) -> None:
         self._started = True
         model = obj.get("model")
         if isinstance(model, str) and model:
             self.response["model"] = model
-        self._whole("response.created", out)
-        self._whole("response.in_progress", out)
+        self._whole(_STARTS, out)
 
     # -- events --------------------------------------------------------------------------------------
     def _event(self, obj: dict[str, Any], out: list[bytes]) -> None:
@@ -340,7 +358,7 @@ class ResponsesStream:
         resp["usage"] = u
         kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
         self.terminal = kind
-        self._whole(kind, out)
+        self._whole((_WHOLE[kind],), out)
 
     def _failed(self, code: str, message: str, out: list[bytes]) -> None:
         if not self._started:
@@ -348,4 +366,4 @@ class ResponsesStream:
         self.response["status"] = "failed"
         self.response["error"] = {"code": code, "message": message}
         self.terminal = "response.failed"
-        self._whole("response.failed", out)
+        self._whole((_WHOLE["response.failed"],), out)
