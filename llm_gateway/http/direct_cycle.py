@@ -61,6 +61,9 @@ class _Capture:
     def write(self, data: bytes) -> None:
         self.parts.append(data)
 
+    def writelines(self, data: Any) -> None:  # kept in order with the writes, as they are
+        self.parts.extend(data)
+
     def flush(self) -> None:
         if self.parts:
             self.real.write(b"".join(self.parts))

@@ -1052,3 +1052,15 @@ def test_the_direct_heads_byte_check_refuses_exactly_what_uvicorns_header_regexe
     ):
         for s in samples:
             assert (regex.search(s) is not None) == (len(s.translate(None, refused)) != len(s)), (regex.pattern, s)
+
+
+def test_the_capture_keeps_what_writelines_writes_in_order_with_the_writes() -> None:
+    from llm_gateway.http.direct_cycle import _Capture
+
+    real = FakeTransport()
+    cap = _Capture(real)
+    cap.write(b"a")
+    cap.writelines([b"b", b"c"])  # a large part with its framing (write_chunk), while `send` writes
+    cap.write(b"d")
+    cap.flush()
+    assert bytes(real.out) == b"abcd" and real.writes == 1
