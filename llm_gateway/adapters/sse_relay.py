@@ -39,6 +39,9 @@ envelope learnt) as its text alone, which the translation copies between its own
 envelope (`_tok`) is learnt and matched per event, in a lone event's read (`_translated`) and in a read of
 several (`_translate_block`): what the translation would otherwise parse, the engine's events coalescing
 when it is fast or the gateway busy. The chat envelope (`_env`) is not used then: one test on the block path.
+A block read before any token envelope is learnt (a stream's first) is handed over in one feed, and so are a
+special block's events (the last token, the finish, the usage, `[DONE]`: `_slow_translated`), so that the
+translation joins its output once: a Responses frame that echoes an agent's tools is tens of KB.
 """
 
 from __future__ import annotations
