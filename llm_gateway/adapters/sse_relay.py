@@ -39,6 +39,9 @@ envelope learnt) as its text alone, which the translation copies between its own
 envelope (`_tok`) is learnt and matched per event, in a lone event's read (`_translated`) and in a read of
 several (`_translate_block`): what the translation would otherwise parse, the engine's events coalescing
 when it is fast or the gateway busy. The chat envelope (`_env`) is not used then: one test on the block path.
+A block read before any token envelope is learnt (a stream's first) is handed over in one feed, and so are a
+special block's events (the last token, the finish, the usage, `[DONE]`: `_slow_translated`), so that the
+translation joins its output once: a Responses frame that echoes an agent's tools is tens of KB.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import orjson
 from llm_gateway.adapters.sse_translated import _MAX_LEARNS, TokenTranslation, _straddles_near
 from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import CallContext
+from llm_gateway.wire.chat_events import ChatTranslation
 from llm_gateway.wire.sse_bytes import (
     DONE_DATA,
     TEXT,
@@ -79,6 +83,7 @@ class SSERelay(TokenTranslation):
         "_env",
         "_envelope",
         "_error_mark",
+        "_fed",
         "_finish_errors",
         "_finish_renames",
         "_on_error",
@@ -127,6 +132,8 @@ class SSERelay(TokenTranslation):
         #: its text and after it, their lengths, and the bytes after it less the blank line (an event in a block);
         #: an event that is that envelope around a text is handed to the translation as its text alone
         self._tok: tuple[bytes, bytes, int, int, bytes] | None = None
+        #: a translated stream's events of a special block not yet handed to the translation (`_slow_translated`)
+        self._fed: list[bytes] = []
 
     # -- the hot path ------------------------------------------------------------------------------
     def feed(self, data: bytes) -> bytes:
@@ -253,8 +260,10 @@ class SSERelay(TokenTranslation):
 
     # -- everything special ------------------------------------------------------------------------
     def _slow(self, block: bytes) -> bytes:
-        out: list[bytes] = []
         tr = self._tr
+        if tr is not None:
+            return self._slow_translated(block, tr)
+        out: list[bytes] = []
         for raw in block.split(b"\n\n"):
             if self._closed:
                 break
@@ -268,11 +277,40 @@ class SSERelay(TokenTranslation):
                 break
             ev = self._event(payload)
             if ev:
-                if not self.output_started and not self._closed:  # read in OpenAI's events, before translating
+                if not self.output_started and not self._closed:
                     self.output_started = has_output(ev)
-                # a failure (`_closed`) is in the client's API already (`_fail`)
-                out.append(ev if tr is None or self._closed else tr.feed(ev))
+                out.append(ev)
         return b"".join(out)
+
+    def _slow_translated(self, block: bytes, tr: ChatTranslation) -> bytes:
+        """`_slow` for a translated stream: the block's events (as `_event` passes them on) are handed to the
+        translation together, `[DONE]` too, so that its output is joined once, by it: the Responses API's last
+        frame, after the last token and the usage, is tens of KB. A failure (in the client's API already,
+        `_fail`) first hands over what came before it (`_fail` does), so the translation fails in that state."""
+        fed = self._fed
+        out = b""
+        for raw in block.split(b"\n\n"):
+            if self._closed:
+                break
+            payload = data_of(raw)
+            if payload is None:
+                continue  # blank, comment (": ping"), or an event with no data
+            if payload == DONE_DATA:
+                self.done = True
+                self._closed = True
+                fed.append(DONE)  # the translation's `end()`, as `_done_out` would call it
+                break
+            ev = self._event(payload)
+            if ev:
+                if self._closed:  # a failure, the translation's already: what came before it went first
+                    return ev
+                if not self.output_started:  # read in OpenAI's events, before translating
+                    self.output_started = has_output(ev)
+                fed.append(ev)
+        if fed:
+            out = tr.feed(fed[0] if len(fed) == 1 else b"".join(fed))
+            fed.clear()
+        return out
 
     def _has_finish_error(self, payload: bytes) -> bool:
         for f in self._finish_errors:  # noqa: SIM110  # a loop, not any(genexpr): no generator per event
@@ -361,4 +399,9 @@ class SSERelay(TokenTranslation):
 
     def _fail(self, err: GatewayError) -> bytes:
         self._env = None
+        fed, tr = self._fed, self._tr
+        if fed and tr is not None:  # a special block's events before the failure: translated first
+            first = tr.feed(b"".join(fed))
+            fed.clear()
+            return first + super()._fail(err)
         return super()._fail(err)

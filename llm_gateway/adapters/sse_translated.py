@@ -61,6 +61,14 @@ class TokenTranslation(RelayBase):
                 self._learn_token(raw)
             return out
         raws = raw.split(b"\n\n")
+        if self._tok is None:  # no envelope learnt (a stream's first block): all of it parsed, in one feed
+            out = tr.feed(block)  # its output joined once (the Responses API's first frames are tens of KB)
+            for i in range(n):
+                if self._learns >= _MAX_LEARNS or self._tok is not None:
+                    break
+                self._learns += 1
+                self._learn_token(raws[i] + b"\n\n")
+            return out
         outs = raws if block is raw else block.split(b"\n\n")  # the swaps hold no blank line: events match
         parts: list[bytes] = []
         for i in range(n):

@@ -40,6 +40,10 @@ _VALUE_REFUSED = bytes(b for b in range(256) if HEADER_VALUE_RE.match(bytes((b,)
 _SIZE_LINES_N = 4096
 #: the size lines of the chunks of a stream's events, which are almost all shorter than this
 _SIZE_LINES = tuple(b"%x\r\n" % n for n in range(_SIZE_LINES_N))
+#: a body or chunk this long (a Response echoing an agent's tools and system prompt: tens of KB) goes to the socket
+#: beside its head or framing (`writelines`: uvloop's writev), not copied into one buffer with them; shorter ones are
+#: cheaper to copy than to send in pieces
+WRITEV_BYTES = 16 * 1024
 
 #: a key of an ASGI `http.response.start` message: hold the head back, write it with the first body
 COALESCE = "llm_gateway.coalesce"
@@ -56,6 +60,9 @@ class _Capture:
 
     def write(self, data: bytes) -> None:
         self.parts.append(data)
+
+    def writelines(self, data: Any) -> None:  # kept in order with the writes, as they are
+        self.parts.extend(data)
 
     def flush(self) -> None:
         if self.parts:
@@ -201,8 +208,12 @@ class CoalescingCycle(RequestResponseCycle):
             return False
         self.chunked_encoding = False
         self.expected_content_length = 0
-        content += (b"\r\n", body)
-        self.transport.write(b"".join(content))
+        if len(body) < WRITEV_BYTES:
+            content += (b"\r\n", body)
+            self.transport.write(b"".join(content))
+        else:
+            content.append(b"\r\n")
+            self.transport.writelines((b"".join(content), body))
         self._complete()
         return True
 
@@ -215,11 +226,16 @@ class CoalescingCycle(RequestResponseCycle):
         self.chunked_encoding = True
         self.expected_content_length = 0
         content.append(b"transfer-encoding: chunked\r\n\r\n")
-        if data:
-            content += (b"%x\r\n" % len(data), data, b"\r\n")
-        if last:
-            content.append(b"0\r\n\r\n")
-        self.transport.write(b"".join(content))
+        end = b"\r\n0\r\n\r\n" if last else b"\r\n"
+        if len(data) >= WRITEV_BYTES:
+            content.append(b"%x\r\n" % len(data))
+            self.transport.writelines((b"".join(content), data, end))
+        else:
+            if data:
+                content += (b"%x\r\n" % len(data), data, end)
+            elif last:
+                content.append(b"0\r\n\r\n")
+            self.transport.write(b"".join(content))
         if last:
             self._complete()
         else:
@@ -249,9 +265,14 @@ class CoalescingCycle(RequestResponseCycle):
             n = len(data)
             if n < _SIZE_LINES_N:  # a chunk's size line from a table: cheaper than formatting it (bytes' % parses it)
                 self.transport.write(_SIZE_LINES[n] + data + b"\r\n")
-            else:  # a large chunk (a Response frame echoing an agent's tools: tens of KB) copied once, not per `+`
+            elif n < WRITEV_BYTES:
                 self.transport.write(b"".join((b"%x\r\n" % n, data, b"\r\n")))
+            else:  # a large chunk (a Response frame echoing an agent's tools: tens of KB): its framing beside it
+                self.transport.writelines((b"%x\r\n" % n, data, b"\r\n"))
             return True
-        self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
+        if len(data) >= WRITEV_BYTES:
+            self.transport.writelines((b"%x\r\n" % len(data), data, b"\r\n0\r\n\r\n"))
+        else:
+            self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
         self._complete()
         return True

@@ -774,3 +774,33 @@ def test_clearing_thinking_is_accepted_and_the_billing_line_never_reaches_the_en
         }
     )
     assert req.body["messages"][0] == {"role": "system", "content": "You are a coding agent."}
+
+
+_FIRST = {"role": "user", "content": "hi"}
+_TEXT = {"type": "text", "text": "a"}
+_USE = {"type": "tool_use", "id": "x", "name": "n", "input": {}}
+_RESULT = {"type": "tool_result", "tool_use_id": "t", "content": "x"}
+
+
+@pytest.mark.parametrize(
+    ("msg", "param"),
+    [
+        ({"role": "assistant", "content": [_TEXT, {**_USE, "input": []}]}, "1.input"),
+        ({"role": "assistant", "content": [_TEXT, {**_USE, "id": 1}]}, "1.id"),
+        ({"role": "assistant", "content": [_TEXT, {**_USE, "name": 2}]}, "1.name"),
+        ({"role": "assistant", "content": [_TEXT, _TEXT, {"type": "text", "text": 2}]}, "2.text"),
+        ({"role": "assistant", "content": [_TEXT, "x"]}, "1"),
+        ({"role": "assistant", "content": [_TEXT, {"type": "image"}]}, "1.type"),
+        ({"role": "user", "content": [_TEXT, {**_RESULT, "tool_use_id": 3}]}, "1.tool_use_id"),
+        ({"role": "user", "content": [_TEXT, {**_RESULT, "is_error": 1}]}, "1.is_error"),
+        ({"role": "user", "content": [_TEXT, {**_RESULT, "content": 5}]}, "1.content"),
+        ({"role": "user", "content": [_TEXT, _TEXT, {"type": "text", "text": None}]}, "2.text"),
+        ({"role": "user", "content": [_TEXT, {"type": "bogus"}]}, "1.type"),
+    ],
+)
+def test_a_bad_block_is_named_by_its_path(msg: dict[str, Any], param: str) -> None:
+    """Blocks are read without their paths (an agent's history is hundreds of them); an error still names the
+    block it is about (`messages.1.content.J...`), found only then."""
+    with pytest.raises(GatewayError) as e:
+        to_chat({"model": "m", "max_tokens": 5, "messages": [_FIRST, msg]})
+    assert e.value.param == f"messages.1.content.{param}"

@@ -28,7 +28,7 @@ from uvicorn.logging import TRACE_LOG_LEVEL
 
 from llm_gateway.http import direct_cycle, hardened_protocol
 from llm_gateway.http.call import Call
-from llm_gateway.http.direct_cycle import COALESCE
+from llm_gateway.http.direct_cycle import COALESCE, WRITEV_BYTES
 from llm_gateway.http.hardened_protocol import GatewayProtocol
 from llm_gateway.http.server import uvicorn_config
 from llm_gateway.http.uvicorn_private import HttpToolsProtocol, ServerState
@@ -100,6 +100,7 @@ class FakeTransport:
         self.writes = 0  # calls that wrote bytes: each is a send syscall on a real transport
         self.aborted = False
         self.unsent = 0  # bytes written that the client has not taken (a test sets it)
+        self.pieces: list[list[bytes]] = []  # what each `writelines` was given
 
     def write(self, data: bytes) -> None:
         if self.closed:
@@ -109,6 +110,11 @@ class FakeTransport:
             raise RuntimeError("Cannot call write() after write_eof()")
         self.out += data
         self.writes += 1
+
+    def writelines(self, data: Any) -> None:
+        """One send (writev) of the pieces, as uvloop's: they are kept, to tell what was not copied."""
+        self.pieces.append(list(data))
+        self.write(b"".join(data))
 
     def write_eof(self) -> None:
         self.eof = True
@@ -495,6 +501,40 @@ async def test_the_direct_chunk_writer_takes_chunks_from_a_chunked_head_to_the_e
     body = bytes(conn.transport.out).partition(b"\r\n\r\n")[2]
     assert dechunk(body) == [b"data: 0\n\n", b"data: 1\n\n", big, b"data: 2\n\n", b""]
     assert b"\r\n%x\r\n%b\r\n" % (len(big), big) in body  # a chunk over the size lines' table: framed alike
+
+
+async def test_a_large_part_goes_to_the_socket_beside_its_framing_not_copied(server: Server) -> None:
+    """A body or chunk of `WRITEV_BYTES` or more (a Response echoing an agent's tools: tens of KB) is handed to the
+    transport as it is, beside its head or framing (`writelines`: one writev), and framed as a small one."""
+    big = [b"data: %d" % i + b"x" * WRITEV_BYTES + b"\n\n" for i in range(3)]
+    conn = server.connect()
+    with stream_gate() as gate:
+        conn.send(request("GET", "/idle"))
+        await server.settle()
+        cycle = conn.proto.cycle
+        assert cycle.start_now(200, [(b"content-type", b"text/event-stream")], big[0])
+        assert cycle.write_chunk(big[1]) and cycle.write_chunk(b"data: 1\n\n")
+        assert cycle.write_chunk(big[2], last=True)
+        assert conn.transport.writes == 4
+        gate.set()
+        await server.settle()
+    head, _, body = bytes(conn.transport.out).partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head
+    assert dechunk(body) == [big[0], big[1], b"data: 1\n\n", big[2], b""]
+    assert [[p for p in pieces if p is b] for pieces, b in zip(conn.transport.pieces, big, strict=True)] == [
+        [b] for b in big
+    ]  # each given as it is: not copied into a buffer with its framing
+    conn = server.connect()
+    with stream_gate() as gate:
+        conn.send(request("GET", "/idle"))
+        await server.settle()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(big[0]))]
+        assert conn.proto.cycle.respond_now(200, headers, big[0])
+        gate.set()
+        await server.settle()
+    head, _, body = bytes(conn.transport.out).partition(b"\r\n\r\n")
+    assert b"content-length: %d" % len(big[0]) in head and body == big[0] and conn.transport.writes == 1
+    assert conn.transport.pieces[0][-1] is big[0]
 
 
 async def test_the_direct_chunk_writer_takes_chunks_after_a_head_sent_as_asgi_until_the_client_leaves(
@@ -1012,3 +1052,15 @@ def test_the_direct_heads_byte_check_refuses_exactly_what_uvicorns_header_regexe
     ):
         for s in samples:
             assert (regex.search(s) is not None) == (len(s.translate(None, refused)) != len(s)), (regex.pattern, s)
+
+
+def test_the_capture_keeps_what_writelines_writes_in_order_with_the_writes() -> None:
+    from llm_gateway.http.direct_cycle import _Capture
+
+    real = FakeTransport()
+    cap = _Capture(real)
+    cap.write(b"a")
+    cap.writelines([b"b", b"c"])  # a large part with its framing (write_chunk), while `send` writes
+    cap.write(b"d")
+    cap.flush()
+    assert bytes(real.out) == b"abcd" and real.writes == 1

@@ -54,15 +54,21 @@ def system_text(system: Any, seen: PromptChars, param: str = "system") -> str:
 
 
 def message(m: Any, i: int, out: list[dict[str, Any]], seen: Seen) -> None:
-    # an agent's history is dozens of turns of blocks: a field's path (messages.{i}...) is built for its error only
-    m = m if isinstance(m, dict) else as_obj(m, f"messages.{i}")
+    """One message's chat messages into `out`; its 16 characters of overhead are the caller's to count (to_chat:
+    once for all of them). An agent's history is dozens of turns of blocks: a field's path (messages.{i}...) is
+    built for its error only."""
+    if type(m) is not dict:
+        m = as_obj(m, f"messages.{i}")
     role = m.get("role")
-    if role not in ("user", "assistant", "system"):
-        raise bad("Input should be 'user', 'assistant' or 'system'", f"messages.{i}.role")
-    if "content" not in m:
-        raise bad("Field required", f"messages.{i}.content")
-    content = m["content"]
-    seen.chars += 16
+    try:
+        content = m["content"]
+    except KeyError:
+        content = None
+    if content is None or not (role == "user" or role == "assistant" or role == "system"):
+        if role not in ("user", "assistant", "system"):
+            raise bad("Input should be 'user', 'assistant' or 'system'", f"messages.{i}.role")
+        if "content" not in m:
+            raise bad("Field required", f"messages.{i}.content")
     if role == "system":  # a system message between the turns: a string or text blocks
         if isinstance(content, list) and not content:
             raise bad("List should have at least 1 item after validation, not 0", f"messages.{i}.content")
@@ -86,30 +92,41 @@ def message(m: Any, i: int, out: list[dict[str, Any]], seen: Seen) -> None:
         _user(content, i, out, seen)
 
 
+def _at(blocks: list[Any], b: Any) -> int:
+    """The index of block `b` (for the path of its error: built only then)."""
+    return next(j for j, x in enumerate(blocks) if x is b)
+
+
 def _assistant(blocks: list[Any], i: int, seen: Seen) -> dict[str, Any]:
     """`i`: the message's index (its blocks are `messages.{i}.content.{j}`)."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for j, b in enumerate(blocks):
-        b = b if isinstance(b, dict) else as_obj(b, f"messages.{i}.content.{j}")
+    chars = 0
+    for b in blocks:
+        if type(b) is not dict:
+            as_obj(b, f"messages.{i}.content.{_at(blocks, b)}")  # raises
         t = b.get("type")
-        if t == "text":
-            text = b.get("text")
-            text = text if isinstance(text, str) else as_str(text, f"messages.{i}.content.{j}.text")
-            seen.chars += len(text)
-            texts.append(text)
-        elif t == "tool_use":
+        if t == "tool_use":
             args_in, call_id, name = b.get("input"), b.get("id"), b.get("name")
-            args_in = args_in if isinstance(args_in, dict) else as_obj(args_in, f"messages.{i}.content.{j}.input")
+            if type(args_in) is not dict or type(call_id) is not str or type(name) is not str:
+                p = f"messages.{i}.content.{_at(blocks, b)}"
+                args_in = args_in if isinstance(args_in, dict) else as_obj(args_in, f"{p}.input")
+                call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"{p}.id")
+                name = name if isinstance(name, str) else as_str(name, f"{p}.name")
             args = orjson.dumps(args_in).decode()
-            seen.chars += len(args)
-            call_id = call_id if isinstance(call_id, str) else as_str(call_id, f"messages.{i}.content.{j}.id")
-            name = name if isinstance(name, str) else as_str(name, f"messages.{i}.content.{j}.name")
+            chars += len(args)
             calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": args}})
+        elif t == "text":
+            text = b.get("text")
+            if type(text) is not str:
+                text = as_str(text, f"messages.{i}.content.{_at(blocks, b)}.text")
+            chars += len(text)
+            texts.append(text)
         elif t in ("thinking", "redacted_thinking"):
             continue  # earlier turns' reasoning is not part of the context (Anthropic drops it too)
         else:
-            raise _unsupported_block(t, f"messages.{i}.content.{j}", "an assistant message")
+            raise _unsupported_block(t, f"messages.{i}.content.{_at(blocks, b)}", "an assistant message")
+    seen.chars += chars
     g = seen.gathered
     g.fresh = False
     msg: dict[str, Any] = {"role": "assistant", "content": None}
@@ -130,29 +147,32 @@ def _user(blocks: list[Any], i: int, out: list[dict[str, Any]], seen: Seen) -> N
     parts: list[dict[str, Any]] = []
     g = seen.gathered
     chars = 0
-    for j, b in enumerate(blocks):
-        b = b if isinstance(b, dict) else as_obj(b, f"messages.{i}.content.{j}")
+    for b in blocks:
+        if type(b) is not dict:
+            as_obj(b, f"messages.{i}.content.{_at(blocks, b)}")  # raises
         t = b.get("type")
-        if t == "text":
-            text = b.get("text")
-            text = text if isinstance(text, str) else as_str(text, f"messages.{i}.content.{j}.text")
-            chars += len(text)
-            parts.append({"type": "text", "text": text})
-            continue
         if t == "tool_result":
             text = b.get("content")
-            if isinstance(text, str):  # the usual result: one text (`_tool_result` inlined, paths built for errors)
+            if type(text) is str:  # the usual result: one text (`_tool_result` inlined, paths built for errors)
                 tid, err = b.get("tool_use_id"), b.get("is_error")
-                tid = tid if isinstance(tid, str) else as_str(tid, f"messages.{i}.content.{j}.tool_use_id")
-                if err is not None and as_bool(err, f"messages.{i}.content.{j}.is_error"):
+                if type(tid) is not str:
+                    tid = as_str(tid, f"messages.{i}.content.{_at(blocks, b)}.tool_use_id")
+                if err is not None and as_bool(err, f"messages.{i}.content.{_at(blocks, b)}.is_error"):
                     text = "Error: " + text
                 chars += len(text) + 16
                 out.append({"role": "tool", "tool_call_id": tid, "content": text})
-                g.fresh = False
                 g.texts.append(text)
                 g.strings.append(tid)
+                g.fresh = False
                 continue
-        p = f"messages.{i}.content.{j}"
+        elif t == "text":
+            text = b.get("text")
+            if type(text) is not str:
+                text = as_str(text, f"messages.{i}.content.{_at(blocks, b)}.text")
+            chars += len(text)
+            parts.append({"type": "text", "text": text})
+            continue
+        p = f"messages.{i}.content.{_at(blocks, b)}"
         if t == "image":
             seen.chars += 1024
             parts.append(_image(b, p))

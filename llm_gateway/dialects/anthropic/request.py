@@ -152,6 +152,7 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
         raise bad("at least one message is required", "messages")
     for i, m in enumerate(raw):
         message(m, i, messages, seen)
+    seen.chars += 16 * len(raw)  # each message's overhead
     body: dict[str, Any] = {"model": model, "messages": messages}
     if req.get("max_tokens") is None and not count_only:
         raise bad("Field required", "max_tokens")

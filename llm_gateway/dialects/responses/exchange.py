@@ -41,7 +41,7 @@ import orjson
 
 from llm_gateway.dialects.common import HandlerContext, authenticate, read_json_object, record_model
 from llm_gateway.dialects.error_names import RESPONSES, renamed
-from llm_gateway.dialects.responses.echo import dumps, fragments
+from llm_gateway.dialects.responses.echo import Echo, echo_json
 from llm_gateway.dialects.responses.items import item_references, new_id
 from llm_gateway.dialects.responses.request import ResponsesRequest, parse
 from llm_gateway.dialects.responses.response import to_response
@@ -89,7 +89,7 @@ class ResponsesExchange(CallExchange):
             resp, turn = to_response(obj if isinstance(obj, dict) else {}, self._req, self.id)
             if not await self._save(resp, turn):
                 headers.append((STORED_HEADER, b"false"))
-            body = dumps(resp, fragments(self._req))  # the echoed tools and instructions: their kept JSON
+            body = Echo(resp, echo_json(self._req)).dumps(resp)  # the echoed tools and instructions: their kept JSON
         await self._call.respond(status, body, headers, content_type)
 
     async def start(self, status: int, headers: Headers, *, hold: bool = False) -> None:

@@ -58,8 +58,9 @@ def item_references(value: Any) -> list[str]:
     """The ids an `input` refers to (none for a string, or for items that are all given whole)."""
     if not isinstance(value, list):
         return []
-    try:  # the usual input: objects that all have their type (read in C, not item by item)
-        if None not in (kinds := set(map(dict.get, value, repeat("type")))) and "item_reference" not in kinds:
+    try:  # the usual input: objects that all have their type (read in C, not item by item; a list, not a set: the
+        # types are new strings each request, and a set would hash every one)
+        if None not in (kinds := list(map(dict.get, value, repeat("type")))) and "item_reference" not in kinds:
             return []
     except TypeError:  # an item that is not an object (input_messages answers it)
         pass

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from llm_gateway.dialects.responses.echo import fragments
+from llm_gateway.dialects.responses.echo import Echo, echo_json
 from llm_gateway.dialects.responses.items import new_id
 from llm_gateway.dialects.responses.request import ResponsesRequest
 from llm_gateway.dialects.responses.response import (
@@ -49,6 +49,20 @@ _ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded"})
 
 _TEXT_DELTA_HEAD = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":'
 _TEXT_DELTA_END = b'","logprobs":[]}\n\n'  # what `_frame` writes after a text delta without logprobs
+#: the frames that carry the whole Response, up to their sequence number (`_whole`)
+_WHOLE = {
+    k: b'event: %b\ndata: {"type":"%b","sequence_number":' % (k.encode(), k.encode())
+    for k in (
+        "response.created",
+        "response.in_progress",
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+    )
+}
+_STARTS = (_WHOLE["response.created"], _WHOLE["response.in_progress"])
+#: sequence numbers as `_frame` writes them, for a token's delta (a lookup: cheaper than formatting one)
+_SEQ = tuple(b"%d" % n for n in range(4096))
 
 
 class ResponsesStream:
@@ -77,7 +91,8 @@ class ResponsesStream:
 
     def __init__(self, req: ResponsesRequest, response_id: str) -> None:
         self.response = skeleton(req, response_id)
-        self._echo = fragments(req)  # the echoed tools and instructions, encoded (their JSON kept across turns)
+        #: the echoed tools and instructions, their JSON kept across turns: written beside each whole-Response frame
+        self._echo = Echo(self.response, echo_json(req))
         self.turn: dict[str, Any] = {"role": "assistant", "content": None}
         self.estimate = req.prompt_estimate
         self.terminal: str | None = None  # the last event's type, once sent: nothing follows it
@@ -103,19 +118,26 @@ class ResponsesStream:
         """OpenAI SSE events (a partial one is held until the rest comes), each parsed once."""
         if self.terminal is not None:
             return b""
-        out: list[bytes] = []
+        out: list[bytes] = []  # joined once: a whole-Response frame is tens of KB (its echo), copied once here
         for raw in self._events.feed(data):
             if self.terminal is not None:
                 break
             ev = parse_event(raw)
             if ev is None:
                 continue
-            out.append(self._event(ev) if isinstance(ev, dict) else self._end())
+            if isinstance(ev, dict):
+                self._event(ev, out)
+            else:
+                self._end(out)
         return b"".join(out)
 
     def event(self, obj: dict[str, Any]) -> bytes:
         """One chat chunk the relay parsed or made."""
-        return b"" if self.terminal is not None else self._event(obj)
+        if self.terminal is not None:
+            return b""
+        out: list[bytes] = []
+        self._event(obj, out)
+        return b"".join(out)
 
     def token(self, text: bytes) -> bytes | None:
         """An ordinary token (`wire.chat_events.plain_text`), its text as sent: the open text item's
@@ -133,86 +155,102 @@ class ResponsesStream:
         self._deltas += 1
         seq = self._seq
         self._seq = seq + 1
-        return _TEXT_DELTA_HEAD + b"%d" % seq + self._where + text + _TEXT_DELTA_END
+        return b"".join(
+            (_TEXT_DELTA_HEAD, _SEQ[seq] if seq < 4096 else b"%d" % seq, self._where, text, _TEXT_DELTA_END)
+        )
 
     def end(self) -> bytes:
         """The chat stream's `[DONE]`: the last items' ends and `response.completed` (or `.incomplete`)."""
-        return b"" if self.terminal is not None else self._end()
+        if self.terminal is not None:
+            return b""
+        out: list[bytes] = []
+        self._end(out)
+        return b"".join(out)
 
     def fail(self, err: GatewayError) -> bytes:
         """The stream failed after its first byte: `response.failed`, and nothing after it."""
         if self.terminal is not None:
             return b""
-        return self._error(err.code, err.message)
+        out: list[bytes] = []
+        self._error(err.code, err.message, out)
+        return b"".join(out)
 
     def finish(self) -> bytes:
         """At the end of the service's stream: the end, or a failure if the stream never said it ended."""
         if self.terminal is not None:
             return b""
-        return self._failed("server_error", "the engine's stream ended before its end marker")
+        out: list[bytes] = []
+        self._failed("server_error", "the engine's stream ended before its end marker", out)
+        return b"".join(out)
 
     # -- frames --------------------------------------------------------------------------------------
     def _frame(self, kind: str, fields: dict[str, Any]) -> bytes:
-        return b"".join(self._parts(kind, fields))
-
-    def _parts(self, kind: str, fields: dict[str, Any]) -> tuple[bytes, bytes, bytes]:
-        """A frame in three parts, to be joined once: a frame with the whole Response is tens of KB (its echoed
-        tools and instructions), and each `+` copies all of it again (issue 36 item 2)."""
         obj = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
-        return b"event: " + kind.encode() + b"\ndata: ", orjson.dumps(obj), b"\n\n"
+        return b"".join((b"event: " + kind.encode() + b"\ndata: ", orjson.dumps(obj), b"\n\n"))
 
-    def _start(self, obj: dict[str, Any]) -> bytes:
+    def _whole(self, kinds: tuple[bytes, ...], out: list[bytes]) -> None:
+        """A frame of each kind (`_WHOLE`'s) with the Response as it stands, appended to `out` as pieces: the
+        Response is encoded once for them all (`{"type":...,"sequence_number":N,"response":` + it + `}`, as
+        orjson writes that object), its echoed tools and instructions (tens of KB for an agent) their kept JSON,
+        beside the rest, not copied into it (echo.py): the caller's one join is their one copy (issue 36 item 2)."""
+        pieces: list[bytes] = []
+        echo = self._echo
+        echo.pieces(orjson.dumps({**self.response, **echo.marks}), pieces)
+        for kind in kinds:
+            out.append(b'%b%d,"response":' % (kind, self._seq))
+            out += pieces
+            out.append(b"}\n\n")
+            self._seq += 1
+
+    def _start(self, obj: dict[str, Any], out: list[bytes]) -> None:
         self._started = True
         model = obj.get("model")
         if isinstance(model, str) and model:
             self.response["model"] = model
-        created = self._parts("response.created", {"response": self._whole()})
-        return b"".join((*created, *self._parts("response.in_progress", {"response": self._whole()})))
-
-    def _whole(self) -> dict[str, Any]:
-        """The Response as it stands, for a frame: its echoed tools and instructions as their kept JSON."""
-        return {**self.response, **self._echo} if self._echo else self.response
+        self._whole(_STARTS, out)
 
     # -- events --------------------------------------------------------------------------------------
-    def _event(self, obj: dict[str, Any]) -> bytes:
+    def _event(self, obj: dict[str, Any], out: list[bytes]) -> None:
+        """One chat chunk's events, appended to `out`."""
         err = obj.get("error")
         if err is not None and "choices" not in obj:
             e = err if isinstance(err, dict) else {"message": str(err)}
-            return self._error(e.get("code"), str(e.get("message") or "the stream failed"))
-        out = b"" if self._started else self._start(obj)
+            self._error(e.get("code"), str(e.get("message") or "the stream failed"), out)
+            return
+        if not self._started:
+            self._start(obj, out)
         if obj.get("usage") is not None:
             self._usage = obj["usage"]
         choices = obj.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return out
+            return
         ch = choices[0]
         delta = ch.get("delta")
         if isinstance(delta, dict):
             for key in REASONING_KEYS:
                 r = delta.get(key)
                 if isinstance(r, str) and r:
-                    out += self._reasoning(r)
+                    out.append(self._reasoning(r))
                     break
             text = delta.get("content")
             if isinstance(text, str) and text:
-                out += self._output_text(text, ch.get("logprobs"))
+                out.append(self._output_text(text, ch.get("logprobs")))
             calls = delta.get("tool_calls")
             if isinstance(calls, list):
                 for tc in calls:
                     if isinstance(tc, dict):
-                        out += self._call(tc)
+                        out.append(self._call(tc))
         fr = ch.get("finish_reason")
         if fr is not None:
             self._finish = fr
-        return out
 
-    def _error(self, code: Any, message: str) -> bytes:
+    def _error(self, code: Any, message: str, out: list[bytes]) -> None:
         """`response.failed` for an error of the gateway's: the Response's error codes are OpenAI's fixed
         set, so any other code goes in the text."""
         if isinstance(code, str) and code and code not in _ERROR_CODES:
             message, code = f"{message} ({code})", "server_error"
-        return self._failed(code if isinstance(code, str) and code else "server_error", message)
+        self._failed(code if isinstance(code, str) and code else "server_error", message, out)
 
     def _at(self) -> dict[str, Any]:
         return {"item_id": self._item["id"], "output_index": len(self.response["output"])}
@@ -306,24 +344,26 @@ class ResponsesStream:
         self._kind, self._item, self._text, self._tool = None, {}, [], None
         return out
 
-    def _end(self) -> bytes:
-        out = b"" if self._started else self._start({})
+    def _end(self, out: list[bytes]) -> None:
+        if not self._started:
+            self._start({}, out)
         if not self.response["output"] and self._kind is None:  # nothing generated: an empty message
-            out += self._open("text", message_item([], status="in_progress"), text_part(""))
+            out.append(self._open("text", message_item([], status="in_progress"), text_part("")))
         resp = self.response
         resp["status"], resp["incomplete_details"] = status_of(self._finish)
-        out += self._close(resp["status"])  # the item the limit cut is incomplete too
+        out.append(self._close(resp["status"]))  # the item the limit cut is incomplete too
         u = usage(self._usage)
         if u is None:  # the engine sent no count: the estimates
             u = usage({"prompt_tokens": self.estimate, "completion_tokens": self._deltas})
         resp["usage"] = u
         kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
         self.terminal = kind
-        return b"".join((out, *self._parts(kind, {"response": self._whole()})))
+        self._whole((_WHOLE[kind],), out)
 
-    def _failed(self, code: str, message: str) -> bytes:
-        out = b"" if self._started else self._start({})
+    def _failed(self, code: str, message: str, out: list[bytes]) -> None:
+        if not self._started:
+            self._start({}, out)
         self.response["status"] = "failed"
         self.response["error"] = {"code": code, "message": message}
         self.terminal = "response.failed"
-        return b"".join((out, *self._parts("response.failed", {"response": self._whole()})))
+        self._whole((_WHOLE["response.failed"],), out)
