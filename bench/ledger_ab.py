@@ -151,8 +151,10 @@ def main() -> int:
     d99 = statistics.median(direct)
     first = variants[0][0]
     print(f"\nmedians of {a.rounds} rounds, {a.duration:g} s each; direct c1 p99 {d99:.3f} ms")
-    print("| variant | conc | req/s | CPU µs/req | x first | p50 ms | p99 ms | added p99 ms | max ms | errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| variant | conc | req/s | CPU µs/req | rounds | x first | p50 ms | p99 ms | added p99 ms | max ms | errors |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for label, _, _ in variants:
         for c in concs:
             k = f"c{c}"
@@ -161,8 +163,12 @@ def main() -> int:
                 return statistics.median(r[key][f] for r in runs[lab])
 
             ratio = med("us_per_req") / med("us_per_req", first)
+            # each round's CPU a request, in order: on a shared VM c1 can jump by a quarter between rounds whatever
+            # the variant (bimodal), which a median of three hides and a ratio of two medians then carries
+            each = " ".join(f"{r[k]['us_per_req']:.0f}" for r in runs[label])
             print(
-                f"| {label} | {c} | {med('rps'):.0f} | {med('us_per_req'):.1f} | {ratio:.2f} | {med('p50_ms'):.3f} "
+                f"| {label} | {c} | {med('rps'):.0f} | {med('us_per_req'):.1f} | {each} | {ratio:.2f} "
+                f"| {med('p50_ms'):.3f} "
                 f"| {med('p99_ms'):.3f} | {med('p99_ms') - d99:.3f} | {med('max_ms'):.1f} | "
                 f"{sum(r[k]['errors'] for r in runs[label])} |"
             )

@@ -103,3 +103,21 @@ def test_encoding_a_flushs_rows_for_the_spool_does_not_page_fault_per_row():
     )
     faults = int(out.stdout)
     assert faults < 500, f"{faults} minor page faults for 20 flushes of 500 rows"
+
+
+def test_durations_are_milliseconds_to_the_microsecond_as_round_gives_them():
+    """The row's ttft_ms and duration_ms: what `round(s * 1000, 3)` gives, computed without a float's `round` to
+    digits (which formats and parses the number, twice a row on the request path); at an exact half
+    microsecond either neighbour is right."""
+    from random import Random
+
+    from llm_gateway.observability.ledger import _ms
+
+    r = Random(36)
+    for _ in range(20_000):
+        s = r.random() * 10 ** r.randint(-6, 4)
+        got = _ms(s)
+        assert isinstance(got, float)
+        assert got == round(got, 3)  # no more than three decimals
+        assert abs(got - s * 1000) <= 0.0005 + 1e-9 * max(1.0, s * 1000)
+    assert (_ms(0.0), _ms(1.5), _ms(0.0123456)) == (0.0, 1500.0, 12.346)

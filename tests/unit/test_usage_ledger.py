@@ -660,3 +660,57 @@ def test_the_ledgers_rows_are_in_the_order_the_store_inserts_them():
     from llm_gateway.state.usage import ROW_COLUMNS
 
     assert COLUMNS == ROW_COLUMNS  # the ledger hands its tuples over as they are
+
+
+async def test_rows_that_end_while_a_flush_writes_wait_for_the_next_flush_not_a_transaction_each():
+    """A flush writes the rows buffered when it began. Draining the rows that ended during its INSERTs as well made,
+    under steady load, a chain of transactions of a few rows each (each paying a transaction's fixed cost)."""
+    led, m = ledger(batch_rows=4)
+    sink = Sink()
+    arriving = iter(range(100, 110))
+
+    class Busy(Sink):
+        async def insert_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+            await sink.insert_rows(rows)
+            led.record(rec(next(arriving)), 0.1)  # a request ends while the batch is written
+
+    busy = Busy()
+    led._opener = opener(busy)  # type: ignore[arg-type]
+    for i in range(6):
+        led.record(rec(i), 0.1)
+    assert await led.flush() is True
+    assert [len(b) for b in sink.batches] == [4, 2]  # the six buffered rows, in full batches
+    assert [r[1] for r in led._rows] == ["req-100", "req-101"]  # buffered for the next flush
+    assert await led.flush() is True
+    assert [len(b) for b in sink.batches] == [4, 2, 2]  # one more transaction, of both
+    assert [r[1] for r in led._rows] == ["req-102"]
+    assert metric(m, "gateway_usage_rows_written_total") == 8.0
+    for i in range(4):  # five buffered, the batch four: the one past it (less than half a batch) goes with it
+        led.record(rec(i), 0.1)
+    assert await led.flush() is True
+    assert [len(b) for b in sink.batches] == [4, 2, 2, 5]
+
+
+async def test_rows_that_end_while_a_full_batch_is_written_do_not_wake_the_writer_again():
+    """Those rows took the buffer past a batch while the full one was still in it, so they woke the writer: once
+    that batch is written they are fewer than a batch, and wait for the interval instead of a flush of their own."""
+    led, _ = ledger(batch_rows=3, flush_interval_s=60)
+    sink = Sink()
+    arriving = [100, 101]
+
+    class Busy(Sink):
+        async def insert_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+            await sink.insert_rows(rows)
+            while arriving:
+                led.record(rec(arriving.pop(0)), 0.1)
+
+    led.start(opener(Busy()))  # type: ignore[arg-type]
+    try:
+        for i in range(3):
+            led.record(rec(i), 0.1)
+        await eventually(lambda: len(sink.rows) == 3, "the full batch to be written")
+        await asyncio.sleep(0.3)
+        assert [len(b) for b in sink.batches] == [3] and led.buffered == 2  # the two wait (60 s, or shutdown)
+    finally:
+        await led.aclose()
+    assert [len(b) for b in sink.batches] == [3, 2]
