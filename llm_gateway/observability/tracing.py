@@ -43,6 +43,7 @@ from llm_gateway.observability.genai_spans import (
     TracedAttempt,
     capture_input,
     finish_reasons,
+    is_reason,
 )
 from llm_gateway.observability.otlp import CLIENT, INTERNAL, SERVER
 from llm_gateway.observability.otlp_config import ID64 as _ID64
@@ -194,9 +195,16 @@ class RequestTrace:
             known = tr.client(*key)
         return AttemptTrace(self, known[0], known[1], now)
 
-    def answered(self, out: bytes) -> None:
-        """A whole answer went out: its finish reasons, and its text where content is captured."""
-        self.finished(out)
+    def answered(self, out: bytes, told: list[str] | None = None) -> None:
+        """A whole answer went out: its finish reasons (`told`: as the adapter read them, CallContext.finish_reasons;
+        None: found in `out`), and its text where content is captured."""
+        if told is None:
+            self.finished(out)
+        else:
+            reasons = self.reasons
+            for r in told:
+                if (reasons is None or r not in reasons) and is_reason(r):
+                    reasons = self.reasons = (r,) if reasons is None else (*reasons, r)
         if self.tracing.cfg.capture_content:
             self.content()["gen_ai.output.messages"] = out[:CONTENT_LIMIT].decode("utf-8", "replace")
 
