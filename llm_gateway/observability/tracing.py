@@ -274,7 +274,7 @@ class RequestTrace:
             self.klass,
             rec.stream,
             rec.attempts,
-            max(0, rec.attempts - 1),
+            rec.attempts - 1 if rec.attempts > 1 else 0,
             rec.outcome,
             status == 499,
             status,
