@@ -56,7 +56,6 @@ _IDS = struct.Struct(">HQQHQ").pack  # trace_id 1 (tag, length, 16 bytes), span_
 _PARENT = struct.Struct(">HQ").pack  # parent_span_id 4
 _IDS_PARENT = struct.Struct(">HQQHQHQ").pack  # _IDS and _PARENT in one
 _TIMES = struct.Struct("<BBBQBQ").pack  # kind 6 (one byte: 1-5), start 7 and end 8 (fixed64)
-_LEN2 = struct.Struct("<BBB").pack  # a tag and a two-byte length (128-16383)
 _CACHE_MAX = 1024  # encoded values kept per attribute key (model, deployment, ... recur; a request id does not)
 
 
@@ -199,11 +198,22 @@ class Encoder:
             parts.append(_len(b"\x7a", _len(b"\x12", error.encode()) + b"\x18\x02"))
         body = b"".join(parts)
         n = len(body)
-        if n < 128:
-            return b"\x12" + _VARINT1[n] + body
-        if n < 16384:
-            return _LEN2(0x12, (n & 127) | 128, n >> 7) + body
-        return _len(b"\x12", body)
+        tag = _SPAN_TAGS.get(n)  # its tag and length: spans' lengths recur
+        if tag is None:
+            tag = _span_tag(n)
+        return tag + body
+
+
+#: a span's length -> ScopeSpans.spans' tag and that length (at most _CACHE_MAX kept)
+_SPAN_TAGS: dict[int, bytes] = {}
+
+
+def _span_tag(n: int) -> bytes:
+    tag = b"\x12" + _varint(n)
+    if len(_SPAN_TAGS) >= _CACHE_MAX:
+        _SPAN_TAGS.clear()
+    _SPAN_TAGS[n] = tag
+    return tag
 
 
 def _float_head(k: str) -> bytes:
