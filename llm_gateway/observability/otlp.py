@@ -133,19 +133,19 @@ class Encoder:
         # trace_id 1, span_id 2 (big-endian, as their hex), [trace_state 3], [parent_span_id 4], name 5, kind 6,
         # start 7 and end 8 (fixed64)
         if state:
-            parts = [_IDS(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id), _len(b"\x1a", state.encode())]
+            ids = _IDS(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id) + _len(b"\x1a", state.encode())
             if parent:
-                parts.append(_PARENT(0x2208, parent))
+                ids += _PARENT(0x2208, parent)
         elif parent:
-            parts = [_IDS_PARENT(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id, 0x2208, parent)]
+            ids = _IDS_PARENT(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id, 0x2208, parent)
         else:
-            parts = [_IDS(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id)]
+            ids = _IDS(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id)
         head = self._names.get(name)
         if head is None:
             if len(self._names) >= _CACHE_MAX:
                 self._names.clear()
             head = self._names[name] = _len(b"\x2a", name.encode())
-        parts += (head, _TIMES(0x30, kind, 0x39, start, 0x41, end))
+        block = b""
         if keys:  # the fixed attributes: one lookup for all of them (a span's request facts recur)
             blocks = self._blocks.get(id(keys))
             if blocks is None:
@@ -156,7 +156,11 @@ class Encoder:
                 if len(blocks) >= _CACHE_MAX:
                     blocks.clear()
                 blocks[values] = block
-            parts.append(block)
+        if not attrs and not events and error is None:  # an attempt's span: its four parts joined at once
+            body = b"".join((ids, head, _TIMES(0x30, kind, 0x39, start, 0x41, end), block))
+            tag = _SPAN_TAGS.get(len(body))
+            return (_span_tag(len(body)) if tag is None else tag) + body
+        parts = [ids, head, _TIMES(0x30, kind, 0x39, start, 0x41, end), block]
         if attrs:  # its other attributes (9): None is no attribute; a float is packed; a unique key's string is
             # written as it comes; any other value seen before under its key is one lookup
             kvs = self._kv
