@@ -17,9 +17,10 @@ the key), the request's class, queue wait (a `gateway.queue` child span before t
 number of attempts. Each `AttemptTrace` is begun when dispatch takes an attempt (service/request.py's
 `Job.took`) and ended when the attempt's slot is freed (routing/attempt.py), with the deployment, engine, the
 routing strategy that chose it, its number, and the error that failed it. Prompts and answers go on the spans
-only with `tracing.capture_content` (a whole answer's text; a stream's text is never kept). The attribute
-keys, operation names, finish-reason pattern and the Protocols by which a span reads the record and the attempt
-are genai_spans.py's.
+only with `tracing.capture_content` (a whole answer's text; a stream's text is never kept). A whole answer's finish
+reasons are what its adapter read of it (CallContext.finish_reasons; the answer's bytes where it did not say), a
+stream's are found in the events it relays (genai_spans.finish_reasons). The attribute keys, operation names,
+finish-reason pattern and the Protocols by which a span reads the record and the attempt are genai_spans.py's.
 """
 
 from __future__ import annotations
