@@ -150,12 +150,13 @@ class Encoder:
             blocks = self._blocks.get(id(keys))
             if blocks is None:
                 blocks = self._blocks[id(keys)] = {}
-            block = blocks.get(values)
-            if block is None:
-                block = b"".join(key_value(b"\x4a", k, v) for k, v in zip(keys, values, strict=True) if v is not None)
+            kept = blocks.get(values)
+            if kept is None:
+                kept = b"".join(key_value(b"\x4a", k, v) for k, v in zip(keys, values, strict=True) if v is not None)
                 if len(blocks) >= _CACHE_MAX:
                     blocks.clear()
-                blocks[values] = block
+                blocks[values] = kept
+            block = kept
         if not attrs and not events and error is None:  # an attempt's span: its four parts joined at once
             body = b"".join((ids, head, _TIMES(0x30, kind, 0x39, start, 0x41, end), block))
             tag = _SPAN_TAGS.get(len(body))
