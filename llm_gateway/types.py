@@ -65,6 +65,10 @@ class CallContext:
     slot: int | None = None
     #: the LoRA adapter to apply (a model's adapter: adapters/lora.py names it in the body); None: the base model
     lora: LoraCall | None = None
+    #: told back by the adapter: a whole answer's finish reasons as its parse of the answer read them (each choice's
+    #: `finish_reason`, in order), for the request's span (observability/tracing.py) without a second reading of
+    #: the bytes; None: not read (the span finds them in the answer's bytes)
+    finish_reasons: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -187,17 +187,28 @@ class OpenAICompatAdapter(Adapter):
                 code="generation_failed",
                 backend=self.backend.name,
             )
+        #: the finish reasons the answer will say, for the request's span (CallContext.finish_reasons): None where
+        #: a choice is not an object or has a `stop_reason` (vLLM's stop string: a span reads every `stop_reason`
+        #: too), and the span then reads them from the bytes
+        reasons: list[str] | None = []
         for ch in choices:
             if not isinstance(ch, dict):
+                reasons = None
                 continue
-            fr = ch.get("finish_reason")
+            fr = said = ch.get("finish_reason")
             for a, b in self.finish_renames:
                 if fr == a:
-                    ch["finish_reason"] = b
+                    ch["finish_reason"] = said = b
             msg = ch.get("message")
             rk = self.reasoning_key
             if rk and isinstance(msg, dict) and rk in msg and rk != ctx.reasoning_field:
                 msg[ctx.reasoning_field] = msg.pop(rk)
+            if reasons is not None:
+                if ch.get("stop_reason") is not None:
+                    reasons = None
+                elif type(said) is str:
+                    reasons.append(said)
+        ctx.finish_reasons = reasons
 
     def relay(self, ctx: CallContext) -> SSERelay:
         reps: tuple[tuple[bytes, bytes], ...] = ()

@@ -46,6 +46,22 @@ def finish_reasons(data: bytes) -> list[bytes]:
     return found
 
 
+#: a finish reason FINISH_REASON would find: what a reason told by an adapter must look like to be on a span too
+_REASON_TEXT = re.compile(r"[a-z_]{1,32}")
+_REASONS_SEEN: dict[str, bool] = {}  # a told reason -> does it look like one (they recur: at most 256 kept)
+
+
+def is_reason(r: str) -> bool:
+    """Would FINISH_REASON have found `r` as a finish reason (1-32 of a-z and _)? An adapter's reading of an answer
+    tells the span its reasons (CallContext.finish_reasons), the same ones as FINISH_REASON in its bytes."""
+    ok = _REASONS_SEEN.get(r)
+    if ok is None:
+        if len(_REASONS_SEEN) >= 256:
+            _REASONS_SEEN.clear()
+        ok = _REASONS_SEEN[r] = _REASON_TEXT.fullmatch(r) is not None
+    return ok
+
+
 #: the attributes whose values recur from request to request, as otlp.Span's fixed keys (encoded once per values)
 SERVER_KEYS = (
     "http.request.method",

@@ -54,10 +54,8 @@ _VARINT1 = [bytes((i,)) for i in range(128)]
 _MASK64 = (1 << 64) - 1
 _IDS = struct.Struct(">HQQHQ").pack  # trace_id 1 (tag, length, 16 bytes), span_id 2 (tag, length, 8 bytes)
 _PARENT = struct.Struct(">HQ").pack  # parent_span_id 4
+_IDS_PARENT = struct.Struct(">HQQHQHQ").pack  # _IDS and _PARENT in one
 _TIMES = struct.Struct("<BBBQBQ").pack  # kind 6 (one byte: 1-5), start 7 and end 8 (fixed64)
-_LEN2 = struct.Struct("<BBB").pack  # a tag and a two-byte length (128-16383)
-_TAG_LEN = struct.Struct("<BB").pack  # a tag and a one-byte length
-_STRING = struct.Struct("<BBBB").pack  # KeyValue.value 2 -> AnyValue.string_value 1, both one-byte lengths
 _CACHE_MAX = 1024  # encoded values kept per attribute key (model, deployment, ... recur; a request id does not)
 
 
@@ -112,7 +110,7 @@ class Encoder:
         #: key -> value -> the encoded attribute (a list's value as a tuple; see _attribute for what is kept), at
         #: most _CACHE_MAX values a key
         self._kv: dict[str, dict[Any, bytes]] = {}
-        self._keys: dict[str, bytes] = {}  # a unique key -> its KeyValue.key field
+        self._unique_heads: dict[tuple[str, int], bytes] = {}  # (a unique key, its value's length) -> _unique_head
         self._floats: dict[str, bytes] = {}  # key -> the attribute's bytes before its 8-byte double
         #: id of a keys tuple (a module constant) -> its values -> their encoded attributes
         self._blocks: dict[int, dict[tuple[Any, ...], bytes]] = {}
@@ -130,34 +128,71 @@ class Encoder:
     def span(self, s: Span) -> bytes:
         """One Span message, as ScopeSpans.spans (field 2). What recurs is encoded once and kept: the name, the
         fixed attributes' block, an attribute's key (and, for strings, ints and bools, its value), an event's name;
-        what varies (ids, times, floats) is packed by one struct each."""
+        what varies (ids, times, floats) is packed by one struct each (a parent and the ids by one)."""
         name, trace_id, span_id, parent, kind, start, end, keys, values, attrs, events, error, state = s
         # trace_id 1, span_id 2 (big-endian, as their hex), [trace_state 3], [parent_span_id 4], name 5, kind 6,
         # start 7 and end 8 (fixed64)
-        parts = [_IDS(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id)]
         if state:
-            parts.append(_len(b"\x1a", state.encode()))
-        if parent:
-            parts.append(_PARENT(0x2208, parent))
+            ids = _IDS(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id) + _len(b"\x1a", state.encode())
+            if parent:
+                ids += _PARENT(0x2208, parent)
+        elif parent:
+            ids = _IDS_PARENT(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id, 0x2208, parent)
+        else:
+            ids = _IDS(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id)
         head = self._names.get(name)
         if head is None:
-            head = self._names[name] = _len(b"\x2a", name.encode())
             if len(self._names) >= _CACHE_MAX:
                 self._names.clear()
-        parts += (head, _TIMES(0x30, kind, 0x39, start, 0x41, end))
+            head = self._names[name] = _len(b"\x2a", name.encode())
+        block = b""
         if keys:  # the fixed attributes: one lookup for all of them (a span's request facts recur)
             blocks = self._blocks.get(id(keys))
             if blocks is None:
                 blocks = self._blocks[id(keys)] = {}
-            block = blocks.get(values)
-            if block is None:
-                block = b"".join(key_value(b"\x4a", k, v) for k, v in zip(keys, values, strict=True) if v is not None)
+            kept = blocks.get(values)
+            if kept is None:
+                kept = b"".join(key_value(b"\x4a", k, v) for k, v in zip(keys, values, strict=True) if v is not None)
                 if len(blocks) >= _CACHE_MAX:
                     blocks.clear()
-                blocks[values] = block
-            parts.append(block)
-        if attrs:
-            self._attributes(parts, attrs)
+                blocks[values] = kept
+            block = kept
+        if not attrs and not events and error is None:  # an attempt's span: its four parts joined at once
+            body = b"".join((ids, head, _TIMES(0x30, kind, 0x39, start, 0x41, end), block))
+            tag = _SPAN_TAGS.get(len(body))
+            return (_span_tag(len(body)) if tag is None else tag) + body
+        parts = [ids, head, _TIMES(0x30, kind, 0x39, start, 0x41, end), block]
+        if attrs:  # its other attributes (9): None is no attribute; a float is packed; a unique key's string is
+            # written as it comes; any other value seen before under its key is one lookup
+            kvs = self._kv
+            for k, v in attrs.items():
+                if v is None:
+                    continue
+                t = type(v)
+                if t is float:  # a time or a wait: seldom the same twice; never looked up (1.0 == 1)
+                    kv = self._floats.get(k)
+                    if kv is None:
+                        kv = self._floats[k] = _float_head(k)
+                    parts += (kv, _D(v))
+                    continue
+                if t is str and k in self._unique:  # KeyValue: key 1, value 2 (AnyValue.string_value 1)
+                    data = v.encode()
+                    kv = self._unique_heads.get((k, len(data)))  # its tag, lengths and key: by the value's length
+                    if kv is None:
+                        kv = _unique_head(self._unique_heads, k, len(data))
+                    parts += (kv, data)
+                    continue
+                cache = kvs.get(k)
+                if cache is None:
+                    cache = kvs[k] = {}
+                try:
+                    kv = cache.get(v)
+                except TypeError:  # a list: kept as a tuple
+                    v = tuple(v)
+                    kv = cache.get(v)
+                if kv is None:
+                    kv = _attribute(cache, k, v)
+                parts.append(kv)
         for ev_name, at in events:  # events 11: Event.time_unix_nano 1, name 2
             ev = self._events.get(ev_name)
             if ev is None:
@@ -168,51 +203,41 @@ class Encoder:
             parts.append(_len(b"\x7a", _len(b"\x12", error.encode()) + b"\x18\x02"))
         body = b"".join(parts)
         n = len(body)
-        if n < 128:
-            return b"\x12" + _VARINT1[n] + body
-        if n < 16384:
-            return _LEN2(0x12, (n & 127) | 128, n >> 7) + body
-        return _len(b"\x12", body)
+        tag = _SPAN_TAGS.get(n)  # its tag and length: spans' lengths recur
+        if tag is None:
+            tag = _span_tag(n)
+        return tag + body
 
-    def _attributes(self, parts: list[bytes], attrs: dict[str, Any]) -> None:
-        """A span's other attributes (9), appended to `parts`: None is no attribute; a float is packed; a unique
-        key's string is written as it comes; any other value seen before under its key is one lookup."""
-        kvs = self._kv
-        unique = self._unique
-        for k, v in attrs.items():
-            if v is None:
-                continue
-            t = type(v)
-            if t is float:  # a time or a wait: seldom the same twice; never looked up (1.0 == 1)
-                kv = self._floats.get(k)
-                if kv is None:
-                    head = _len(b"\x0a", k.encode()) + b"\x12\x09\x21"  # key 1, value 2: AnyValue.double_value 4
-                    kv = self._floats[k] = b"\x4a" + _varint(len(head) + 8) + head
-                parts += (kv, _D(v))
-                continue
-            if t is str and k in unique:  # KeyValue: key 1, value 2 (AnyValue.string_value 1)
-                data = v.encode()
-                n = len(data)
-                key = self._keys.get(k)
-                if key is None:
-                    key = self._keys[k] = _len(b"\x0a", k.encode())
-                m = len(key) + n + 4
-                if m < 128:  # every length one byte
-                    parts += (_TAG_LEN(0x4A, m), key, _STRING(0x12, n + 2, 0x0A, n), data)
-                else:
-                    parts.append(key_value(b"\x4a", k, v))
-                continue
-            cache = kvs.get(k)
-            if cache is None:
-                cache = kvs[k] = {}
-            try:
-                kv = cache.get(v)
-            except TypeError:  # a list: kept as a tuple
-                v = tuple(v)
-                kv = cache.get(v)
-            if kv is None:
-                kv = _attribute(cache, k, v)
-            parts.append(kv)
+
+#: a span's length -> ScopeSpans.spans' tag and that length (at most _CACHE_MAX kept)
+_SPAN_TAGS: dict[int, bytes] = {}
+
+
+def _span_tag(n: int) -> bytes:
+    tag = b"\x12" + _varint(n)
+    if len(_SPAN_TAGS) >= _CACHE_MAX:
+        _SPAN_TAGS.clear()
+    _SPAN_TAGS[n] = tag
+    return tag
+
+
+def _float_head(k: str) -> bytes:
+    """A double attribute's bytes before its 8-byte value: the KeyValue's tag and length, its key 1 and value 2
+    (AnyValue.double_value 4)."""
+    head = _len(b"\x0a", k.encode()) + b"\x12\x09\x21"
+    return b"\x4a" + _varint(len(head) + 8) + head
+
+
+def _unique_head(heads: dict[tuple[str, int], bytes], k: str, n: int) -> bytes:
+    """A unique key's string attribute of `n` bytes, all but the string: the KeyValue's tag and length, its key 1,
+    and value 2's tag and length (AnyValue.string_value 1's tag and length); kept by (key, n) (at most _CACHE_MAX)."""
+    key = _len(b"\x0a", k.encode())
+    value_head = b"\x12" + _varint(n + 1 + len(_varint(n))) + b"\x0a" + _varint(n)
+    head = b"\x4a" + _varint(len(key) + len(value_head) + n) + key + value_head
+    if len(heads) >= _CACHE_MAX:
+        heads.clear()
+    heads[(k, n)] = head
+    return head
 
 
 def _attribute(cache: dict[Any, bytes], k: str, v: Any) -> bytes:

@@ -17,9 +17,10 @@ the key), the request's class, queue wait (a `gateway.queue` child span before t
 number of attempts. Each `AttemptTrace` is begun when dispatch takes an attempt (service/request.py's
 `Job.took`) and ended when the attempt's slot is freed (routing/attempt.py), with the deployment, engine, the
 routing strategy that chose it, its number, and the error that failed it. Prompts and answers go on the spans
-only with `tracing.capture_content` (a whole answer's text; a stream's text is never kept). The attribute
-keys, operation names, finish-reason pattern and the Protocols by which a span reads the record and the attempt
-are genai_spans.py's.
+only with `tracing.capture_content` (a whole answer's text; a stream's text is never kept). A whole answer's finish
+reasons are what its adapter read of it (CallContext.finish_reasons; the answer's bytes where it did not say), a
+stream's are found in the events it relays (genai_spans.finish_reasons). The attribute keys, operation names,
+finish-reason pattern and the Protocols by which a span reads the record and the attempt are genai_spans.py's.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from llm_gateway.observability.genai_spans import (
     TracedAttempt,
     capture_input,
     finish_reasons,
+    is_reason,
 )
 from llm_gateway.observability.otlp import CLIENT, INTERNAL, SERVER
 from llm_gateway.observability.otlp_config import ID64 as _ID64
@@ -194,9 +196,16 @@ class RequestTrace:
             known = tr.client(*key)
         return AttemptTrace(self, known[0], known[1], now)
 
-    def answered(self, out: bytes) -> None:
-        """A whole answer went out: its finish reasons, and its text where content is captured."""
-        self.finished(out)
+    def answered(self, out: bytes, told: list[str] | None = None) -> None:
+        """A whole answer went out: its finish reasons (`told`: as the adapter read them, CallContext.finish_reasons;
+        None: found in `out`), and its text where content is captured."""
+        if told is None:
+            self.finished(out)
+        else:
+            reasons = self.reasons
+            for r in told:
+                if (reasons is None or r not in reasons) and is_reason(r):
+                    reasons = self.reasons = (r,) if reasons is None else (*reasons, r)
         if self.tracing.cfg.capture_content:
             self.content()["gen_ai.output.messages"] = out[:CONTENT_LIMIT].decode("utf-8", "replace")
 
@@ -266,7 +275,7 @@ class RequestTrace:
             self.klass,
             rec.stream,
             rec.attempts,
-            max(0, rec.attempts - 1),
+            rec.attempts - 1 if rec.attempts > 1 else 0,
             rec.outcome,
             status == 499,
             status,

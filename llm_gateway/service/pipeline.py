@@ -224,7 +224,7 @@ class GenerationService:
     async def _unary(self, job: Job) -> Usage | None:
         rec = job.rec
 
-        async def exchange(attempt: Attempt) -> tuple[bytes, Usage | None, str | None]:
+        async def exchange(attempt: Attempt) -> tuple[bytes, Usage | None, str | None, list[str] | None]:
             ctx = job.context(attempt)
             resp = await self._send_upstream(job, attempt.deployment, ctx)
             t = time.perf_counter()
@@ -234,12 +234,13 @@ class GenerationService:
                 resp.close()
                 rec.upstream_s += time.perf_counter() - t
             a, api = attempt.deployment.backend.adapter, ctx.native_api
-            return *(a.native_response_body(api, data, ctx) if api else a.response_body(data, ctx)), api
+            out, usage = a.native_response_body(api, data, ctx) if api else a.response_body(data, ctx)
+            return out, usage, api, ctx.finish_reasons  # the reasons as the adapter read them, where it did
 
         job.call.watch_disconnect(DISCONNECT_WATCH_DELAY_S)
         rt = job.rt
         try:
-            attempt, (out, usage, api) = await rt.dispatcher.run(rt.table, job, exchange)
+            attempt, (out, usage, api, reasons) = await rt.dispatcher.run(rt.table, job, exchange)
         finally:
             job.call.stop_watching()
         attempt.ok()
@@ -250,7 +251,7 @@ class GenerationService:
             job.native.answer_natively(api is not None)
         await job.call.respond(200, out, job.answered(attempt))
         if rec.trace is not None:
-            rec.trace.answered(out)  # finish reasons (and the text, where content is captured)
+            rec.trace.answered(out, reasons)  # finish reasons (and the text, where content is captured)
         return usage
 
     # -- streams -----------------------------------------------------------------------------------------
