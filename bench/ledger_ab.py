@@ -53,6 +53,24 @@ def wrk(url: str, conc: int, dur: float, body: Path | None = None) -> dict:
     return json.loads(line[len("WRKJSON ") :])
 
 
+def start_engine(held: contextlib.ExitStack, work: Path) -> list[str]:
+    """CPU latency held at 0 and the fake engine on the load core (two ports), both until `held` closes: the
+    engines' URLs."""
+    held.enter_context(cpu_idle.held_latency(0))
+    ports = [ps.free_port(), ps.free_port()]
+    engine = ps.Proc(
+        f"{tg.PROJECT_PY} {tg.BENCH}/fake_engine.py --port {ports[0]},{ports[1]} --tokens 64 --tpot-ms 1",
+        LOAD_CPU,
+        tg.target_env(),
+        work / "engine.log",
+        NICE,
+    )
+    held.callback(engine.stop)
+    if not ps.wait_until(lambda: not ps.port_free(ports[1]), 15):
+        raise RuntimeError("the fake engine did not start")
+    return [f"http://127.0.0.1:{p}" for p in ports]
+
+
 def start_gateway(profile: str, checkout: Path | None, engines: list[str], work: Path) -> tuple[ps.Proc, str]:
     data = Path(tempfile.mkdtemp(prefix="gw-", dir=work))
     config = tg.write_gateway_config(data / "gateway.yaml", engines, profile=profile, data_dir=data)
@@ -122,19 +140,7 @@ def main() -> int:
     runs: dict[str, list[dict]] = {label: [] for label, _, _ in variants}
     direct: list[float] = []
     with contextlib.ExitStack() as held:
-        held.enter_context(cpu_idle.held_latency(0))
-        ports = [ps.free_port(), ps.free_port()]
-        engine = ps.Proc(
-            f"{tg.PROJECT_PY} {tg.BENCH}/fake_engine.py --port {ports[0]},{ports[1]} --tokens 64 --tpot-ms 1",
-            LOAD_CPU,
-            tg.target_env(),
-            work / "engine.log",
-            NICE,
-        )
-        held.callback(engine.stop)
-        if not ps.wait_until(lambda: not ps.port_free(ports[1]), 15):
-            raise RuntimeError("the fake engine did not start")
-        engines = [f"http://127.0.0.1:{p}" for p in ports]
+        engines = start_engine(held, work)
         for rnd in range(a.rounds):
             d = wrk(engines[0] + "/v1/chat/completions", 1, a.duration, agent.get("chat"))
             direct.append(d["p99_us"] / 1e3)

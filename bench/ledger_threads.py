@@ -21,11 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import cpu_idle
 import ledger_ab as ab
 import procstat as ps
-import targets as tg
-from run_context import LOAD_CPU
 
 _NUM = re.compile(r"_?\d+$")
 _SWITCHES = re.compile(r"^(?:non)?voluntary_ctxt_switches:\s+(\d+)", re.M)  # voluntary, then involuntary
@@ -88,19 +85,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ledger-threads-"))
     runs: dict[tuple[str, int], list[dict]] = {}
     with contextlib.ExitStack() as held:
-        held.enter_context(cpu_idle.held_latency(0))
-        ports = [ps.free_port(), ps.free_port()]
-        engine = ps.Proc(
-            f"{tg.PROJECT_PY} {tg.BENCH}/fake_engine.py --port {ports[0]},{ports[1]} --tokens 64 --tpot-ms 1",
-            LOAD_CPU,
-            tg.target_env(),
-            work / "engine.log",
-            ab.NICE,
-        )
-        held.callback(engine.stop)
-        if not ps.wait_until(lambda: not ps.port_free(ports[1]), 15):
-            raise RuntimeError("the fake engine did not start")
-        engines = [f"http://127.0.0.1:{p}" for p in ports]
+        engines = ab.start_engine(held, work)
         for rnd in range(a.rounds):
             for label, profile, checkout in variants if rnd % 2 == 0 else list(reversed(variants)):
                 proc, base = ab.start_gateway(profile, checkout, engines, work)

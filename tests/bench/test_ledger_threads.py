@@ -25,7 +25,10 @@ time.sleep(0.3)
 during = ledger_threads.threads(os.getpid())
 stop.set()
 worker.join()
-print(json.dumps({"before": before, "during": during, "after": ledger_threads.threads(os.getpid())}))
+deadline = time.monotonic() + 5  # a joined thread's /proc entry goes a moment after join returns (seen under load)
+while set(after := ledger_threads.threads(os.getpid())) != {"loop"} and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(json.dumps({"before": before, "during": during, "after": after}))
 """
 
 
