@@ -37,12 +37,12 @@ def _probe(tick_s: float, lags: list[float], stop: threading.Event) -> None:
 
 
 async def _one(size: int, db: Path, batches: int, rows_per: int, tick_s: float, gap_s: float) -> list[float]:
-    from llm_gateway.observability.ledger import UsageLedger
+    from llm_gateway.observability.ledger_rows import finished_row
     from llm_gateway.state import sqlite_writer, usage
 
     recs = ledger_writer._records(batches * rows_per)
     now = ledger_writer.NOON_MS / 1000
-    rows = [UsageLedger._row(r, now + i / 1000, 0.25) for i, r in enumerate(recs)]
+    rows = [finished_row(r, now + i / 1000, 0.25) for i, r in enumerate(recs)]
     writer = sqlite_writer.SqliteWriter(str(db), 5.0)
     sql = ledger_writer.insert_sql(usage._INSERTED)
     await writer.insert(sql, rows[:1], usage._with_days)  # the thread and its connection exist from here on

@@ -5,7 +5,7 @@ thread and the SQLite writer thread, and on a shared VM its CPU figures (ledger_
 change to one of those steps saves. This counts the instructions of the writer path alone, run synchronously
 in one process, as the gateway runs each step per flush:
 
-  - build the rows: `UsageLedger._row` per finished request (on the request path, at its end);
+  - build the rows: `ledger_rows.finished_row` per finished request (on the request path, at its end);
   - checkpoint: `UsageLedger._write_checkpoint`, i.e. the crash spool's JSON lines of the new rows and the
     snapshot of `--in-flight` requests in flight (each built as the row it would leave);
   - insert: the SQLite writer thread's transaction (`SqliteWriter._insert` with `UsageStore`'s preparation:
@@ -73,6 +73,7 @@ def insert_sql(columns: tuple[str, ...]) -> str:
 def child(db_path: str, spool_dir: str, batch: int, flushes: int, capacity: int, in_flight: int) -> None:
     """The measured process: the same set-up whatever `flushes`, then `flushes` flushes of `batch` rows."""
     from llm_gateway.observability.ledger import COLUMNS, UsageLedger
+    from llm_gateway.observability.ledger_rows import finished_row
     from llm_gateway.observability.metrics import Metrics
     from llm_gateway.observability.spool import Spool
     from llm_gateway.settings import UsageConfig
@@ -88,7 +89,7 @@ def child(db_path: str, spool_dir: str, batch: int, flushes: int, capacity: int,
     now = NOON_MS / 1000
     for f in range(flushes):
         done = recs[f * batch : (f + 1) * batch]
-        rows = [UsageLedger._row(rec, now + i / 1000, 0.25 + i / 10_000) for i, rec in enumerate(done)]
+        rows = [finished_row(rec, now + i / 1000, 0.25 + i / 10_000) for i, rec in enumerate(done)]
         ledger._write_checkpoint(spool, rows, open_recs, now, 2000.0)
         writer._insert(sql, rows, usage._with_days)
         spool.clear()

@@ -46,7 +46,7 @@ translation joins its output once: a Responses frame that echoes an agent's tool
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import orjson
@@ -54,7 +54,6 @@ import orjson
 from llm_gateway.adapters.sse_translated import _MAX_LEARNS, TokenTranslation, _straddles_near
 from llm_gateway.errors import DONE, EngineErrorAnswer, GatewayError, StreamInterrupted, UpstreamProtocolError
 from llm_gateway.types import CallContext
-from llm_gateway.wire.chat_events import ChatTranslation
 from llm_gateway.wire.sse_bytes import (
     DONE_DATA,
     TEXT,
@@ -264,53 +263,32 @@ class SSERelay(TokenTranslation):
         if tr is not None:
             return self._slow_translated(block, tr)
         out: list[bytes] = []
-        for raw in block.split(b"\n\n"):
-            if self._closed:
-                break
-            payload = data_of(raw)
-            if payload is None:
-                continue  # blank, comment (": ping"), or an event with no data
-            if payload == DONE_DATA:
-                self.done = True
-                self._closed = True
+        for ev in self._passed(block):
+            if ev is None:
                 out.append(self._done_out())
-                break
-            ev = self._event(payload)
-            if ev:
-                if not self.output_started and not self._closed:
-                    self.output_started = has_output(ev)
-                out.append(ev)
+                continue
+            if not self.output_started and not self._closed:
+                self.output_started = has_output(ev)
+            out.append(ev)
         return b"".join(out)
 
-    def _slow_translated(self, block: bytes, tr: ChatTranslation) -> bytes:
-        """`_slow` for a translated stream: the block's events (as `_event` passes them on) are handed to the
-        translation together, `[DONE]` too, so that its output is joined once, by it: the Responses API's last
-        frame, after the last token and the usage, is tens of KB. A failure (in the client's API already,
-        `_fail`) first hands over what came before it (`_fail` does), so the translation fails in that state."""
-        fed = self._fed
-        out = b""
+    def _passed(self, block: bytes) -> Iterator[bytes | None]:
+        """The block's events as `_event` passes them on, in order, until the stream closes; None for `[DONE]`
+        (which closes it)."""
         for raw in block.split(b"\n\n"):
             if self._closed:
-                break
+                return
             payload = data_of(raw)
             if payload is None:
                 continue  # blank, comment (": ping"), or an event with no data
             if payload == DONE_DATA:
                 self.done = True
                 self._closed = True
-                fed.append(DONE)  # the translation's `end()`, as `_done_out` would call it
-                break
+                yield None
+                return
             ev = self._event(payload)
             if ev:
-                if self._closed:  # a failure, the translation's already: what came before it went first
-                    return ev
-                if not self.output_started:  # read in OpenAI's events, before translating
-                    self.output_started = has_output(ev)
-                fed.append(ev)
-        if fed:
-            out = tr.feed(fed[0] if len(fed) == 1 else b"".join(fed))
-            fed.clear()
-        return out
+                yield ev
 
     def _has_finish_error(self, payload: bytes) -> bool:
         for f in self._finish_errors:  # noqa: SIM110  # a loop, not any(genexpr): no generator per event

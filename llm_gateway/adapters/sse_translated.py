@@ -1,19 +1,22 @@
 """The translated stream's token path of the SSE relay (sse_relay.py's `SSERelay` is built on it): for a client of
 another API (wire/chat_events.ChatTranslation), an ordinary token of the learnt envelope is handed to the
-translation as its text alone, and every other event as it is, parsed once by the translation. Also the test
+translation as its text alone, and every other event as it is, parsed once by the translation (a block's events
+together: `_slow_translated`). Also the test
 the relay's envelopes share: whether a swap of the model or field names could reach into an event's text.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import ClassVar
 
 import orjson
 
 from llm_gateway.adapters.relay_base import RelayBase
+from llm_gateway.errors import DONE
 from llm_gateway.wire.chat_events import ChatTranslation, plain_text
-from llm_gateway.wire.sse_bytes import text_envelope
+from llm_gateway.wire.sse_bytes import has_output, text_envelope
 
 
 class TokenTranslation(RelayBase):
@@ -27,10 +30,35 @@ class TokenTranslation(RelayBase):
     #: set by `SSERelay`: the swaps of model and field names
     _replacements: tuple[tuple[bytes, bytes], ...]
     _finish_renames: tuple[tuple[bytes, bytes], ...]
+    _fed: list[bytes]  # a block's events waiting to be handed to the translation together
     oversized: ClassVar[str]
 
     def _block(self, data: bytes) -> bytes:  # the block path: SSERelay's
         raise NotImplementedError
+
+    def _passed(self, block: bytes) -> Iterator[bytes | None]:  # a block's events as passed on: SSERelay's
+        raise NotImplementedError
+
+    def _slow_translated(self, block: bytes, tr: ChatTranslation) -> bytes:
+        """`_slow` for a translated stream: the block's events (as `_event` passes them on) are handed to the
+        translation together, `[DONE]` too, so that its output is joined once, by it: the Responses API's last
+        frame, after the last token and the usage, is tens of KB. A failure (in the client's API already,
+        `_fail`) first hands over what came before it (`_fail` does), so the translation fails in that state."""
+        fed = self._fed
+        for ev in self._passed(block):
+            if ev is None:
+                fed.append(DONE)  # the translation's `end()`, as `_done_out` would call it
+            elif self._closed:  # a failure, the translation's already: what came before it went first
+                return ev
+            else:
+                if not self.output_started:  # read in OpenAI's events, before translating
+                    self.output_started = has_output(ev)
+                fed.append(ev)
+        if not fed:
+            return b""
+        out = tr.feed(fed[0] if len(fed) == 1 else b"".join(fed))
+        fed.clear()
+        return out
 
     def _translated(self, data: bytes) -> bytes:
         """`feed` of a translated stream: an ordinary token of the learnt envelope is handed to the translation

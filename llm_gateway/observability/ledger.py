@@ -31,29 +31,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from llm_gateway.errors import DatabaseUnavailable
 from llm_gateway.observability.activity import Activity
+from llm_gateway.observability.ledger_rows import COLUMNS, Row, day_of, finished_row, in_flight, interrupted_row
 from llm_gateway.observability.metrics import Metrics
 from llm_gateway.observability.record import NONE, RequestRecord
 from llm_gateway.observability.spool import Recovered, Spool, recover
 from llm_gateway.settings import UsageConfig
-from llm_gateway.types import USAGE_COLUMNS
 
 log = logging.getLogger("gateway.usage")
 
 MAX_RETRY_S = 30.0
-COLUMNS = USAGE_COLUMNS
-Row = tuple[Any, ...]  # the values of COLUMNS
-#: where status, outcome, prompt_tokens, completion_tokens and usage_estimated sit in a row, in that order
-_STATUS = COLUMNS.index("status")
-assert COLUMNS[_STATUS : _STATUS + 5] == ("status", "outcome", "prompt_tokens", "completion_tokens", "usage_estimated")
 
 
 class RowSink(Protocol):
@@ -88,7 +82,7 @@ class UsageLedger:
         self._recovered_interrupted = metrics.usage_rows_recovered.labels("interrupted")
         self._spool_errors = metrics.usage_spool_errors
         metrics.usage_rows_buffered.set_function(lambda: len(self._rows))
-        metrics.usage_requests_open.set_function(lambda: len(_running(self._open.values())))
+        metrics.usage_requests_open.set_function(lambda: len(in_flight(self._open.values())))
         metrics.usage_rows_at_risk.set_function(self.at_risk)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -113,7 +107,7 @@ class UsageLedger:
     def at_risk(self) -> int:
         """What a crash now would lose: finished rows on no disk yet, and requests in flight since the last
         checkpoint (all of them buffered or in flight without a spool)."""
-        running = _running(self._open.values())
+        running = in_flight(self._open.values())
         if self._spool is None:
             return len(self._rows) + len(running)
         ckpt = self._checkpointed
@@ -140,29 +134,9 @@ class UsageLedger:
         if len(rows) >= self.capacity:
             self._dropped_full.inc()
             return
-        rows.append(self._row(rec, now, duration_s))
+        rows.append(finished_row(rec, now, duration_s))
         if len(rows) >= self.batch and not self._wake.is_set():
             self._wake.set()
-
-    @staticmethod
-    def _row(rec: RequestRecord, now: float, duration_s: float) -> Row:
-        """The values of COLUMNS for a request that ended (or, at a checkpoint, would end) at `now`."""
-        return (
-            int((now - duration_s) * 1000),
-            rec.rid,
-            rec.key,
-            rec.key_id,
-            rec.model,
-            rec.backend,
-            rec.endpoint,
-            rec.status,
-            rec.outcome,
-            rec.prompt_tokens or 0,
-            rec.completion_tokens or 0,
-            rec.usage_estimated,
-            None if rec.ttft_s is None else _ms(rec.ttft_s),
-            _ms(duration_s),
-        )
 
     # -- behind it -----------------------------------------------------------------------------------
     def start(self, opener: SinkOpener, spool_dir: Path | None = None) -> None:
@@ -282,7 +256,7 @@ class UsageLedger:
                 chunk = [{c: r.get(c) for c in COLUMNS} for r in rows[: self.batch]]
                 try:
                     for d in chunk:
-                        d["day"] = _day(int(d["at_ms"] or 0))  # a row without a time: refused below
+                        d["day"] = day_of(int(d["at_ms"] or 0))  # a row without a time: refused below
                     if self._sink is None:
                         assert self._opener is not None, "start() was not called"
                         self._sink = await self._opener()
@@ -332,18 +306,9 @@ class UsageLedger:
     def _write_checkpoint(
         self, spool: Spool, new: list[Row], recs: list[RequestRecord], now: float, perf: float
     ) -> set[tuple[str, float]]:
-        running = _running(recs)
-        spool.write(new, [self._interrupted(rec, now, perf) for rec in running])
+        running = in_flight(recs)
+        spool.write(new, [interrupted_row(rec, now, perf) for rec in running])
         return {(r.rid, r.t0) for r in running}
-
-    @classmethod
-    def _interrupted(cls, rec: RequestRecord, now: float, perf: float) -> Row:
-        """The row a request in flight leaves if the process dies now: outcome `interrupted`, status 500, the
-        tokens a stream has relayed so far (estimated). `_row`'s, those five values replaced: no copy of the
-        record per request per checkpoint."""
-        prompt, completion = (rec.prompt_tokens, rec.completion_tokens) if rec.live is None else rec.live()
-        row = cls._row(rec, now, perf - rec.t0)
-        return (*row[:_STATUS], 500, "interrupted", prompt or 0, completion or 0, True, *row[_STATUS + 5 :])
 
     def _spool_failed(self, e: OSError) -> None:
         self._spool_errors.inc()
@@ -383,19 +348,3 @@ class UsageLedger:
             log.error("usage ledger: %d rows could not be written before shutdown (counted as dropped)", left - kept)
         self._rows.clear()
         self._spooled = 0
-
-
-def _ms(seconds: float) -> float:
-    """Seconds as milliseconds to the microsecond: `round(seconds * 1000, 3)`'s value, without its decimal
-    conversion (a float's `round` to digits formats and parses the number: ~1,100 instructions, twice a row on
-    the request path; this is two multiplications and an integer round)."""
-    return round(seconds * 1e6) / 1e3
-
-
-def _running(recs: Iterable[RequestRecord]) -> list[RequestRecord]:
-    """The generation requests in flight whose key is known (those that will leave a row)."""
-    return [r for r in recs if r.key != NONE and r.endpoint != "other"]
-
-
-def _day(at_ms: int) -> str:
-    return dt.datetime.fromtimestamp(at_ms / 1000, dt.UTC).strftime("%Y-%m-%d")

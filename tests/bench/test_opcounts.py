@@ -89,7 +89,7 @@ def test_an_agent_run_counts_the_74_kb_request_in_its_dialect(tmp_path: Path) ->
 def test_a_profile_run_counts_what_its_features_add_on_the_loop(tmp_path: Path) -> None:
     ledger = _run(tmp_path, requests=3, warmup=1, profile="ledger")
     assert ledger["config"]["profile"] == "ledger"
-    row = ("llm_gateway/observability/ledger.py", "UsageLedger._row")
+    row = ("llm_gateway/observability/ledger_rows.py", "finished_row")
     assert opcounts.per_function(ledger)[row] > 0  # the ledger's row, made on the request path
     assert row not in opcounts.per_function(_run(tmp_path, requests=3, warmup=1))  # minimal: no row made
 

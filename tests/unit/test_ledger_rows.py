@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llm_gateway.observability.ledger import COLUMNS, UsageLedger
+from llm_gateway.observability.ledger_rows import COLUMNS, finished_row, interrupted_row
 from llm_gateway.observability.record import RequestRecord
 from llm_gateway.observability.spool import Spool, recover
 
@@ -35,7 +35,7 @@ def reference_interrupted(rec: RequestRecord, now: float, perf: float) -> tuple[
     gone = dataclasses.replace(rec, status=500, outcome="interrupted", usage_estimated=True)
     if rec.live is not None:
         gone.prompt_tokens, gone.completion_tokens = rec.live()
-    return UsageLedger._row(gone, now, perf - rec.t0)
+    return finished_row(gone, now, perf - rec.t0)
 
 
 @pytest.mark.parametrize("live", [False, True])
@@ -45,7 +45,7 @@ def test_a_request_in_flight_leaves_its_records_row_with_the_interrupted_outcome
     for i in range(5):
         rec = record(i, live=live, ttft=ttft, tokens=tokens)
         now, perf = 1_764_590_400.123 + i, 103.75 + i
-        got = UsageLedger._interrupted(rec, now, perf)
+        got = interrupted_row(rec, now, perf)
         want = reference_interrupted(rec, now, perf)
         assert got == want
         assert [type(v) for v in got] == [type(v) for v in want]
@@ -55,8 +55,8 @@ def test_a_request_in_flight_leaves_its_records_row_with_the_interrupted_outcome
 def test_the_spools_files_are_a_header_and_one_json_line_per_row(tmp_path: Path):
     spool = Spool(tmp_path, COLUMNS)
     recs = [record(i, live=i % 2 == 0, ttft=i % 3 == 0, tokens=i % 4 != 0) for i in range(6)]
-    done = [UsageLedger._row(r, 1_764_590_400.5 + r.t0, 0.25 * r.t0) for r in recs]
-    running = [UsageLedger._interrupted(r, 1_764_590_401.0, 120.0) for r in recs[:3]]
+    done = [finished_row(r, 1_764_590_400.5 + r.t0, 0.25 * r.t0) for r in recs]
+    running = [interrupted_row(r, 1_764_590_401.0, 120.0) for r in recs[:3]]
     header = orjson.dumps({"columns": list(COLUMNS)}) + b"\n"
     spool.write(done[:4], running)
     spool.write(done[4:], running[:1])
@@ -111,7 +111,7 @@ def test_durations_are_milliseconds_to_the_microsecond_as_round_gives_them():
     microsecond either neighbour is right."""
     from random import Random
 
-    from llm_gateway.observability.ledger import _ms
+    from llm_gateway.observability.ledger_rows import ms as _ms
 
     r = Random(36)
     for _ in range(20_000):
