@@ -146,7 +146,8 @@ class KvEvents:
                 await asyncio.sleep(DISCOVER_S)
         else:
             endpoints = (setting,)
-        feed = KvEventFeed(b.name, endpoints, self._metrics, b.kv or EngineKv())
+        assert b.kv is not None  # sync set it, and the records of b's deployments hold it
+        feed = KvEventFeed(b.name, endpoints, self._metrics, b.kv)
         self._threads[b.name] = feed
         feed.start()
 
