@@ -158,7 +158,7 @@ class MemoryStore:
         room_t: int | None = None
         room_c: int | None = None
         for s in scopes:
-            if not s.has_budget:
+            if s.budget_tokens is None and s.budget_cost is None:  # (not the property: a call less a scope)
                 continue
             pid, end = period_of(s.period, wall)
             res.periods[s.scope] = pid

@@ -54,7 +54,7 @@ def model_scope(key: str, model: str) -> str:
     return f"k:{key}@m:{model}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made for every budgeted request, and a frozen init sets each field by a call
 class Shrink:
     """How a reservation may be made smaller to fit a budget: it is `prompt` tokens (costing `prompt_cost`)
     and a completion of whole tokens per choice (`choices` of them), each output token costing `unit_cost`
@@ -239,7 +239,8 @@ def _ceil_rounded(x: float, step: float, digits: int) -> int:
 
 def token_cost(price: tuple[float, float], prompt: int, completion: int) -> int:
     """What `prompt` input and `completion` output tokens cost at (input, output) per million, in COST_UNITS."""
-    return cost_units((prompt * price[0] + completion * price[1]) / 1_000_000)
+    n = _ceil_rounded((prompt * price[0] + completion * price[1]) / 1_000_000 * COST_UNITS, 0.001, 3)  # cost_units
+    return n if n > 0 else 0
 
 
 def period_of(period: Period, now_s: float) -> tuple[str, float]:
