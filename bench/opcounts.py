@@ -342,9 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     r.add_argument(
         "--profile",
-        choices=("minimal", "ledger", "team", "traced"),
+        choices=("minimal", "ledger", "team", "traced", "budget", "fairq", "admin"),
         default="minimal",
-        help="the gateway's config (targets.PROFILES: minimal, ledger, team, traced): what a feature adds on the loop",
+        help="the gateway's config (targets.PROFILES): what a feature adds on the loop",
     )
     r.add_argument("--top", type=int, default=30)
     r.add_argument("--out", help="write the counts here (JSON, for `diff`)")

@@ -39,8 +39,10 @@ DEFAULT_GATEWAY_CMD = "{py} -m llm_gateway serve --config {config} --host 127.0.
 
 #: the gateway configs the bench can run: `team` is the gateway as a team runs it (the `gateway` target),
 #: `minimal` the bench's config before that (the `gateway-minimal` target), `ledger` minimal + the usage ledger,
-#: `traced` minimal + tracing at 100 % sampling to an OTLP/HTTP receiver on 127.0.0.1:4318 (bench/otlp_sink.py)
-PROFILES = ("team", "minimal", "ledger", "traced")
+#: `traced` minimal + tracing at 100 % sampling to an OTLP/HTTP receiver on 127.0.0.1:4318 (bench/otlp_sink.py);
+#: `fairq` and `admin` minimal + one of the team's other features alone, `budget` ledger + the key's budget (a budget
+#: on the memory store needs the ledger, which restores it at start): what each feature costs, an attribution
+PROFILES = ("team", "minimal", "ledger", "traced", "budget", "fairq", "admin")
 #: where the `traced` profile exports its spans (bench/otlp_sink.py's default port)
 OTLP_SINK = "http://127.0.0.1:4318"
 #: the `team` profile's admin key (the admin API is mounted; the bench never calls it)
@@ -57,7 +59,10 @@ def gateway_config(
     a token and cost budget on the key (reserved and settled per request; a price on the model), a
     gateway-side concurrency cap per deployment that the c64 load reaches (requests queue, in fair-share
     order), and the admin API mounted (an admin key: its key refresher polls the database). `traced`: minimal and
-    tracing on, every request sampled, exported over OTLP/HTTP to OTLP_SINK (the A/B of what tracing costs)."""
+    tracing on, every request sampled, exported over OTLP/HTTP to OTLP_SINK (the A/B of what tracing costs).
+    `fairq`, `admin`: minimal and one of team's features alone (the concurrency cap with fair queuing; the admin
+    API); `budget`: ledger and the key's budget with the model's price (a budget needs the ledger): to attribute
+    team's cost feature by feature."""
     if profile not in PROFILES:
         raise ValueError(f"unknown gateway profile {profile!r}")
     key: dict = {
@@ -110,14 +115,17 @@ def gateway_config(
         return cfg
     if data_dir is not None:
         cfg["server"]["data_dir"] = str(data_dir)
-    cfg["usage"] = {"ledger": True}
-    if profile == "team":
+    if profile in ("ledger", "budget", "team"):  # a budget on the memory store needs the ledger (restored from it)
+        cfg["usage"] = {"ledger": True}
+    if profile in ("budget", "team"):
         key["budget"] = {"tokens": 10_000_000_000_000, "cost": 9_000_000, "period": "month"}  # cost: the most allowed
         cfg["models"][0]["price"] = {"input_per_million": 0.5, "output_per_million": 1.5}
+    if profile in ("fairq", "team"):
         for b in cfg["backends"]:
             b["max_concurrency"] = 32  # two deployments: c64 fills both, and bursts queue (fair queuing)
             b["max_queue"] = 4096
         cfg["routing"] = {"fair_queuing": True}
+    if profile in ("admin", "team"):
         cfg["admin"] = {"keys": [{"name": "bench-admin", "sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest()}]}
     return cfg
 

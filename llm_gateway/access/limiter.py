@@ -132,18 +132,24 @@ class Limiter:
             return None, None
         price = self._prices.get(model)
         cost = 0
-        if price is not None and any(s.budget_cost is not None for s in scopes):
+        budgeted = costed = False
+        for s in scopes:  # (loops, not any() over generators: every request asks)
+            if s.budget_cost is not None:
+                budgeted = costed = True
+            elif s.budget_tokens is not None:
+                budgeted = True
+        if price is not None and costed:
             if prompt_tokens is None:
                 cost = _dearer(price, tokens)
             else:
-                prompt = min(prompt_tokens, tokens)
+                prompt = prompt_tokens if prompt_tokens < tokens else tokens
                 cost = token_cost(price, prompt, tokens - prompt)
         shrink: Shrink | None = None
-        if flexible and prompt_tokens is not None and any(s.has_budget for s in scopes):
-            prompt = min(prompt_tokens, tokens)
+        if flexible and prompt_tokens is not None and budgeted:
+            prompt = prompt_tokens if prompt_tokens < tokens else tokens
             shrink = Shrink(
                 prompt,
-                max(1, choices),
+                choices if choices > 1 else 1,
                 token_cost(price, prompt, 0) if price is not None else 0,
                 price[1] * COST_UNITS / 1_000_000 if price is not None else 0.0,
             )
@@ -255,7 +261,8 @@ class Limiter:
         if prompt is None:  # no split known: the dearer rate, as reserved
             cost = _dearer(res.price, actual_tokens)
         else:
-            prompt = min(prompt, actual_tokens)
+            if prompt > actual_tokens:
+                prompt = actual_tokens
             cost = token_cost(res.price, prompt, actual_tokens - prompt)
         if self._finish_now is not None:
             self._finish_now(res, actual_tokens, cost)
@@ -280,16 +287,26 @@ def quota_headers(d: Decision | None) -> Headers:
     _add(out, b"tokens", d.tokens)
     bt, bc = d.budget_tokens, d.budget_cost
     if bt is not None:
+        left = bt.remaining
         out.append((b"x-ratelimit-limit-budget-tokens", str(bt.limit).encode()))
-        out.append((b"x-ratelimit-remaining-budget-tokens", str(max(0, bt.remaining)).encode()))
+        out.append((b"x-ratelimit-remaining-budget-tokens", str(left if left > 0 else 0).encode()))
     if bc is not None:
-        out.append((b"x-ratelimit-limit-budget-cost", money(bc.limit).encode()))
-        out.append((b"x-ratelimit-remaining-budget-cost", money(max(0, bc.remaining)).encode()))
+        left = bc.remaining
+        limit = _COST_LIMITS.get(bc.limit)  # a key's cost limit, the same on every answer: its text made once
+        if limit is None:
+            limit = money(bc.limit).encode()
+            if len(_COST_LIMITS) < 4096:
+                _COST_LIMITS[bc.limit] = limit
+        out.append((b"x-ratelimit-limit-budget-cost", limit))
+        out.append((b"x-ratelimit-remaining-budget-cost", money(left if left > 0 else 0).encode()))
     reset = bt or bc
     if reset is not None:
         out.append((b"x-ratelimit-reset-budget", format_reset(reset.reset_s).encode()))
     return out
 
+
+#: cost limits (COST_UNITS) -> their header value
+_COST_LIMITS: dict[int, bytes] = {}
 
 #: the three x-ratelimit-* header names of each dimension, made once
 _NAMES = {

@@ -158,18 +158,21 @@ class MemoryStore:
         room_t: int | None = None
         room_c: int | None = None
         for s in scopes:
-            if not s.has_budget:
+            if s.budget_tokens is None and s.budget_cost is None:  # (not the property: a call less a scope)
                 continue
             pid, end = period_of(s.period, wall)
             res.periods[s.scope] = pid
             b = self._budgets.get(s.scope) or self._budgets.setdefault(s.scope, _Budget())
-            found.append((s, pid, max(end - wall, 0.001), b))
+            reset = end - wall
+            found.append((s, pid, reset if reset > 0.001 else 0.001, b))  # (no builtin min/max: a call each)
             if s.budget_tokens is not None:
                 left = s.budget_tokens - b.tokens.get(pid, 0)
-                room_t = left if room_t is None else min(room_t, left)
+                if room_t is None or left < room_t:
+                    room_t = left
             if s.budget_cost is not None:
                 left = s.budget_cost - b.cost.get(pid, 0)
-                room_c = left if room_c is None else min(room_c, left)
+                if room_c is None or left < room_c:
+                    room_c = left
         tokens, cost = res.tokens, res.cost
         if shrink is not None:
             asked = tokens - shrink.prompt
@@ -186,13 +189,15 @@ class MemoryStore:
                 if refusal is None and used + tokens > s.budget_tokens:
                     refusal = Decision(False, "budget", reset, budget_message("tokens", s, used, tokens))
                 if bt is None:
-                    bt = Quota(s.budget_tokens, max(0, s.budget_tokens - used), reset)
+                    left = s.budget_tokens - used
+                    bt = Quota(s.budget_tokens, left if left > 0 else 0, reset)
             if s.budget_cost is not None:
                 used = b.cost.get(pid, 0)
                 if refusal is None and used + cost > s.budget_cost:
                     refusal = Decision(False, "budget", reset, budget_message("cost", s, used, cost))
                 if bc is None:
-                    bc = Quota(s.budget_cost, max(0, s.budget_cost - used), reset)
+                    left = s.budget_cost - used
+                    bc = Quota(s.budget_cost, left if left > 0 else 0, reset)
         return refusal, bt, bc
 
     def reserve_now(
@@ -279,9 +284,11 @@ class MemoryStore:
             if first_tok.reset_s <= 0:
                 first_tok.reset_s = WINDOW_S
         if bt is not None:
-            bt.remaining = max(0, bt.remaining - tokens)
+            left = bt.remaining - tokens
+            bt.remaining = left if left > 0 else 0
         if bc is not None:
-            bc.remaining = max(0, bc.remaining - cost)
+            left = bc.remaining - cost
+            bc.remaining = left if left > 0 else 0
         return Decision(True, requests=first_req, tokens=first_tok, budget_tokens=bt, budget_cost=bc), res
 
     def restore(self, spend: Mapping[tuple[str, str], tuple[int, int]]) -> None:

@@ -54,7 +54,7 @@ def model_scope(key: str, model: str) -> str:
     return f"k:{key}@m:{model}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made for every budgeted request, and a frozen init sets each field by a call
 class Shrink:
     """How a reservation may be made smaller to fit a budget: it is `prompt` tokens (costing `prompt_cost`)
     and a completion of whole tokens per choice (`choices` of them), each output token costing `unit_cost`
@@ -69,17 +69,19 @@ class Shrink:
     def grant(self, asked: int, room_tokens: int | None, room_cost: int | None) -> int:
         """The completion tokens granted of `asked`, with `room_tokens` (tokens) and `room_cost` (COST_UNITS)
         left in the tightest budget (None: no such budget); -1 when not even one token per choice fits."""
-        c = asked
-        if room_tokens is not None:
-            c = min(c, room_tokens - self.prompt)
+        c = asked  # (comparisons, not builtin min: every budgeted request asks)
+        if room_tokens is not None and room_tokens - self.prompt < c:
+            c = room_tokens - self.prompt
         if room_cost is not None:
             left = room_cost - self.prompt_cost
             if left < 0:
                 return -1
             if self.unit_cost > 0:
-                c = min(c, math.floor(left / self.unit_cost))
+                fits = math.floor(left / self.unit_cost)
+                if fits < c:
+                    c = fits
         c -= c % self.choices if c > 0 else 0
-        return c if c >= min(asked, self.choices) else -1
+        return c if c >= (asked if asked < self.choices else self.choices) else -1
 
     def cost_of(self, completion: int) -> int:
         """What the prompt and `completion` output tokens may cost, rounded up (COST_UNITS)."""
@@ -193,7 +195,7 @@ def format_reset(seconds: float) -> str:
         return "0s"
     if seconds < 1 and math.ceil(seconds * 1000) < 1000:
         return f"{max(1, math.ceil(seconds * 1000))}ms"
-    tenths = math.ceil(round(seconds * 10, 6))
+    tenths = _ceil_rounded(seconds * 10, 1e-5, 6)
     text = _RESET_TEXTS.get(tenths)
     if text is None:  # each request's window resets within a minute: 600 texts cover every one of them
         text = _reset_text(tenths)
@@ -216,18 +218,50 @@ def _reset_text(tenths: int) -> str:
 
 def cost_units(amount: float) -> int:
     """An amount of the price's currency in COST_UNITS, rounded up (never less than the real cost)."""
-    return max(0, math.ceil(round(amount * COST_UNITS, 3)))
+    n = _ceil_rounded(amount * COST_UNITS, 0.001, 3)
+    return n if n > 0 else 0
+
+
+def _ceil_rounded(x: float, step: float, digits: int) -> int:
+    """`math.ceil(round(x, digits))` (`step` = 10 ** -digits), without `round`'s decimal conversion where the
+    answer is plain: a non-negative `x` that is whole, or more than `step` above its floor, rounds to a value
+    in (floor, floor + 1] whose ceiling is floor + 1 (`round(x, n)` costs a dtoa conversion, thousands of
+    instructions: the budgets price each request and format its reset with it)."""
+    if 0.0 <= x < 1e15:  # below 2**53: the int and the fraction are exact
+        n = int(x)
+        frac = x - n
+        if frac == 0.0:
+            return n
+        if frac > step:
+            return n + 1
+    return math.ceil(round(x, digits))
 
 
 def token_cost(price: tuple[float, float], prompt: int, completion: int) -> int:
     """What `prompt` input and `completion` output tokens cost at (input, output) per million, in COST_UNITS."""
-    return cost_units((prompt * price[0] + completion * price[1]) / 1_000_000)
+    n = _ceil_rounded((prompt * price[0] + completion * price[1]) / 1_000_000 * COST_UNITS, 0.001, 3)  # cost_units
+    return n if n > 0 else 0
 
 
 def period_of(period: Period, now_s: float) -> tuple[str, float]:
     """The budget period holding unix time `now_s` (UTC): its id ("d<days since 1970>", "m<months since
-    year 0>": the same ids the Redis script computes) and the unix time it ends."""
+    year 0>": the same ids the Redis script computes) and the unix time it ends. Remembered per (period, day):
+    every budgeted request asks, and a month's end takes two datetimes to find."""
     day = math.floor(now_s / 86400)
+    key = (period, day)
+    found = _PERIODS.get(key)
+    if found is None:
+        found = _period_of_day(period, day)
+        if len(_PERIODS) >= 64:  # days go by, and restore() asks for old ones: keep a few
+            _PERIODS.clear()
+        _PERIODS[key] = found
+    return found
+
+
+_PERIODS: dict[tuple[str, int], tuple[str, float]] = {}
+
+
+def _period_of_day(period: Period, day: int) -> tuple[str, float]:
     if period == "day":
         return f"d{day}", (day + 1) * 86400.0
     d = dt.datetime.fromtimestamp(day * 86400, dt.UTC)
@@ -236,8 +270,16 @@ def period_of(period: Period, now_s: float) -> tuple[str, float]:
 
 
 def money(units: int) -> str:
-    """COST_UNITS as an amount of the currency: "12.5", "0.000123"."""
+    """COST_UNITS as an amount of the currency: "12.5", "0.000123" (the float's nine decimals)."""
+    if 0 <= units < _MONEY_EXACT:  # the same digits from integers: no float formatting
+        whole, part = divmod(units, COST_UNITS)
+        return f"{whole}.{part:09d}".rstrip("0") if part else str(whole)
     return f"{units / COST_UNITS:.9f}".rstrip("0").rstrip(".") or "0"
+
+
+#: below 2**23 of the currency a double's error on units / COST_UNITS is under half a unit (half an ulp, at most
+#: 2**-31 < 5e-10), so the float's nine decimals are the exact ones: the integers give the same text
+_MONEY_EXACT = 2**23 * COST_UNITS
 
 
 def budget_message(what: Literal["tokens", "cost"], s: ScopeLimits, used: int, need: int) -> str:

@@ -1,9 +1,9 @@
 """An Anthropic Messages request's content as OpenAI chat messages: the system prompt, each message's content
 blocks (text, images, documents, tool use and tool results, thinking), with the checks Anthropic makes of
-each block and a clear 400 for the blocks the gateway cannot honour. to_chat (request.py) calls `message`
-for each message and `system_text` for the system prompt. As each chat message is built, what read_request sizes of
-it is gathered too (`Seen.gathered`: its texts, tool call ids, tool calls, images), so that the chat messages are
-not walked again to size them (issue 36).
+each block and a clear 400 for the blocks the gateway cannot honour. to_chat (request.py) calls `messages`
+for the messages (`message` for each but the usual ones) and `system_text` for the system prompt. As each
+chat message is built, what read_request sizes of it is gathered too (`Seen.gathered`: its texts, tool call
+ids, tool calls, images), so that the chat messages are not walked again to size them (issue 36).
 """
 
 from __future__ import annotations
@@ -51,6 +51,23 @@ def system_text(system: Any, seen: PromptChars, param: str = "system") -> str:
         seen.chars += len(text)
         parts.append(text)
     return "\n\n".join(parts)
+
+
+def messages(raw: list[Any], out: list[dict[str, Any]], seen: Seen) -> None:
+    """Every message of `raw` into `out`, as `message` does each: a user or assistant message of blocks (an agent's
+    every turn) goes to its blocks' translation at once, without `message`'s call and checks (issue 36 item 2)."""
+    for i, m in enumerate(raw):
+        if type(m) is dict:
+            content = m.get("content")
+            if type(content) is list and content:
+                role = m.get("role")
+                if role == "assistant":
+                    out.append(_assistant(content, i, seen))
+                    continue
+                if role == "user":
+                    _user(content, i, out, seen)
+                    continue
+        message(m, i, out, seen)
 
 
 def message(m: Any, i: int, out: list[dict[str, Any]], seen: Seen) -> None:

@@ -44,7 +44,7 @@ from typing import Any
 
 import orjson
 
-from llm_gateway.dialects.anthropic.blocks import Seen, message, system_text
+from llm_gateway.dialects.anthropic.blocks import Seen, messages, system_text
 from llm_gateway.dialects.anthropic.options import context_management, output_config, thinking, tool, tool_choice
 from llm_gateway.dialects.field_checks import (
     Hint,
@@ -143,17 +143,16 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
     if "messages" not in req:
         raise bad("Field required", "messages")
     seen = Seen()
-    messages: list[dict[str, Any]] = []
+    chat: list[dict[str, Any]] = []
     if req.get("system") is not None:
-        messages.append({"role": "system", "content": system_text(req["system"], seen)})
-        seen.gathered.texts.append(messages[0]["content"])
+        chat.append({"role": "system", "content": system_text(req["system"], seen)})
+        seen.gathered.texts.append(chat[0]["content"])
     raw = as_list(req["messages"], "messages")
     if not raw:
         raise bad("at least one message is required", "messages")
-    for i, m in enumerate(raw):
-        message(m, i, messages, seen)
+    messages(raw, chat, seen)
     seen.chars += 16 * len(raw)  # each message's overhead
-    body: dict[str, Any] = {"model": model, "messages": messages}
+    body: dict[str, Any] = {"model": model, "messages": chat}
     if req.get("max_tokens") is None and not count_only:
         raise bad("Field required", "max_tokens")
     stream, stops = _sampling(req, body)
