@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+from llm_gateway.background import yield_cpu
+
 Rows = Sequence[Sequence[Any]]
 
 
@@ -38,8 +40,9 @@ class Batch(NamedTuple):
 Prepare = Callable[[Rows], Batch]
 
 #: the most rows one INSERT statement carries (its sizes are the powers of two up to this, so the driver's
-#: statement cache holds at most 9 texts per table): a batch of 500 rows is 5 statements, not 500 steps
-MAX_ROWS_PER_STATEMENT = 256
+#: statement cache holds at most 7 texts per table): a batch of 500 rows is 10 statements, not 500 steps, and
+#: the writer hands the core to the loop after each (`yield_cpu`), so a request waits for at most one: ~0.2 ms
+MAX_ROWS_PER_STATEMENT = 64
 #: SQLite's smallest default limit on bound variables (SQLITE_MAX_VARIABLE_NUMBER before 3.32)
 _MIN_VARIABLES = 999
 
@@ -62,10 +65,10 @@ def sqlite_pragmas(busy_timeout_s: float) -> tuple[str, ...]:
     return ("journal_mode=WAL", f"busy_timeout={busy_ms}", "synchronous=NORMAL", "foreign_keys=ON")
 
 
-#: how much nicer than the process the writer thread runs: on a busy core the event loop's thread, waking for a
-#: request, preempts it at once instead of waiting out its time slice (c1 added p99 with the ledger on: 1.6 ->
-#: 1.1 ms, bench/ledger_ab.py), while under saturation it still gets ~10x less than the loop, far more than
-#: the ~4 us a row it needs
+#: how much nicer than the process the writer thread runs: on a busy core the scheduler favours the event loop's
+#: thread, waking for a request (c1 added p99 with the ledger on: 1.6 -> 1.1 ms, bench/ledger_ab.py; not at once:
+#: the writer may finish its slice, hence `yield_cpu` between statements), while under saturation it still gets
+#: ~10x less than the loop, far more than the ~4 us a row it needs
 WRITER_NICE = 10
 
 
@@ -116,6 +119,7 @@ class SqliteWriter:
         try:
             for text, params in _statements(conn, sql, batch):
                 conn.execute(text, params)
+                yield_cpu()
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:

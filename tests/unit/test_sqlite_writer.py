@@ -4,6 +4,7 @@ every row lands exactly as it was handed over, whatever the batch's size."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from llm_gateway.state import sqlite_writer
 from llm_gateway.state.database import Database
 from llm_gateway.state.sqlite_writer import MAX_ROWS_PER_STATEMENT, _statements
 from llm_gateway.state.usage import _INSERTED, ROW_COLUMNS, UsageStore, _with_days
@@ -51,9 +53,28 @@ async def test_a_batch_is_a_few_multi_row_statements_not_a_step_per_row(db: Data
     writer._connection().set_trace_callback(seen.append)
     await store.insert_rows([row(i) for i in range(1, 501)])
     inserts = [s for s in seen if s.lstrip().upper().startswith("INSERT")]
-    # 500 = 256 + 128 + 64 + 32 + 16 + 4: six statements; executemany traced one per row
-    assert len(inserts) <= 9, f"{len(inserts)} INSERT statements for one batch of 500 rows"
+    # 500 = 7 x 64 + 32 + 16 + 4: ten statements; executemany traced one per row
+    assert len(inserts) <= 12, f"{len(inserts)} INSERT statements for one batch of 500 rows"
     assert max(s.count("(?") for s in inserts) <= MAX_ROWS_PER_STATEMENT
+    assert len(await stored(db)) == 501
+
+
+async def test_the_writer_hands_the_core_over_after_every_statement(db: Database, monkeypatch: pytest.MonkeyPatch):
+    """Where the loop shares a core with the writer, a request arriving mid-batch waits for one statement, not
+    the batch: the thread yields between statements (background.yield_cpu), never binds two in a row."""
+    store = UsageStore(db)
+    await store.insert_rows([row(0)])
+    writer = db._writer
+    assert writer is not None
+    seen: list[str] = []
+    writer._connection().set_trace_callback(seen.append)
+    monkeypatch.setattr(sqlite_writer, "yield_cpu", lambda: seen.append("YIELD"))
+    await store.insert_rows([row(i) for i in range(1, 501)])
+    steps = [s for s in seen if s == "YIELD" or s.lstrip().upper().startswith("INSERT")]
+    assert len(steps) >= 2 * 8, steps
+    assert steps[0] != "YIELD"
+    assert all(a != b for a, b in itertools.pairwise(steps)), "two statements with no yield between them"
+    assert steps[-1] == "YIELD"
     assert len(await stored(db)) == 501
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import itertools
 import json
 import sqlite3
 import time
@@ -714,3 +715,32 @@ async def test_rows_that_end_while_a_full_batch_is_written_do_not_wake_the_write
     finally:
         await led.aclose()
     assert [len(b) for b in sink.batches] == [3, 2]
+
+
+def test_the_spool_encodes_in_chunks_handing_the_core_over_between_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint of 500 rows is encoded CHUNK_ROWS at a time with a yield after each chunk (a request that
+    arrives meanwhile waits for one chunk), and the file still holds every row, in order, once."""
+    from llm_gateway.observability import spool as spool_mod
+
+    s = spool_mod.Spool(tmp_path / "spool", ("a", "b"))
+    events: list[str] = []
+    dumps = spool_mod.orjson.dumps
+
+    def counted(value: Any) -> bytes:
+        events.append("row")
+        return dumps(value)
+
+    monkeypatch.setattr(spool_mod.orjson, "dumps", counted)
+    monkeypatch.setattr(spool_mod, "yield_cpu", lambda: events.append("yield"))
+    rows = [(i, f"r{i}") for i in range(500)]
+    s.write(rows, None)
+    monkeypatch.undo()
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(events)]
+    size = spool_mod.CHUNK_ROWS
+    assert runs == [x for n in (*[size] * (500 // size), 500 % size) for x in (("row", n), ("yield", 1))]
+    s.close(keep_rows=True)
+    found = spool_mod.recover(tmp_path / "spool")
+    assert [(r["a"], r["b"]) for r in found.finished] == rows
+    found.remove()
