@@ -24,6 +24,7 @@ import struct
 import threading
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
+from itertools import islice
 from typing import Any
 
 #: a finished span: name, trace id, span id, parent span id (0: a root), kind (OTLP's: 1 internal, 2 server,
@@ -331,7 +332,7 @@ class Batcher:
         while left > 0:
             n = min(self.batch, left)
             left -= n
-            batch = [q.popleft() for _ in range(n)]
+            batch = list(islice(iter(q.popleft, None), n))  # popped in C (n <= len(q): only this thread pops)
             try:
                 self.sender.send(self.encoder.request(batch))
             except Exception:  # a receiver down or slow: these spans are lost, counted; the next batch tries again
