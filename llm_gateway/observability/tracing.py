@@ -76,7 +76,6 @@ class Tracing:
 
     def __init__(self, cfg: TracingConfig, on_drop: Callable[[str, int], None] | None = None) -> None:
         self.cfg = cfg
-        self.capture = cfg.capture_content  # prompts and answers on the spans
         self.dropped = 0
         self._on_drop = on_drop
         self._parent_based, self._bound = _sampler(cfg)
@@ -188,7 +187,7 @@ class RequestTrace:
         self._attempts += 1
         if self._attempts == 1:
             self.klass = klass
-            if tr.capture:
+            if tr.cfg.capture_content:
                 capture_input(self.content(), body)
         if waited > 0:
             self._waited = rec.waited_s
@@ -213,7 +212,7 @@ class RequestTrace:
             for r in told:
                 if (reasons is None or r not in reasons) and is_reason(r):
                     reasons = self.reasons = (r,) if reasons is None else (*reasons, r)
-        if self.tracing.capture:
+        if self.tracing.cfg.capture_content:
             self.content()["gen_ai.output.messages"] = out[:CONTENT_LIMIT].decode("utf-8", "replace")
 
     def content(self) -> dict[str, Any]:
