@@ -166,7 +166,6 @@ class Encoder:
             # its first); else a float is packed (never looked up: 1.0 == 1), None is no attribute, a unique key's
             # string is written as it comes
             kvs = self._kv
-            append = parts.append
             for k, v in attrs.items():
                 if type(v) is float:  # a time or a wait: seldom the same twice
                     kv = self._floats.get(k)
@@ -179,9 +178,9 @@ class Encoder:
                 except TypeError:  # a list: kept as a tuple
                     kv = kvs[k].get(tuple(v)) if type(v) is list else None
                 if kv is not None:
-                    append(kv)
+                    parts.append(kv)  # list.append by name: 3.11 specializes it (a bound method is a call)
                 elif v is not None:
-                    append(self._new_attribute(k, v))
+                    parts.append(self._new_attribute(k, v))
         for ev_name, at in events:  # events 11: Event.time_unix_nano 1, name 2
             ev = self._events.get(ev_name)
             if ev is None:
