@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -23,9 +24,10 @@ OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length
 
 class Scripted:
     """A receiver that reads each request whole and answers it with the next of `answers` (bytes, or a callable of
-    the connection for what bytes cannot say: a close); it records the requests (head, body) and the connections."""
+    the connection for what bytes cannot say: a close, or a body sent apart from its head; it returns True where the
+    connection stays open); it records the requests (head, body) and the connections."""
 
-    def __init__(self, answers: list[bytes | Callable[[socket.socket], None]]) -> None:
+    def __init__(self, answers: list[bytes | Callable[[socket.socket], bool]]) -> None:
         self.answers = answers
         self.requests: list[tuple[bytes, bytes]] = []
         self.connections = 0
@@ -63,8 +65,9 @@ class Scripted:
                     buf = buf[length:]
                     answer = self.answers.pop(0)
                     if callable(answer):
-                        answer(conn)
-                        break
+                        if not answer(conn):  # it closed the connection (True: it answered on it)
+                            break
+                        continue
                     conn.sendall(answer)
 
     def close(self) -> None:
@@ -73,7 +76,7 @@ class Scripted:
 
 
 @contextmanager
-def scripted(*answers: bytes | Callable[[socket.socket], None]) -> Iterator[Scripted]:
+def scripted(*answers: bytes | Callable[[socket.socket], bool]) -> Iterator[Scripted]:
     s = Scripted(list(answers))
     try:
         yield s
@@ -81,9 +84,19 @@ def scripted(*answers: bytes | Callable[[socket.socket], None]) -> Iterator[Scri
         s.close()
 
 
-def close(conn: socket.socket) -> None:
+def close(conn: socket.socket) -> bool:
     """The receiver closes the connection without answering (a kept connection it dropped)."""
     conn.shutdown(socket.SHUT_RDWR)
+    return False
+
+
+def split(conn: socket.socket) -> bool:
+    """An answer whose body comes after its head, in pieces: the sender must read it all before the next answer."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n")
+    for _ in range(4):
+        time.sleep(0.02)
+        conn.sendall(b"x" * 25_000)
+    return True
 
 
 def test_a_batch_reaches_a_real_receiver_and_the_otel_headers_and_gzip_go_with_it(
@@ -119,14 +132,14 @@ def test_one_connection_is_kept_across_exports_whatever_way_each_answers_body_en
     continued = b"HTTP/1.1 100 Continue\r\n\r\n" + OK
     empty = b"HTTP/1.1 204 No Content\r\n\r\n"
     big = 200_000 * b"\x01"  # over the size sent with its head in one sendall
-    with scripted(OK, chunked, continued, empty, OK) as srv:
+    with scripted(OK, split, chunked, continued, empty, OK) as srv:
         s = HttpSender(f"http://127.0.0.1:{srv.port}", 5)
-        for _ in range(4):
+        for _ in range(5):
             s.send(b"abc")
         s.send(big)
         s.close()
     assert srv.connections == 1
-    assert [b for _, b in srv.requests] == [b"abc"] * 4 + [big]
+    assert [b for _, b in srv.requests] == [b"abc"] * 5 + [big]
     assert srv.requests[0][0].startswith(b"POST /v1/traces HTTP/1.1\r\n")
 
 
@@ -143,9 +156,10 @@ def test_a_connection_the_receiver_closed_is_tried_once_more_on_a_new_one() -> N
 def test_a_receiver_that_closes_twice_or_answers_an_error_raises_and_the_next_export_reconnects() -> None:
     error = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nbusy"
 
-    def no_length(conn: socket.socket) -> None:  # the body ends with the connection
+    def no_length(conn: socket.socket) -> bool:  # the body ends with the connection
         conn.sendall(b"HTTP/1.1 500 Oops\r\nconnection: close\r\n\r\nthe body, to the close")
         conn.shutdown(socket.SHUT_RDWR)
+        return False
 
     with scripted(close, close, error, OK, no_length, OK) as srv:
         s = HttpSender(f"http://127.0.0.1:{srv.port}/v1/traces", 5)
