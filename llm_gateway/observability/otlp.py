@@ -22,8 +22,9 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
+from itertools import islice
 from typing import Any
 
 #: a finished span: name, trace id, span id, parent span id (0: a root), kind (OTLP's: 1 internal, 2 server,
@@ -109,13 +110,15 @@ class Encoder:
         self._unique = frozenset(unique)
         #: key -> value -> the encoded attribute (a list's value as a tuple; see _attribute for what is kept), at
         #: most _CACHE_MAX values a key
-        self._kv: dict[str, dict[Any, bytes]] = {}
+        self._kv: defaultdict[str, dict[Any, bytes]] = defaultdict(dict)
         self._unique_heads: dict[tuple[str, int], bytes] = {}  # (a unique key, its value's length) -> _unique_head
         self._floats: dict[str, bytes] = {}  # key -> the attribute's bytes before its 8-byte double
         #: id of a keys tuple (a module constant) -> its values -> their encoded attributes
         self._blocks: dict[int, dict[tuple[Any, ...], bytes]] = {}
         self._names: dict[str, bytes] = {}  # a span's name -> its field
         self._events: dict[str, tuple[bytes, bytes]] = {}  # an event's name -> its bytes before and after its time
+        #: id of an attempt span's values tuple -> (the values, its name, its keys, the name's and the block's bytes)
+        self._by_id: dict[int, tuple[tuple[Any, ...], str, tuple[str, ...], bytes, bytes]] = {}
 
     def request(self, spans: list[Span]) -> bytes:
         """The ExportTraceServiceRequest of `spans` (resource_spans 1 -> scope_spans 2 -> spans 2), joined once (a
@@ -140,59 +143,44 @@ class Encoder:
             ids = _IDS_PARENT(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id, 0x2208, parent)
         else:
             ids = _IDS(0x0A10, trace_id >> 64, trace_id & _MASK64, 0x1208, span_id)
-        head = self._names.get(name)
-        if head is None:
-            if len(self._names) >= _CACHE_MAX:
-                self._names.clear()
-            head = self._names[name] = _len(b"\x2a", name.encode())
-        block = b""
-        if keys:  # the fixed attributes: one lookup for all of them (a span's request facts recur)
-            blocks = self._blocks.get(id(keys))
-            if blocks is None:
-                blocks = self._blocks[id(keys)] = {}
-            kept = blocks.get(values)
-            if kept is None:
-                kept = b"".join(key_value(b"\x4a", k, v) for k, v in zip(keys, values, strict=True) if v is not None)
-                if len(blocks) >= _CACHE_MAX:
-                    blocks.clear()
-                blocks[values] = kept
-            block = kept
-        if not attrs and not events and error is None:  # an attempt's span: its four parts joined at once
-            body = b"".join((ids, head, _TIMES(0x30, kind, 0x39, start, 0x41, end), block))
+        if not attrs and not events and error is None:  # an attempt's span: its name and values recur as the same
+            # objects (Tracing.clients), so their encoded bytes are kept by identity: no tuple hashed, one lookup
+            kept = self._by_id.get(id(values))
+            if kept is None or kept[0] is not values or kept[1] is not name or kept[2] is not keys:
+                if len(self._by_id) >= _CACHE_MAX:
+                    self._by_id.clear()
+                kept = (values, name, keys, self._head(name), self._block(keys, values))  # holds them: ids stay theirs
+                self._by_id[id(values)] = kept
+            body = b"".join((ids, kept[3], _TIMES(0x30, kind, 0x39, start, 0x41, end), kept[4]))
             tag = _SPAN_TAGS.get(len(body))
             return (_span_tag(len(body)) if tag is None else tag) + body
+        head = self._names.get(name)
+        if head is None:
+            head = self._head(name)
+        blocks = self._blocks.get(id(keys))
+        block = blocks.get(values) if blocks is not None else None
+        if block is None:
+            block = self._block(keys, values)
         parts = [ids, head, _TIMES(0x30, kind, 0x39, start, 0x41, end), block]
-        if attrs:  # its other attributes (9): None is no attribute; a float is packed; a unique key's string is
-            # written as it comes; any other value seen before under its key is one lookup
+        if attrs:  # its other attributes (9): a value seen before under its key is one lookup (a key's cache made at
+            # its first); else a float is packed (never looked up: 1.0 == 1), None is no attribute, a unique key's
+            # string is written as it comes
             kvs = self._kv
             for k, v in attrs.items():
-                if v is None:
-                    continue
-                t = type(v)
-                if t is float:  # a time or a wait: seldom the same twice; never looked up (1.0 == 1)
+                if type(v) is float:  # a time or a wait: seldom the same twice
                     kv = self._floats.get(k)
                     if kv is None:
                         kv = self._floats[k] = _float_head(k)
                     parts += (kv, _D(v))
                     continue
-                if t is str and k in self._unique:  # KeyValue: key 1, value 2 (AnyValue.string_value 1)
-                    data = v.encode()
-                    kv = self._unique_heads.get((k, len(data)))  # its tag, lengths and key: by the value's length
-                    if kv is None:
-                        kv = _unique_head(self._unique_heads, k, len(data))
-                    parts += (kv, data)
-                    continue
-                cache = kvs.get(k)
-                if cache is None:
-                    cache = kvs[k] = {}
                 try:
-                    kv = cache.get(v)
+                    kv = kvs[k].get(v)
                 except TypeError:  # a list: kept as a tuple
-                    v = tuple(v)
-                    kv = cache.get(v)
-                if kv is None:
-                    kv = _attribute(cache, k, v)
-                parts.append(kv)
+                    kv = kvs[k].get(tuple(v)) if type(v) is list else None
+                if kv is not None:
+                    parts.append(kv)  # list.append by name: 3.11 specializes it (a bound method is a call)
+                elif v is not None:
+                    parts.append(self._new_attribute(k, v))
         for ev_name, at in events:  # events 11: Event.time_unix_nano 1, name 2
             ev = self._events.get(ev_name)
             if ev is None:
@@ -207,6 +195,41 @@ class Encoder:
         if tag is None:
             tag = _span_tag(n)
         return tag + body
+
+    def _head(self, name: str) -> bytes:
+        """A span's name field (5), kept."""
+        head = self._names.get(name)
+        if head is None:
+            if len(self._names) >= _CACHE_MAX:
+                self._names.clear()
+            head = self._names[name] = _len(b"\x2a", name.encode())
+        return head
+
+    def _block(self, keys: tuple[str, ...], values: tuple[Any, ...]) -> bytes:
+        """The fixed attributes' KeyValues (9), kept by their values (a span's request facts recur)."""
+        if not keys:
+            return b""
+        blocks = self._blocks.get(id(keys))
+        if blocks is None:
+            blocks = self._blocks[id(keys)] = {}
+        kept = blocks.get(values)
+        if kept is None:
+            kept = b"".join(key_value(b"\x4a", k, v) for k, v in zip(keys, values, strict=True) if v is not None)
+            if len(blocks) >= _CACHE_MAX:
+                blocks.clear()
+            blocks[values] = kept
+        return kept
+
+    def _new_attribute(self, k: str, v: Any) -> bytes:
+        """An attribute not found in its key's cache: a unique key's string written as it comes (its head kept by
+        the string's length), anything else encoded and kept where it may recur (_attribute)."""
+        if type(v) is str and k in self._unique:  # KeyValue: key 1, value 2 (AnyValue.string_value 1)
+            data = v.encode()
+            head = self._unique_heads.get((k, len(data)))  # its tag, lengths and key: by the value's length
+            if head is None:
+                head = _unique_head(self._unique_heads, k, len(data))
+            return head + data
+        return _attribute(self._kv[k], k, tuple(v) if type(v) is list else v)
 
 
 #: a span's length -> ScopeSpans.spans' tag and that length (at most _CACHE_MAX kept)
@@ -308,7 +331,7 @@ class Batcher:
         while left > 0:
             n = min(self.batch, left)
             left -= n
-            batch = [q.popleft() for _ in range(n)]
+            batch = list(islice(iter(q.popleft, None), n))  # popped in C (n <= len(q): only this thread pops)
             try:
                 self.sender.send(self.encoder.request(batch))
             except Exception:  # a receiver down or slow: these spans are lost, counted; the next batch tries again

@@ -170,7 +170,7 @@ def test_a_keys_kept_values_are_bounded_and_a_unique_keys_are_never_kept() -> No
         attrs = {"gateway.request_id": f"{i:016x}", "model": f"m{i}", "n": i + 2, "gen_ai.output.messages": "t"}
         span = ("s", 1, 2, 0, otlp.SERVER, 1, 2, (), (), attrs, (), None, "")
         assert enc.request([span]) == plain_request({}, "x", [span])
-    kept = enc._kv
+    kept = {k: v for k, v in enc._kv.items() if v}  # a key's cache is made at its first lookup, empty till a value
     assert not set(UNIQUE_KEYS) & set(kept)
     assert 0 < len(kept["model"]) <= 1024 and 0 < len(kept["n"]) <= 1024
 
@@ -179,7 +179,7 @@ def test_a_none_attribute_is_no_attribute_and_nothing_is_kept_for_it() -> None:
     enc = otlp.Encoder({}, "x", UNIQUE_KEYS)
     span = ("s", 1, 2, 0, otlp.SERVER, 1, 2, (), (), {"a": None, "gateway.request_id": None, "b": "v"}, (), None, "")
     assert enc.request([span]) == plain_request({}, "x", [span])
-    assert set(enc._kv) == {"b"}
+    assert {k for k, kept in enc._kv.items() if kept} == {"b"}
 
 
 def test_tracings_encoder_never_keeps_the_unique_keys_values() -> None:
@@ -191,3 +191,26 @@ def test_tracings_encoder_never_keeps_the_unique_keys_values() -> None:
         assert tr.batcher.encoder._unique == frozenset(UNIQUE_KEYS) >= {"gateway.request_id"}
     finally:
         tr.shutdown()
+
+
+def test_attempt_spans_kept_by_their_values_identity_still_write_their_own_name_keys_and_values() -> None:
+    """An attempt's span (no other attributes, events or error) has its name and fixed attributes' bytes kept by the
+    identity of its values tuple (Tracing.clients hands out the same one): the same tuple under another name or
+    other keys, and an equal tuple that is another object, each write their own bytes; what is kept is bounded."""
+    enc = otlp.Encoder({}, "x", UNIQUE_KEYS)
+    values = ("chat", "vllm", "m", "h", 80, "d", "vllm", "r", "least_load", 1, "default")
+    other = (*values[:-1], "batch")
+    keys = tuple(f"k{i}" for i in range(len(CLIENT_KEYS)))
+    spans = [
+        (name, 1, 2, 3, otlp.CLIENT, 4, 5, ks, vs, {}, (), None, state)
+        for name in ("chat m", "chat n")
+        for ks, vs in ((CLIENT_KEYS, values), (CLIENT_KEYS, other), (keys, values), (CLIENT_KEYS, tuple(values)))
+        for state in ("", "v=1")
+    ]
+    for _ in range(3):
+        for s in spans:
+            assert enc.request([s]) == plain_request({}, "x", [s])
+    for i in range(3000):
+        s = ("chat m", 1, 2, 3, otlp.CLIENT, 4, 5, CLIENT_KEYS, (*values[:-1], f"c{i}"), {}, (), None, "")
+        assert enc.request([s]) == plain_request({}, "x", [s])
+    assert len(enc._by_id) <= 1024
