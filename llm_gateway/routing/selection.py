@@ -3,7 +3,7 @@
 `order()` returns the candidates in the order to try them (the first is the choice, the rest are
 the failover order). Strategies:
 
-- `least_load` (default): lowest estimated load per slot. The estimate is the gateway's own
+- `least_load` (the default for a model with one deployment): lowest estimated load per slot. The estimate is the gateway's own
   in-flight count (exact, live) plus what the engine reported beyond the gateway's own requests at
   probe time (other clients' work), plus the engine's queue, plus a penalty when its KV cache is
   nearly full. A signal that is missing or older than `stale_s` is *unknown*: it costs a full slot
@@ -20,7 +20,8 @@ the failover order). Strategies:
 - `prefix_affinity`: requests with the same affinity key (session header or prompt prefix) go to
   the same deployment (rendezvous hashing, stable when deployments come and go) while its load per
   slot stays under `max_load`; otherwise least load.
-- `cache_aware`: the deployment whose engine probably holds most of this prompt, traded against load.
+- `cache_aware` (the default for a model with more than one deployment: settings/gateway.py): the deployment
+  whose engine probably holds most of this prompt, traded against load.
   Each candidate comes with `match`, the share of the prompt (0..1) its engine was sent before and may
   still hold (routing/prefix_cache.py), and `session_at`, when it last served this request's session.
   With `load` the load score above without its KV-cache term, and `spare` = load - the lowest load among
@@ -34,13 +35,13 @@ the failover order). Strategies:
      block key, prefix_cache.anchor_key) that no shared record places goes to the highest rendezvous hash
      of that key over the candidates left: every gateway replica derives the same deployment from the same
      key, so the turns of one conversation meet on one engine without any replica having seen it before.
-     Without `spread_new` (hash placement: `affinity.new_conversations: hash`, or `auto` without Redis)
+     Without `spread_new` (hash placement: `affinity.new_conversations: hash`, what replicas without Redis set)
      the hash wins over this replica's own record: a yield (rule 1) is a detour for one turn, and the
      next goes home again unless home is still hot there. Otherwise the replica that moved a conversation
      would keep it away through its record while the others, which never saw the move, sent it home: the
      turns would flip-flop between engines (bench/agent_cache.py, 3 replicas: 1.21x the recompute of one).
-     With `spread_new` (where the replicas share their placements through Redis, or
-     `affinity.new_conversations: load`) a new conversation is spread instead (rule 4): the shared
+     With `spread_new` (`affinity.new_conversations: load` or `auto`, the default: one replica, or replicas
+     sharing their placements through Redis) a new conversation is spread instead (rule 4): the shared
      record (or, with one replica, its own) carries its placement to the later turns;
   4. a new conversation (no assistant turn yet, `fresh`) goes, with `spread_new`, to the candidate left after
      rule 1 that holds the fewest live conversations (`conversations`: those this replica last sent there
