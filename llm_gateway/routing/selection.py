@@ -3,10 +3,10 @@
 `order()` returns the candidates in the order to try them (the first is the choice, the rest are
 the failover order). Strategies:
 
-- `least_load` (the default for a model with one deployment): lowest estimated load per slot. The estimate is the gateway's own
-  in-flight count (exact, live) plus what the engine reported beyond the gateway's own requests at
-  probe time (other clients' work), plus the engine's queue, plus a penalty when its KV cache is
-  nearly full. A signal that is missing or older than `stale_s` is *unknown*: it costs a full slot
+- `least_load` (the default for a model with one deployment): lowest estimated load per slot. The
+  estimate is the gateway's own in-flight count (exact, live) plus what the engine reported beyond the
+  gateway's own requests at probe time (other clients' work), plus the engine's queue, plus a penalty
+  when its KV cache is nearly full. A signal that is missing or older than `stale_s` is *unknown*: it costs a full slot
   of load, so a backend that says nothing never looks idle next to one that says it is idle.
   Engines that report nothing at all (Ollama, TabbyAPI) are judged by the gateway's count alone.
   Residency: a deployment whose model is not loaded (`resident` False: a cold load ahead) counts
@@ -27,7 +27,9 @@ the failover order). Strategies:
   With `load` the load score above without its KV-cache term, and `spare` = load - the lowest load among
   the candidates:
   1. hot replicas yield: a candidate with `spare` > `max_imbalance` goes after every other (by load);
-     imbalance, not absolute load, so a uniformly busy pool keeps its affinity;
+     imbalance, not absolute load, so a uniformly busy pool keeps its affinity; so does one whose model would
+     load cold (`resident` False, unless `prefer_resident` is off) while another has it loaded: its engine holds
+     none of the conversation, and a cold load costs more than any recompute;
   2. a session seen before stays where it was last served: where the replicas' shared record says
      (`assigned`, routing/placements.py), else, with `spread_new` or without a placement key, where this
      replica last sent it (the most recent);
@@ -160,7 +162,8 @@ def order(
         return by_load
     if strategy == "cache_aware":
         key = None if spread_new and fresh else affinity_key
-        return _cache_aware(cands, scores, by_load, fresh, load_weight, max_imbalance, key, spread_new)
+        cold = prefer_resident and any(c.resident is False for c in cands)
+        return _cache_aware(cands, scores, by_load, fresh, load_weight, max_imbalance, key, spread_new, cold)
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
@@ -173,6 +176,7 @@ def _cache_aware(
     max_imbalance: float,
     key: str | None = None,
     spread_new: bool = False,
+    cold: bool = False,
 ) -> list[int]:
     """The `cache_aware` order (the module's docstring has the rules). Its load leaves the KV-cache fill out:
     a full cache is what this strategy routes to, and llama-server's fill (its busy slots) repeats a probe ago
@@ -182,6 +186,11 @@ def _cache_aware(
     bound = lowest + max_imbalance
     cool = [i for i in by_load if scores[i] <= bound]
     hot = by_load[len(cool) :]  # by_load is sorted: the hot ones are its tail
+    if cold:  # an engine whose model would load cold holds none of its prompts: it yields like a hot one
+        warm = [i for i in cool if cands[i].resident is not False]
+        if warm and len(warm) < len(cool):
+            hot = [i for i in by_load if i not in warm]
+            cool = warm
     for i in cool:
         if cands[i].assigned:
             return [i] + [j for j in by_load if j != i]

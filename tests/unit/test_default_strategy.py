@@ -79,3 +79,25 @@ async def test_by_default_a_conversation_stays_on_one_engine_and_least_load_name
     assert len({turns[0] for turns in default.values()}) == 2, default  # and new conversations use both engines
     least = await served("least_load")  # 3 conversations: equal loads take turns, so each turn moves
     assert any(len(set(turns)) > 1 for turns in least.values()), least
+
+
+def test_cache_aware_leaves_a_deployment_whose_model_would_load_cold() -> None:
+    # the conversation was served on a, whose model has since been unloaded (b has it loaded): a's engine holds
+    # none of it, and a cold load costs more than a recompute, so it goes to b; all cold, or prefer_resident off:
+    # the affinity as before
+    from llm_gateway.routing.selection import CandidateView, order
+
+    def views(a_resident: bool | None, b_resident: bool | None) -> list[CandidateView]:
+        a = CandidateView("a/m", 0, 2, False, None, 0, resident=a_resident, session_at=990.0, match=0.9)
+        return [a, CandidateView("b/m", 0, 2, False, None, 0, resident=b_resident)]
+
+    def first(cands: list[CandidateView], prefer_resident: bool = True, spread_new: bool = True) -> str:
+        i = order("cache_aware", cands, now=1000.0, stale_s=15.0, affinity_key="k", prefer_resident=prefer_resident,
+                  spread_new=spread_new)  # fmt: skip
+        return cands[i[0]].key
+
+    assert first(views(False, True)) == "b/m"
+    assert first(views(False, True), spread_new=False) == "b/m"  # under hash placement too
+    assert first(views(True, True)) == first(views(None, None)) == "a/m"
+    assert first(views(False, False)) == "a/m"
+    assert first(views(False, True), prefer_resident=False) == "a/m"
