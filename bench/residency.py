@@ -67,7 +67,8 @@ models:
 def gateway_config(urls: dict[str, str], prefer_resident: bool, upstream_client: str | None = None) -> str:
     caps = "format: gguf, capabilities: [chat, completions]"
     models = "\n".join(
-        f"  - {{name: {m}, deployments: [{{backend: s1, model: {m}, {caps}}}, {{backend: s2, model: {m}, {caps}}}]}}"
+        f"  - {{name: {m}, strategy: least_load, "  # named: the strategy it measures (two deployments default to
+        f"deployments: [{{backend: s1, model: {m}, {caps}}}, {{backend: s2, model: {m}, {caps}}}]}}"  # cache_aware)
         for m in (X, Y)
     )
     client = f", upstream_client: {upstream_client}" if upstream_client else ""

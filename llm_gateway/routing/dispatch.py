@@ -208,8 +208,7 @@ class Dispatcher:
             fresh=info.fresh,
             load_weight=aff.load_weight,
             max_imbalance=aff.max_imbalance,
-            spread_new=aff.new_conversations == "load"
-            or (aff.new_conversations == "auto" and self.placements is not None),
+            spread_new=aff.new_conversations != "hash",
         )
         return [deps[i] for i in idx]
 

@@ -3,10 +3,10 @@
 `order()` returns the candidates in the order to try them (the first is the choice, the rest are
 the failover order). Strategies:
 
-- `least_load` (default): lowest estimated load per slot. The estimate is the gateway's own
-  in-flight count (exact, live) plus what the engine reported beyond the gateway's own requests at
-  probe time (other clients' work), plus the engine's queue, plus a penalty when its KV cache is
-  nearly full. A signal that is missing or older than `stale_s` is *unknown*: it costs a full slot
+- `least_load` (the default for a model with one deployment): lowest estimated load per slot. The
+  estimate is the gateway's own in-flight count (exact, live) plus what the engine reported beyond the
+  gateway's own requests at probe time (other clients' work), plus the engine's queue, plus a penalty
+  when its KV cache is nearly full. A signal that is missing or older than `stale_s` is *unknown*: it costs a full slot
   of load, so a backend that says nothing never looks idle next to one that says it is idle.
   Engines that report nothing at all (Ollama, TabbyAPI) are judged by the gateway's count alone.
   Residency: a deployment whose model is not loaded (`resident` False: a cold load ahead) counts
@@ -20,13 +20,16 @@ the failover order). Strategies:
 - `prefix_affinity`: requests with the same affinity key (session header or prompt prefix) go to
   the same deployment (rendezvous hashing, stable when deployments come and go) while its load per
   slot stays under `max_load`; otherwise least load.
-- `cache_aware`: the deployment whose engine probably holds most of this prompt, traded against load.
+- `cache_aware` (the default for a model with more than one deployment: settings/gateway.py): the deployment
+  whose engine probably holds most of this prompt, traded against load.
   Each candidate comes with `match`, the share of the prompt (0..1) its engine was sent before and may
   still hold (routing/prefix_cache.py), and `session_at`, when it last served this request's session.
   With `load` the load score above without its KV-cache term, and `spare` = load - the lowest load among
   the candidates:
   1. hot replicas yield: a candidate with `spare` > `max_imbalance` goes after every other (by load);
-     imbalance, not absolute load, so a uniformly busy pool keeps its affinity;
+     imbalance, not absolute load, so a uniformly busy pool keeps its affinity; so does one whose model would
+     load cold (`resident` False, unless `prefer_resident` is off) while another has it loaded: its engine holds
+     none of the conversation, and a cold load costs more than any recompute;
   2. a session seen before stays where it was last served: where the replicas' shared record says
      (`assigned`, routing/placements.py), else, with `spread_new` or without a placement key, where this
      replica last sent it (the most recent);
@@ -34,13 +37,13 @@ the failover order). Strategies:
      block key, prefix_cache.anchor_key) that no shared record places goes to the highest rendezvous hash
      of that key over the candidates left: every gateway replica derives the same deployment from the same
      key, so the turns of one conversation meet on one engine without any replica having seen it before.
-     Without `spread_new` (hash placement: `affinity.new_conversations: hash`, or `auto` without Redis)
+     Without `spread_new` (hash placement: `affinity.new_conversations: hash`, what replicas without Redis set)
      the hash wins over this replica's own record: a yield (rule 1) is a detour for one turn, and the
      next goes home again unless home is still hot there. Otherwise the replica that moved a conversation
      would keep it away through its record while the others, which never saw the move, sent it home: the
      turns would flip-flop between engines (bench/agent_cache.py, 3 replicas: 1.21x the recompute of one).
-     With `spread_new` (where the replicas share their placements through Redis, or
-     `affinity.new_conversations: load`) a new conversation is spread instead (rule 4): the shared
+     With `spread_new` (`affinity.new_conversations: load` or `auto`, the default: one replica, or replicas
+     sharing their placements through Redis) a new conversation is spread instead (rule 4): the shared
      record (or, with one replica, its own) carries its placement to the later turns;
   4. a new conversation (no assistant turn yet, `fresh`) goes, with `spread_new`, to the candidate left after
      rule 1 that holds the fewest live conversations (`conversations`: those this replica last sent there
@@ -159,7 +162,8 @@ def order(
         return by_load
     if strategy == "cache_aware":
         key = None if spread_new and fresh else affinity_key
-        return _cache_aware(cands, scores, by_load, fresh, load_weight, max_imbalance, key, spread_new)
+        cold = prefer_resident and any(c.resident is False for c in cands)
+        return _cache_aware(cands, scores, by_load, fresh, load_weight, max_imbalance, key, spread_new, cold)
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
@@ -172,6 +176,7 @@ def _cache_aware(
     max_imbalance: float,
     key: str | None = None,
     spread_new: bool = False,
+    cold: bool = False,
 ) -> list[int]:
     """The `cache_aware` order (the module's docstring has the rules). Its load leaves the KV-cache fill out:
     a full cache is what this strategy routes to, and llama-server's fill (its busy slots) repeats a probe ago
@@ -181,6 +186,11 @@ def _cache_aware(
     bound = lowest + max_imbalance
     cool = [i for i in by_load if scores[i] <= bound]
     hot = by_load[len(cool) :]  # by_load is sorted: the hot ones are its tail
+    if cold:  # an engine whose model would load cold holds none of its prompts: it yields like a hot one
+        warm = [i for i in cool if cands[i].resident is not False]
+        if warm and len(warm) < len(cool):
+            hot = [i for i in by_load if i not in warm]
+            cool = warm
     for i in cool:
         if cands[i].assigned:
             return [i] + [j for j in by_load if j != i]

@@ -141,9 +141,9 @@ class AffinityConfig(Strict):
     )
     new_conversations: Literal["auto", "hash", "load"] = Field(
         "auto",
-        description="cache_aware: where a new conversation goes: the rendezvous hash of its key (the same on every "
-        "replica), or `load`: the deployment holding the fewest of this replica's live conversations, then least load; "
-        "auto: load where replicas share placements through Redis, else the hash",
+        description="cache_aware: where a new conversation goes: `load`, the deployment holding the fewest of this "
+        "replica's live conversations, then least load; or the rendezvous hash of its key (the same on every replica): "
+        "set `hash` for several replicas without a shared Redis; auto: load (with or without Redis)",
     )
     engine_slots: bool = Field(
         False,
@@ -169,12 +169,26 @@ class AdapterConfig(Strict):
 class ModelConfig(Strict):
     name: Name
     aliases: tuple[Name, ...] = ()
-    strategy: Strategy = "least_load"
+    strategy: Strategy = Field(
+        "least_load",
+        description="unset: cache_aware for a model with more than one deployment (README: it recomputed what the "
+        "oracle did, least_load 1.25-1.6x that), least_load for one",
+    )
     deployments: tuple[DeploymentConfig, ...] = Field(min_length=1)
     fallbacks: tuple[Name, ...] = ()
     affinity: AffinityConfig = AffinityConfig()
     price: Price | None = Field(None, description="for cost budgets and the usage report")
     adapters: tuple[AdapterConfig, ...] = Field((), description="LoRA adapters of this model, each a model of its own")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_strategy(cls, data: object) -> object:
+        """A model that names no strategy: cache_aware where there is a choice of deployment (an explicit one wins)."""
+        if isinstance(data, dict) and "strategy" not in data:
+            deployments = data.get("deployments")
+            if isinstance(deployments, list | tuple) and len(deployments) > 1:
+                return {**data, "strategy": "cache_aware"}
+        return data
 
     def adapter_names(self, a: AdapterConfig) -> tuple[str, ...]:
         """The public names of one of its adapters: `<model>:<adapter>`, then its aliases."""

@@ -4,9 +4,10 @@ choice follows when the loaded set changes.
 Two Ollama servers with `OLLAMA_MAX_LOADED_MODELS=1` (one model loaded at a time; loading another
 unloads it: server/sched.go `processPending`/`findRunnerToUnload` @fb30760), both serving models X and
 Y, X loaded on server 1 and Y on server 2 (each loaded by a request, as `/api/ps` then shows). The
-gateway runs as a real process (least_load, probes every 0.5 s) in front of both: a request for X goes
-to server 1 every time and leaves both loaded sets as they were (no cold load); after the sets flip
-(Y loaded on server 1, X on server 2) the next probes see it and X goes to server 2.
+gateway runs as a real process (the default strategy for two deployments, cache_aware, which leaves a
+deployment whose model would load cold to the one that has it loaded; probes every 0.5 s) in front of
+both: a request for X goes to server 1 every time and leaves both loaded sets as they were (no cold load);
+after the sets flip (Y loaded on server 1, X on server 2) the next probes see it and X goes to server 2.
 
 Against the real Ollama (0.5.4, two processes; X and Y are two builds of the tiny GGUF: its scheduler
 keys runners by the model file, so one file under two names would be one runner) and against the

@@ -102,7 +102,9 @@ def test_traffic_shifts_to_the_engine_that_reports_the_shorter_queue(tmp_path: P
         EmulatorThread(EmulatorConfig(engine="vllm", model="tiny", slots=8)) as a,
         EmulatorThread(EmulatorConfig(engine="sglang", model="tiny", slots=8)) as b,
     ):
-        # stale_after_probes: a probe delayed on a loaded machine must not turn a seen queue into "unknown"
+        # stale_after_probes: a probe delayed on a loaded machine must not turn a seen queue into "unknown";
+        # least_load, named: a queue of 6 on 8 slots is the signal it follows (the default for two deployments,
+        # cache_aware, keeps these identical requests where they were until the imbalance exceeds max_imbalance)
         cfg = f"""
 server: {{access_log: false}}
 auth: {{mode: none}}
@@ -112,6 +114,7 @@ backends:
   - {{name: b, engine: sglang, url: "{b.url}", capacity: 8, probe: {{interval_s: 0.2}}}}
 models:
   - name: m
+    strategy: least_load
     deployments:
       - {{backend: a, model: tiny, format: safetensors}}
       - {{backend: b, model: tiny, format: safetensors}}

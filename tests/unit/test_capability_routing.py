@@ -187,10 +187,13 @@ async def test_a_streamed_request_needing_tools_also_lands_only_on_the_declaring
 
 
 @pytest.mark.parametrize("capability", sorted(NEEDS))
-async def test_a_request_not_needing_the_capability_may_go_to_either_deployment(
-    cfg: GatewayConfig, capability: str
-) -> None:
+async def test_a_request_not_needing_the_capability_may_go_to_either_deployment(capability: str) -> None:
+    # least_load, named: identical stateless requests then take turns over both (the default for two deployments,
+    # cache_aware, keeps identical prompts on one deployment until it is max_imbalance busier)
     up = engines()
+    model = f"  - name: {capability}-only-on-b\n"
+    cfg = make_config(CONFIG.replace(model, model + "    strategy: least_load\n"))
+    assert cfg.models[[m.name for m in cfg.models].index(f"{capability}-only-on-b")].strategy == "least_load"
     async with gateway_client(cfg, upstream=up) as (client, _):
         rs = [
             await client.post("/v1/chat/completions", json={"model": f"{capability}-only-on-b", "messages": HELLO})

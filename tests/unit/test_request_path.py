@@ -354,7 +354,9 @@ async def test_models_lists_public_names_and_aliases(cfg):
 
 
 async def test_connection_refused_fails_over_to_the_other_deployment():
-    cfg = make_config(TWO_BACKENDS)
+    # least_load, named: the rotation sends the first request to engine-a, the refused one (the default for two
+    # deployments, cache_aware, may place these identical requests on engine-b and never try engine-a)
+    cfg = make_config(TWO_BACKENDS.replace("  - name: twin\n", "  - name: twin\n    strategy: least_load\n"))
     up = FakeUpstream(
         {
             ("POST", ENGINE_CHAT): refused(),

@@ -258,8 +258,13 @@ async def test_models_say_resident_where_known_and_the_gauge_exports_it() -> Non
 async def test_prefer_resident_false_leaves_residency_out_of_the_choice() -> None:
     # the baseline bench/residency.py compares with: least load alone, so equal loads take turns
     up = engines()
-    cfg = make_config(CONFIG.replace("routing: {retries: 0}", "routing: {retries: 0, prefer_resident: false}"))
-    assert cfg.routing.prefer_resident is False
+    cfg = make_config(
+        CONFIG.replace("routing: {retries: 0}", "routing: {retries: 0, prefer_resident: false}").replace(
+            "  - name: tiny\n",
+            "  - name: tiny\n    strategy: least_load\n",  # the baseline's strategy, named
+        )
+    )
+    assert cfg.routing.prefer_resident is False and cfg.models[0].strategy == "least_load"
     async with gateway_client(cfg, upstream=up) as (client, app):
         await probed(app, up)
         chosen = await backends_chosen(client, 4)
