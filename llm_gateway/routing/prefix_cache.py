@@ -6,10 +6,11 @@ engine may still hold in its KV/prefix cache (vLLM and SGLang prefix caching, ll
 an approximate record of what the gateway itself sent, the way SMG's cache-aware policy keeps an approximate
 radix tree per worker (lightseekorg/smg `model_gateway/src/policies/cache_aware.rs` @1cb05933) and production-stack's
 `loadaware` router keeps hashed prefixes per endpoint (vllm-project/production-stack#1035). Where the engine
-publishes its KV-cache events (vLLM and SGLang `--kv-events-config`, a backend's `kv_events`), the record follows
-them (routing/kv_events.py): emptied when the engine clears or restarts, aged as it evicts; the match itself stays
-this record's, since the events name blocks of token ids and the gateway does not tokenize. llama-server's slots:
-slots.py.
+publishes its KV-cache events (vLLM and SGLang `--kv-events-config`, a backend's `kv_events`), what the record
+holds follows them instead of the guess by age (routing/kv_events.py): emptied when the engine clears or restarts,
+its oldest blocks taken off as the engine evicts, and no block forgotten for its age (`ttl_s`) while the events
+flow; the match itself stays this record's, since the events name blocks of token ids and the gateway does not
+tokenize. llama-server's slots: slots.py.
 
 The prompt: the request's conversation in the order a chat template renders it (tools first, then each
 message's role, text, and tool calls), from the strings already in hand (the parsed body's messages and the
@@ -179,6 +180,9 @@ def anchor_key(info: RequestInfo, block_bytes: int) -> str | None:
     return None if pb.anchor < 0 else f"c{pb.keys[pb.anchor]:x}"
 
 
+_EVER = float("-inf")  # `matched`'s oldest time where the engine's events say what it holds
+
+
 class PrefixRecord:
     """One deployment's approximate prefix cache: block keys and sessions, LRU, bounded, aged; where its engine
     publishes KV-cache events (`engine`, routing/kv_events.py), emptied when the engine clears and aged as it
@@ -213,9 +217,12 @@ class PrefixRecord:
             blocks.popitem(last=False)
 
     def matched(self, keys: list[int], now: float, ttl_s: float) -> int:
-        """How many leading keys this deployment holds, sent within `ttl_s` (what is held is a prefix)."""
+        """How many leading keys this deployment holds, sent within `ttl_s` (what is held is a prefix). Where the
+        engine's KV events are flowing, what it holds is what they say (`settle` took off what it evicted or
+        cleared), not a guess by age: a block is held however long ago it was sent."""
         blocks = self.blocks
-        oldest = now - ttl_s
+        engine = self.engine
+        oldest = _EVER if engine is not None and engine.batches else now - ttl_s
         lo, hi = 0, len(keys)  # keys[:lo] held; keys[hi:] not
         while lo < hi:
             mid = (lo + hi) // 2

@@ -119,6 +119,21 @@ def test_a_clear_empties_the_record_once() -> None:
     assert list(rec.blocks) == [7]
 
 
+def test_while_events_flow_what_is_held_is_theirs_not_a_guess_by_age() -> None:
+    """ttl_s ages blocks out only where nothing says what the engine holds: with its events flowing, a block sent
+    long ago is still held until the engine evicts it (then it goes, however recent)."""
+    rec = record_with(4)  # sent at t=1.0
+    later = 1.0 + 7200.0  # two hours on, past a one-hour ttl_s
+    assert rec.matched([0, 1, 2, 3], later, 3600.0) == 0  # no events: aged out
+    kv = rec.engine = EngineKv()
+    assert rec.matched([0, 1, 2, 3], later, 3600.0) == 0  # a feed, but no batch yet: still the guess
+    kv.batches = 1
+    assert rec.matched([0, 1, 2, 3], later, 3600.0) == 4
+    kv.removed_tokens = 2 * 64 // BYTES_PER_TOKEN  # two blocks of 64 bytes evicted
+    rec.settle(64)
+    assert rec.matched([0, 1, 2, 3], 2.0, 3600.0) == 2
+
+
 def test_without_events_the_record_is_untouched() -> None:
     rec = record_with(3)
     rec.settle(64)
