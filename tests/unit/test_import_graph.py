@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2] / "llm_gateway"
 
 # bottom first; a name is a top-level module or a subpackage of llm_gateway
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "types", "exchange"),  # the shared vocabulary: imports nothing of the project
+    ("errors", "types", "exchange", "background"),  # the shared vocabulary, how threads yield to the loop: no imports
     ("wire",),  # client-API wire formats shared by adapters and dialects (SSE bytes, chat events, Anthropic), pure
     ("adapters", "upstream"),  # engine knowledge; the upstream client seam
     ("settings",),  # the config schema (validated against the adapters' registry) and its loader
