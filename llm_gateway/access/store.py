@@ -77,9 +77,9 @@ class Shrink:
             if left < 0:
                 return -1
             if self.unit_cost > 0:
-                fits = math.floor(left / self.unit_cost)
-                if fits < c:
-                    c = fits
+                fits = left / self.unit_cost  # inf for a tiny unit: no bound, and never floored
+                if fits < c:  # floor(fits) < c exactly when fits < c (c an integer)
+                    c = math.floor(fits)
         c -= c % self.choices if c > 0 else 0
         return c if c >= (asked if asked < self.choices else self.choices) else -1
 

@@ -131,10 +131,15 @@ def test_shrink_grant_as_before(
         if left < 0:
             assert s.grant(asked, room_t, room_c) == -1
             return
-        if unit > 0:
+        if unit > 0 and math.isfinite(left / unit):  # a subnormal unit: no cost bound at all
             c = min(c, math.floor(left / unit))
     c -= c % choices if c > 0 else 0
     assert s.grant(asked, room_t, room_c) == (c if c >= min(asked, choices) else -1)
+
+
+def test_a_unit_cost_too_small_to_divide_by_bounds_nothing() -> None:
+    """room / unit overflows to inf for a subnormal unit: the grant is the ask, not an OverflowError (a 500)."""
+    assert Shrink(0, 1, 0, 2.225073858507203e-309).grant(7, None, 1) == 7
 
 
 @given(st.integers(0, 10**16), st.integers(-(10**10), 10**16), st.integers(0, 10**6), st.integers(-5, 10**6))
