@@ -11,9 +11,9 @@ Requests that generate nothing still count against the key's requests per minute
 (`admit_requests`: rpm and concurrency, never tokens or budgets), and requests refused before they
 were admitted, for a bad body, an unknown or forbidden model (`meter_refused`: rpm only), so that a
 flood of bad requests is limited like any other.
-Headers follow OpenAI: x-ratelimit-{limit,remaining,reset}-{requests,tokens}; a key with a budget also
-gets x-ratelimit-{limit,remaining}-budget-{tokens,cost} and x-ratelimit-reset-budget. A spent budget is
-429 `insufficient_quota` (OpenAI's type and code for it), with Retry-After at the period's end (UTC).
+Headers (`Limiter.quota_headers`) follow OpenAI: x-ratelimit-{limit,remaining,reset}-{requests,tokens}; a key
+with a budget also gets x-ratelimit-{limit,remaining}-budget-{tokens,cost} and x-ratelimit-reset-budget. A spent
+budget is 429 `insufficient_quota` (OpenAI's type and code for it), with Retry-After at the period's end (UTC).
 Cost is priced by the public model's `price` (per million input/output tokens): reserved at the prompt
 estimate and `max_tokens`, settled with the real usage; a model without a price costs nothing.
 """
@@ -83,6 +83,9 @@ class Limiter:
         self._request_scopes: dict[tuple[Principal, str], tuple[ScopeLimits, ...]] = {}
         #: a key's own requests-per-minute alone, for requests refused before admission
         self._rpm_scopes: dict[Principal, tuple[ScopeLimits, ...]] = {}
+        #: cost limits (COST_UNITS) -> their x-ratelimit-limit-budget-cost text: a key's limit is the same on every
+        #: answer, its text made once (at most 4096 kept; a reload's new Limiter starts empty)
+        self._cost_limits: dict[int, bytes] = {}
 
     def scopes(self, who: Principal, model: str) -> tuple[ScopeLimits, ...]:
         key = (who, model)
@@ -224,7 +227,7 @@ class Limiter:
             if self._on_reject:
                 self._on_reject(who.name, kind)
             headers = {"retry-after": str(max(1, math.ceil(decision.retry_after_s)))}
-            for name, value in quota_headers(decision):
+            for name, value in self.quota_headers(decision):
                 headers[name.decode()] = value.decode()
             if kind == "budget":
                 resets = utc_text(round(self._wall() + decision.retry_after_s))  # periods end on whole seconds
@@ -243,6 +246,33 @@ class Limiter:
         if res.cost:
             res.price, res.prompt_estimate = price, prompt_tokens
         return decision, res
+
+    def quota_headers(self, d: Decision | None) -> Headers:
+        """The x-ratelimit-* headers of a decision (none without one)."""
+        if d is None:
+            return []
+        out: Headers = []
+        _add(out, b"requests", d.requests)
+        _add(out, b"tokens", d.tokens)
+        bt, bc = d.budget_tokens, d.budget_cost
+        if bt is not None:
+            left = bt.remaining
+            out.append((b"x-ratelimit-limit-budget-tokens", str(bt.limit).encode()))
+            out.append((b"x-ratelimit-remaining-budget-tokens", str(left if left > 0 else 0).encode()))
+        if bc is not None:
+            left = bc.remaining
+            texts = self._cost_limits
+            limit = texts.get(bc.limit)
+            if limit is None:
+                limit = money(bc.limit).encode()
+                if len(texts) < 4096:
+                    texts[bc.limit] = limit
+            out.append((b"x-ratelimit-limit-budget-cost", limit))
+            out.append((b"x-ratelimit-remaining-budget-cost", money(left if left > 0 else 0).encode()))
+        reset = bt or bc
+        if reset is not None:
+            out.append((b"x-ratelimit-reset-budget", format_reset(reset.reset_s).encode()))
+        return out
 
     async def finish(
         self, res: Reservation | None, actual_tokens: int | None, *, prompt_tokens: int | None = None
@@ -278,35 +308,6 @@ def _dearer(price: tuple[float, float], tokens: int) -> int:
 def _limited(lim: Limits) -> bool:
     return lim.rpm is not None or lim.tpm is not None or lim.concurrency is not None or lim.budget is not None
 
-
-def quota_headers(d: Decision | None) -> Headers:
-    if d is None:
-        return []
-    out: Headers = []
-    _add(out, b"requests", d.requests)
-    _add(out, b"tokens", d.tokens)
-    bt, bc = d.budget_tokens, d.budget_cost
-    if bt is not None:
-        left = bt.remaining
-        out.append((b"x-ratelimit-limit-budget-tokens", str(bt.limit).encode()))
-        out.append((b"x-ratelimit-remaining-budget-tokens", str(left if left > 0 else 0).encode()))
-    if bc is not None:
-        left = bc.remaining
-        limit = _COST_LIMITS.get(bc.limit)  # a key's cost limit, the same on every answer: its text made once
-        if limit is None:
-            limit = money(bc.limit).encode()
-            if len(_COST_LIMITS) < 4096:
-                _COST_LIMITS[bc.limit] = limit
-        out.append((b"x-ratelimit-limit-budget-cost", limit))
-        out.append((b"x-ratelimit-remaining-budget-cost", money(left if left > 0 else 0).encode()))
-    reset = bt or bc
-    if reset is not None:
-        out.append((b"x-ratelimit-reset-budget", format_reset(reset.reset_s).encode()))
-    return out
-
-
-#: cost limits (COST_UNITS) -> their header value
-_COST_LIMITS: dict[int, bytes] = {}
 
 #: the three x-ratelimit-* header names of each dimension, made once
 _NAMES = {

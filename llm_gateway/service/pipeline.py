@@ -24,7 +24,6 @@ import time
 from typing import Any
 
 from llm_gateway.access.keys import Principal
-from llm_gateway.access.limiter import quota_headers
 from llm_gateway.adapters.relay_base import ChargedError
 from llm_gateway.errors import GatewayError, ModelNotFound, UpstreamProtocolError
 from llm_gateway.exchange import ClientExchange, NativeDialect
@@ -83,7 +82,7 @@ class GenerationService:
                 if native is not None:
                     native.limit_output(cap)
             output_cap = cap * choices
-        quota, priority = quota_headers(decision), call.header(rt.priority_header)
+        quota, priority = rt.limiter.quota_headers(decision), call.header(rt.priority_header)
         job = Job(call, rec, rt, endpoint, body, route, info, quota, who, budget, priority, native, output_cap)
         usage: Usage | None = None
         failed = False

@@ -8,7 +8,8 @@ profile's cost over minimal).
 - `period_of` remembers each (period, day): the reference computes the month's end with datetimes every time,
   across month and year ends.
 - `Shrink.grant` compares instead of calling `min`: the reference is the old expression.
-- The cost limit's header text is made once per limit: the headers are those of a fresh computation.
+- The cost limit's header text is made once per limit, in each Limiter: the headers are those of a fresh
+  computation, through one limiter that has seen many limits, and through two limiters each of its own limits.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from llm_gateway.access import store
-from llm_gateway.access.limiter import quota_headers
+from llm_gateway.access.limiter import Limiter
+from llm_gateway.access.memory import MemoryStore
 from llm_gateway.access.store import COST_UNITS, Decision, Quota, Shrink
 
 
@@ -142,14 +144,41 @@ def test_a_unit_cost_too_small_to_divide_by_bounds_nothing() -> None:
     assert Shrink(0, 1, 0, 2.225073858507203e-309).grant(7, None, 1) == 7
 
 
+#: one limiter across the examples below: its cost-limit texts must stay each its own limit's
+_SEEN_MANY = Limiter(MemoryStore(), fail_open=False)
+
+
 @given(st.integers(0, 10**16), st.integers(-(10**10), 10**16), st.integers(0, 10**6), st.integers(-5, 10**6))
 def test_budget_headers_as_a_fresh_computation(limit: int, remaining: int, t_limit: int, t_left: int) -> None:
     d = Decision(True, budget_tokens=Quota(t_limit, t_left, 3600.5), budget_cost=Quota(limit, remaining, 3600.5))
-    for _ in range(2):  # the second: the limit's text remembered
-        assert dict(quota_headers(d)) == {
+    for _ in range(2):  # the second: the limit's text remembered (by a limiter that has seen the examples before)
+        assert dict(_SEEN_MANY.quota_headers(d)) == {
             b"x-ratelimit-limit-budget-tokens": str(t_limit).encode(),
             b"x-ratelimit-remaining-budget-tokens": str(max(0, t_left)).encode(),
             b"x-ratelimit-limit-budget-cost": _money_ref(limit).encode(),
             b"x-ratelimit-remaining-budget-cost": _money_ref(max(0, remaining)).encode(),
             b"x-ratelimit-reset-budget": b"1h0m0.5s",
         }
+
+
+def _cost_limit_text(lim: Limiter, limit: int) -> bytes:
+    d = Decision(True, budget_cost=Quota(limit, limit // 2, 60.0))
+    return dict(lim.quota_headers(d))[b"x-ratelimit-limit-budget-cost"]
+
+
+def test_each_limiter_keeps_its_own_cost_limit_texts_and_answers_each_limit_its_own() -> None:
+    """Two limiters in one process (a reload makes a new one beside the old): each answers the text of the limit
+    it is asked about, the first time and from what it kept, and what one keeps is its own. Past the bound (4096
+    limits) a limiter keeps no more texts and still answers each its own."""
+    a, b = Limiter(MemoryStore(), fail_open=False), Limiter(MemoryStore(), fail_open=False)
+    for _ in range(2):  # made, then remembered
+        assert _cost_limit_text(a, 5 * COST_UNITS) == b"5"
+        assert _cost_limit_text(b, COST_UNITS // 4) == b"0.25"
+        assert _cost_limit_text(a, COST_UNITS // 4) == b"0.25"
+        assert _cost_limit_text(b, 5 * COST_UNITS) == b"5"
+    fresh = Limiter(MemoryStore(), fail_open=False)
+    assert fresh._cost_limits == {}  # nothing of a's or b's: the texts are the limiter's, not the module's
+    for units in range(4100):
+        assert _cost_limit_text(fresh, units) == _money_ref(units).encode()
+    assert len(fresh._cost_limits) == 4096
+    assert _cost_limit_text(fresh, 4099) == b"0.000004099"

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from llm_gateway.access.keys import Principal
-from llm_gateway.access.limiter import Limiter, quota_headers
+from llm_gateway.access.limiter import Limiter
 from llm_gateway.access.memory import MemoryStore
 from llm_gateway.access.store import COST_UNITS, ScopeLimits, cost_units, format_reset, period_of, token_cost
 from llm_gateway.errors import RateLimited
@@ -186,7 +186,8 @@ async def test_cost_is_reserved_at_the_estimate_and_settled_at_the_real_usage():
     await lim.finish(res, 150, prompt_tokens=120)  # the real usage: 120 x 0.001 + 30 x 0.002 = 0.18
     d2, _ = await lim.admit(who, "big", 10, "r2", prompt_tokens=10)
     assert d2 is not None and d2.budget_cost is not None and d2.budget_cost.remaining == cost_units(1.0 - 0.18 - 0.01)
-    assert dict((k.decode(), v.decode()) for k, v in quota_headers(d2))["x-ratelimit-remaining-budget-cost"] == "0.81"
+    headers = dict((k.decode(), v.decode()) for k, v in lim.quota_headers(d2))
+    assert headers["x-ratelimit-remaining-budget-cost"] == "0.81"
 
 
 async def test_without_the_prompt_split_cost_is_reserved_at_the_dearer_rate():

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pytest
 
 from llm_gateway.access.keys import Principal
-from llm_gateway.access.limiter import Limiter, quota_headers
+from llm_gateway.access.limiter import Limiter
 from llm_gateway.access.memory import MemoryStore
 from llm_gateway.access.store import Decision, Quota, Reservation, ScopeLimits, StoreUnavailable
 from llm_gateway.errors import RateLimited, ServiceUnavailable
@@ -277,7 +277,11 @@ async def test_finish_after_a_fail_open_admission_does_not_call_the_store():
     assert store.finish_calls == 0
 
 
-# -- quota_headers -----------------------------------------------------------------------------------
+# -- Limiter.quota_headers ---------------------------------------------------------------------------
+
+
+def quota_headers(d: Decision | None):
+    return Limiter(MemoryStore(), fail_open=False).quota_headers(d)
 
 
 def test_quota_headers_for_no_decision_are_empty():
