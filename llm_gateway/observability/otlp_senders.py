@@ -1,7 +1,8 @@
 """How OTLP trace export reaches a receiver: the senders that otlp.py's export thread hands each batch's
 `ExportTraceServiceRequest` bytes to. OTLP/HTTP (`HttpSender`: POST /v1/traces, application/x-protobuf, on one
-kept connection) or OTLP/gRPC (`GrpcSender`: `TraceService/Export`, the bytes as they are; grpcio is imported only
-when this sender is made, i.e. only with protocol grpc), each with OTEL_EXPORTER_OTLP_(TRACES_)HEADERS and
+kept connection, each answer read by httptools' parser as upstream/h1_client.py reads engines') or OTLP/gRPC
+(`GrpcSender`: `TraceService/Export`, the bytes as they are; grpcio is imported only when this sender is made,
+i.e. only with protocol grpc), each with OTEL_EXPORTER_OTLP_(TRACES_)HEADERS and
 _COMPRESSION (gzip) as the SDK reads them. otlp_config.py picks one from the config and the OTEL_* variables.
 """
 
@@ -14,6 +15,8 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+import httptools
 
 
 def env_headers(var_names: tuple[str, ...]) -> dict[str, str]:
@@ -42,11 +45,11 @@ class HttpSender:
     """OTLP/HTTP: POST protobuf bytes to the traces URL on one kept connection (the export thread's).
 
     Its own HTTP/1.1 on a socket rather than http.client's: the request's head is written once (all but the
-    length), a send is one `sendall` (two for a large body) and the answer's head is read for its status and how
-    its body ends (content-length, chunked, or the connection's close), never parsed into a message object;
-    http.client spent ~400K instructions an export there (bench/whole_instructions.py). A failure on a kept
-    connection (the receiver closed it, reset, timed out) is tried once more on a new one, as before; an answer
-    other than 2xx raises (the batch is counted as dropped by the caller)."""
+    length), a send is one `sendall` (two for a large body), and the answer is fed to httptools' parser (llhttp,
+    as upstream/h1_client.py reads engines) for its status and the end of its body, never made into a message
+    object; http.client spent ~400K instructions an export there (bench/whole_instructions.py). A failure on a
+    kept connection (the receiver closed it, reset, timed out) is tried once more on a new one, as before; an
+    answer other than 2xx raises (the batch is counted as dropped by the caller)."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
         u = urlsplit(url)
@@ -65,6 +68,7 @@ class HttpSender:
         lines = [f"POST {self._path} HTTP/1.1", f"host: {host}", *(f"{k}: {v}" for k, v in self._headers.items())]
         self._head = ("\r\n".join(lines) + "\r\ncontent-length: ").encode("latin-1")
         self._sock: socket.socket | None = None
+        self._answer = _Answer()
 
     def send(self, body: bytes) -> None:
         if self._gzip:
@@ -78,7 +82,7 @@ class HttpSender:
                 else:  # not copied again: the head, then the body
                     sock.sendall(head)
                     sock.sendall(body)
-                status, keep = _response(sock)
+                status, keep = self._answer.read(sock)
             except OSError:
                 self.close()
                 if retry:
@@ -99,10 +103,12 @@ class HttpSender:
         except BaseException:
             sock.close()
             raise
+        self._answer.start()  # a new connection, a new parser: llhttp has no reset
         self._sock = sock
         return sock
 
     def close(self) -> None:
+        self._answer.parser = None  # it points back at the answer: let go of the cycle with the connection
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -112,91 +118,74 @@ _JOIN_MAX = 1 << 16  # a body up to this goes in one sendall with its head (copi
 _HEAD_MAX = 1 << 16  # an answer's head longer than this is a broken receiver
 
 
-def _response(sock: socket.socket) -> tuple[int, bool]:
-    """Reads one answer to the end of its body: (its status, whether the connection may be kept). A 1xx answer is
-    skipped; a malformed one raises ConnectionError (an OSError: the sender's retry and close)."""
-    buf = b""
-    while True:
-        end = buf.find(b"\r\n\r\n")
-        while end < 0:
-            if len(buf) > _HEAD_MAX:
-                raise ConnectionError("OTLP receiver: an answer's head too long")
+class _Answer:
+    """The receiver's answers on one connection, as httptools' parser calls back (one parser a connection, fed
+    each answer in turn: llhttp starts the next message where one ends). `read` feeds it what the socket gives
+    until the final answer is complete: a 1xx answer (100 Continue) before it is parsed and passed over, a body
+    is skipped by the parser, whatever way it ends (content-length, chunked), never copied. An answer with
+    neither a length nor chunks ends with the connection, which llhttp is never told (httptools has no EOF
+    call): the receiver's close after such a head completes it here, and the connection is not kept."""
+
+    __slots__ = ("done", "keep", "parser", "sized", "status")
+
+    def __init__(self) -> None:
+        self.parser: Any = None  # httptools.HttpResponseParser, made per connection (`start`)
+        self.status = 0  # the final answer's, once its head is in
+        self.sized = False  # it has a content-length or chunks: its end is in the bytes, not the close
+        self.done = False
+        self.keep = False
+
+    def start(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+
+    def read(self, sock: socket.socket) -> tuple[int, bool]:
+        """Reads one answer to the end of its body: (its status, whether the connection may be kept). A malformed
+        one, or a close before its end, raises ConnectionError (an OSError: the sender's retry and close)."""
+        self.status, self.done = 0, False
+        parser = self.parser
+        head = 0
+        while not self.done:
             chunk = sock.recv(65536)
             if not chunk:
+                if self.status and not self.sized:  # no length: the body ended with the connection
+                    return self.status, False
+                if self.status:
+                    raise ConnectionError("OTLP receiver closed the connection in an answer's body")
                 raise ConnectionError("OTLP receiver closed the connection before answering")
-            buf += chunk
-            end = buf.find(b"\r\n\r\n")
-        head, buf = buf[:end], buf[end + 4 :]
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
-            raise ConnectionError(f"OTLP receiver: not an HTTP answer: {lines[0][:80]!r}")
-        status = int(parts[1])
-        keep = parts[0] != b"HTTP/1.0"
-        length = -1
-        chunked = False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise ConnectionError("OTLP receiver: a bad content-length") from None
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                v = value.strip().lower()
-                keep = v == b"keep-alive" if not keep else v != b"close"
-        if 100 <= status < 200:  # 100 Continue and the like: the answer follows
-            continue
-        if status in (204, 304):
-            return status, keep
-        if chunked:
-            _read_chunked(sock, buf)
-        elif length >= 0:
-            _read_exactly(sock, buf, length)
-        else:  # no length: the body ends with the connection
-            while sock.recv(65536):
-                pass
-            keep = False
-        return status, keep
+            try:
+                parser.feed_data(chunk)
+            except httptools.HttpParserError as e:
+                raise ConnectionError(f"OTLP receiver: not an HTTP answer: {e}") from None
+            if not self.status:
+                head += len(chunk)
+                if head > _HEAD_MAX:
+                    raise ConnectionError("OTLP receiver: an answer's head too long")
+        return self.status, self.keep
 
+    # -- httptools callbacks (no on_body: a body is passed over in C) ----------------------------------------
+    def on_message_begin(self) -> None:
+        if self.done:  # bytes after the final answer: a receiver out of step, its connection not kept
+            self.keep = False
+        self.sized = False
 
-def _read_exactly(sock: socket.socket, buf: bytes, n: int) -> bytes:
-    """Reads past `n` bytes of a body (`buf`: what came before); what followed them in `buf` is returned."""
-    while len(buf) < n:
-        chunk = sock.recv(min(65536, n - len(buf)))
-        if not chunk:
-            raise ConnectionError("OTLP receiver closed the connection in an answer's body")
-        buf += chunk
-    return buf[n:]
+    def on_header(self, name: bytes, value: bytes) -> None:
+        n = len(name)
+        if n == 14:
+            if name.lower() == b"content-length":
+                self.sized = True
+        elif n == 17 and name.lower() == b"transfer-encoding" and b"chunked" in value.lower():
+            self.sized = True
 
+    def on_headers_complete(self) -> None:
+        if not self.done:  # (after it: the head of bytes that followed the final answer, not its status)
+            status = self.parser.get_status_code()
+            if status >= 200:  # not an interim answer (100 Continue): the final one follows that on this parser
+                self.status = status
 
-def _read_chunked(sock: socket.socket, buf: bytes) -> None:
-    """A chunked body to its last chunk and trailer (`buf`: what came with the head)."""
-    while True:
-        while b"\r\n" not in buf:
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("OTLP receiver closed the connection in a chunked answer")
-            buf += chunk
-        line, _, buf = buf.partition(b"\r\n")
-        try:
-            size = int(line.split(b";", 1)[0], 16)
-        except ValueError:
-            raise ConnectionError("OTLP receiver: a bad chunk size") from None
-        if size == 0:  # the trailer: lines up to an empty one
-            while True:
-                while b"\r\n" not in buf:
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        return
-                    buf += chunk
-                line, _, buf = buf.partition(b"\r\n")
-                if not line:
-                    return
-        buf = _read_exactly(sock, buf, size + 2)  # the chunk and its CRLF
+    def on_message_complete(self) -> None:
+        if self.status and not self.done:  # the final answer's end (a 1xx one completes too, before it)
+            self.done = True
+            self.keep = self.parser.should_keep_alive()
 
 
 class GrpcSender:

@@ -73,7 +73,7 @@ def test_the_image_installs_the_tracing_and_kv_events_extras_with_what_they_impo
     (install,) = [i for i in runtime if i.cmd == "RUN" and "pip install" in i.value[0]]
     assert '".[tracing,kv-events]"' in wheel.value[0] and '"llm-gateway[tracing,kv-events]"' in install.value[0]
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    # OTLP/gRPC's one import beyond the standard library (llm_gateway/observability/otlp_senders.py: GrpcSender)
+    # OTLP/gRPC's one import beyond the core dependencies (llm_gateway/observability/otlp_senders.py: GrpcSender)
     assert "import grpc" in (REPO / "llm_gateway/observability/otlp_senders.py").read_text()
     assert any(re.match(r"grpcio\b", req) for req in extras["tracing"]), extras["tracing"]
     # the KV-event feed's two imports (llm_gateway/routing/kv_events.py: KvEventFeed._run)

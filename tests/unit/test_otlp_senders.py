@@ -1,7 +1,8 @@
 """OTLP/HTTP's sender (observability/otlp_senders.py's HttpSender, its own HTTP/1.1 on a socket): the POST a
 receiver reads (path, content type, the OTEL_* headers, gzip), one kept connection across exports, a connection
 the receiver closed tried once more on a new one, an answer other than 2xx raised, and every way an answer's body
-can end (content-length, chunked, the connection's close) read to its end so the next export's answer is its own."""
+can end (content-length, chunked, the connection's close) read to its end so the next export's answer is its own
+(httptools' parser, one a connection: bytes after an answer are never read as the next export's)."""
 
 from __future__ import annotations
 
@@ -174,6 +175,42 @@ def test_a_receiver_that_closes_twice_or_answers_an_error_raises_and_the_next_ex
         s.close()
     assert [b for _, b in srv.requests] == [b"a", b"a", b"b", b"c", b"d", b"e"]
     assert srv.connections == 4
+
+
+def test_an_answer_with_a_length_cut_short_by_the_close_is_a_failure_not_an_answer() -> None:
+    """Only an answer with neither a length nor chunks ends with the connection: a 200 whose content-length or
+    chunks the close cut short is a broken connection (tried once more on a new one, then raised)."""
+
+    def cut(head: bytes) -> Callable[[socket.socket], bool]:
+        def answer(conn: socket.socket) -> bool:
+            conn.sendall(head + b"0123456789")
+            conn.shutdown(socket.SHUT_RDWR)
+            return False
+
+        return answer
+
+    by_length = cut(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n")
+    by_chunks = cut(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n64\r\n")
+    with scripted(by_length, by_chunks) as srv:
+        s = HttpSender(f"http://127.0.0.1:{srv.port}/v1/traces", 5)
+        with pytest.raises(OSError, match="in an answer's body"):
+            s.send(b"a")
+        s.close()
+    assert [b for _, b in srv.requests] == [b"a", b"a"]
+    assert srv.connections == 2
+
+
+def test_bytes_after_an_answer_are_never_taken_for_the_next_exports_answer() -> None:
+    """A receiver out of step (a stale second answer behind the first, in the same write): the first is this
+    export's, and its connection is not kept, so the next export's answer is its own, on a new connection."""
+    stale = OK + b"HTTP/1.1 503 Stale\r\ncontent-length: 4\r\n\r\nbusy"
+    with scripted(stale, OK) as srv:
+        s = HttpSender(f"http://127.0.0.1:{srv.port}/v1/traces", 5)
+        s.send(b"one")  # 200: not the 503 behind it
+        s.send(b"two")
+        s.close()
+    assert [b for _, b in srv.requests] == [b"one", b"two"]
+    assert srv.connections == 2
 
 
 def test_a_receiver_that_is_down_raises() -> None:
