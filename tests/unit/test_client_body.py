@@ -78,6 +78,24 @@ def test_only_added_fields_keep_the_clients_bytes() -> None:
     assert orjson.loads(encode({"a": 1}, empty)) == {"a": 1}
 
 
+def test_the_splice_copies_the_clients_bytes_once() -> None:
+    # a slice and a concatenation were two copies of a coding agent's 74 KB (issue 36): at their peak both were
+    # held at once; one join holds the client's bytes and the one copy
+    import tracemalloc
+
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 1_000_000}]})
+    body = ClientBody(orjson.loads(raw), raw)
+    out = {**body, "max_completion_tokens": 8}
+    tracemalloc.start()
+    try:
+        got = encode(out, body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == raw[:-1] + b',"max_completion_tokens":8}'
+    assert len(raw) < peak < 1.2 * len(raw)
+
+
 def _ctx(stream: bool) -> CallContext:
     return CallContext("chat", "fake-model", "fake-model", stream, False, "rid")
 
