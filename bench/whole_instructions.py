@@ -13,6 +13,12 @@ as long (probes, timers, the export thread's empty wakes) is counted alone first
     PYTHONPATH=. .venv/bin/python bench/whole_instructions.py --requests 400 --idle-s 20
     ... --conc 64 --requests 640
     ... --gateway-dir ../other-checkout        # that checkout's llm_gateway, the same way (an A/B: run both)
+    ... --body agent --profiles minimal,team,aiohttp --requests 200     # the 74 KB agent request, and the floor
+
+`--body agent` sends agent_request.py's 74 KB coding-agent chat request (20 tools, 46 messages) instead of
+request.json. `aiohttp` in `--profiles` is not a gateway config: it counts bench/proxies/aiohttp_bare.py (the bare
+aiohttp server + client the issue's "2x bare aiohttp" reads against) the same way, in front of the same engine, so
+that the ratio can be read in instructions as well as in CPU time.
 
 Prints per profile the instructions per request (all threads, and per thread: thread 1 is the event loop), and
 each profile's ratio to the first. BENCH_KEEP_DUMPS=1 keeps the dumps (for callgrind_annotate). What it does not
@@ -128,25 +134,46 @@ def per_thread(dumps: Iterable[Path]) -> dict[int, int]:
     return out
 
 
+#: `--profiles` entries that are not gateway configs: the bare aiohttp proxy (one upstream: the first engine)
+FLOORS = ("aiohttp",)
+#: `--body` choices: the bench's 420-byte request, or agent_request.py's 74 KB coding-agent chat request
+BODIES = ("request", "agent")
+
+
+def request_body(kind: str) -> bytes:
+    """The bytes each request POSTs: request.json, or the agent request as chat completions (as wrk sends it)."""
+    if kind == "agent":
+        import agent_request
+
+        return agent_request.encode(agent_request.bodies()["chat"])
+    return (BENCH / "request.json").read_bytes()
+
+
 def measure(profile: str, a: argparse.Namespace, engines: list[str], out: Path, body: bytes) -> dict[str, float]:
     port = ps.free_port()
-    cfg = tg.gateway_config(engines, profile=profile, data_dir=out / f"{profile}-data")
-    sink = None
-    sink_out = out / f"{profile}-sink.json"
-    if "tracing" in cfg:
-        sink_port = ps.free_port()
-        cfg["tracing"]["endpoint"] = f"http://127.0.0.1:{sink_port}"
-        sink_cmd = [tg.PROJECT_PY, str(BENCH / "otlp_sink.py"), "--port", str(sink_port), "--out", str(sink_out)]
-        sink = subprocess.Popen(["taskset", "-c", "1", *sink_cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    config = out / f"{profile}.yaml"
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     gw = Path(a.gateway_dir).resolve()
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(gw)}
-    # an export's time limit is wall-clock: under callgrind (~50x slower) on a shared box, 10 s can pass while the
-    # sink answers, and the batch would be dropped (export_failed)
-    env["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"] = "300"
-    cmd = [tg.PROJECT_PY, "-m", "llm_gateway", "serve", "--config", str(config), "--host", "127.0.0.1"]
-    target = Target(profile, [*cmd, "--port", str(port)], out, gw, env)
+    sink = None
+    sink_out = out / f"{profile}-sink.json"
+    if profile in FLOORS:  # the bare proxy: one upstream (the first engine), no config
+        env["UPSTREAM_URL"], env["PORT"] = engines[0], str(port)
+        target = Target(profile, [tg.PROJECT_PY, str(BENCH / "proxies" / "aiohttp_bare.py")], out, BENCH.parent, env)
+    else:
+        cfg = tg.gateway_config(engines, profile=profile, data_dir=out / f"{profile}-data")
+        if "tracing" in cfg:
+            sink_port = ps.free_port()
+            cfg["tracing"]["endpoint"] = f"http://127.0.0.1:{sink_port}"
+            sink_cmd = [tg.PROJECT_PY, str(BENCH / "otlp_sink.py"), "--port", str(sink_port), "--out", str(sink_out)]
+            sink = subprocess.Popen(
+                ["taskset", "-c", "1", *sink_cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        config = out / f"{profile}.yaml"
+        config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        # an export's time limit is wall-clock: under callgrind (~50x slower) on a shared box, 10 s can pass while
+        # the sink answers, and the batch would be dropped (export_failed)
+        env["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"] = "300"
+        cmd = [tg.PROJECT_PY, "-m", "llm_gateway", "serve", "--config", str(config), "--host", "127.0.0.1"]
+        target = Target(profile, [*cmd, "--port", str(port)], out, gw, env)
     spans_per_request = 2 if sink is not None else 0  # the request's SERVER span and its attempt's CLIENT span
 
     def settled(expected: int) -> None:
@@ -213,7 +240,8 @@ def table(results: dict[str, dict[str, float]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profiles", default="minimal,traced", help=f"comma list of: {', '.join(tg.PROFILES)}")
+    ap.add_argument("--profiles", default="minimal,traced", help=f"comma list of: {', '.join(tg.PROFILES + FLOORS)}")
+    ap.add_argument("--body", default="request", choices=BODIES, help="request.json, or the 74 KB agent chat request")
     ap.add_argument("--gateway-dir", default=str(BENCH.parent), help="the checkout whose llm_gateway runs")
     ap.add_argument("--requests", type=int, default=400, help="requests counted per profile")
     ap.add_argument("--conc", type=int, default=1, help="requests in flight at once")
@@ -226,10 +254,10 @@ def main() -> None:
             sys.exit(f"bench: {tool} missing (apt-get install valgrind util-linux)")
     profiles = [p for p in a.profiles.split(",") if p]
     for p in profiles:
-        if p not in tg.PROFILES:
-            ap.error(f"unknown profile {p!r}: one of {', '.join(tg.PROFILES)}")
+        if p not in tg.PROFILES + FLOORS:
+            ap.error(f"unknown profile {p!r}: one of {', '.join(tg.PROFILES + FLOORS)}")
     os.sched_setaffinity(0, {1 if (os.cpu_count() or 1) > 1 else 0})  # the load, beside the gateway's CPU 0
-    body = (BENCH / "request.json").read_bytes()
+    body = request_body(a.body)
     out = Path(tempfile.mkdtemp(prefix="whole-instructions-"))
     engine_ports = (ps.free_port(), ps.free_port())
     engine_cmd = [tg.PROJECT_PY, str(BENCH / "fake_engine.py"), "--port", f"{engine_ports[0]},{engine_ports[1]}"]
@@ -246,7 +274,8 @@ def main() -> None:
         engine.wait(10)
     title = (
         f"**Whole-process user-space instructions (callgrind)**, {a.requests} requests at c{a.conc} "
-        f"(request.json, not streamed), idle {a.idle_s:g} s taken off; gateway from {a.gateway_dir}"
+        f"({'request.json' if a.body == 'request' else 'the 74 KB agent chat request'}, not streamed), "
+        f"idle {a.idle_s:g} s taken off; gateway from {a.gateway_dir}"
     )
     ins.report(title, table(results), results, a.json, out)
 

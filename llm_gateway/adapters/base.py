@@ -30,6 +30,7 @@ from llm_gateway.adapters.lora import LoraDriver
 from llm_gateway.errors import EngineErrorAnswer, GatewayError
 from llm_gateway.types import BackendInfo, CallContext, Endpoint, ProbeResult, Usage
 from llm_gateway.wire.chat_events import ChatTranslation
+from llm_gateway.wire.client_body import Body
 
 
 @dataclass(slots=True)
@@ -37,7 +38,7 @@ class UpstreamRequest:
     method: str
     path: str
     headers: dict[str, str]
-    body: bytes | None
+    body: Body | None  # bytes, or the client's bytes and added fields in pieces (wire/client_body.Spliced)
 
 
 class ProbeClient(Protocol):

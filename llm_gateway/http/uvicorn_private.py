@@ -8,7 +8,7 @@ it is imported here, and nowhere else:
 - `RequestResponseCycle`, subclassed (`CoalescingCycle`); the protocol builds it inline, so the gateway's
   cycle is made by swapping the class of uvicorn's (`adopt_cycle`, the one place that does);
 - `HEADER_RE`, `HEADER_VALUE_RE`, `STATUS_LINE`: the checks and status lines of the cycle's `send`, which the
-  direct writes repeat;
+  direct writes repeat; `HIGH_WATER_LIMIT`, the body size past which `on_body` (overridden) pauses reading;
 - `ServerState`, which the protocol's constructor takes, and `Server._captured_signals` (`forget_sigterm`).
 
 `PROTOCOL_METHODS`, `PROTOCOL_STATE`, `CYCLE_METHODS`, `CYCLE_STATE`, `FLOW_STATE`, `SERVER_METHODS` and
@@ -23,6 +23,7 @@ import signal
 from typing import TypeGuard, TypeVar
 
 import uvicorn
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -36,6 +37,7 @@ __all__ = [
     "CHECKED",
     "HEADER_RE",
     "HEADER_VALUE_RE",
+    "HIGH_WATER_LIMIT",
     "STATUS_LINE",
     "HttpToolsProtocol",
     "RequestResponseCycle",
@@ -58,6 +60,8 @@ PROTOCOL_METHODS: dict[str, tuple[str, ...]] = {
     "send_400_response": ("self", "msg"),
     "on_message_begin": ("self",),
     "on_headers_complete": ("self",),  # builds the cycle inline (`adopt_cycle`)
+    "on_body": ("self", "body"),  # overridden: a body that comes in one piece is kept as it came
+    "_should_upgrade": ("self",),  # called by the gateway's `on_body`, as uvicorn's calls it
     "on_message_complete": ("self",),
     "on_response_complete": ("self",),
     "_unset_keepalive_if_required": ("self",),

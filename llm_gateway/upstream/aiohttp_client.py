@@ -31,6 +31,7 @@ from llm_gateway.errors import (
 )
 from llm_gateway.upstream.base import POOL_IDLE_S, UpstreamTimeouts
 from llm_gateway.upstream.watchdog import Watchdog
+from llm_gateway.wire.client_body import Body, joined
 
 
 def _translate(exc: BaseException, *, after_headers: bool) -> BackendFailure:
@@ -192,7 +193,7 @@ class AiohttpUpstream:
         method: str,
         url: str,
         headers: Mapping[str, str],
-        body: bytes | None,
+        body: Body | None,
         timeouts: UpstreamTimeouts,
     ) -> AiohttpResponse:
         u = self._urls.get(url)
@@ -202,7 +203,7 @@ class AiohttpUpstream:
                 self._urls[url] = u
         kw: dict[str, Any] = {"headers": headers, "allow_redirects": False, "timeout": self._client_timeout(timeouts)}
         if body is not None:
-            kw["data"] = body
+            kw["data"] = joined(body)
         try:
             resp = await self._session_for(headers).request(method, u, **kw)
         except (TimeoutError, aiohttp.ClientError, OSError) as e:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from llm_gateway.wire.client_body import Body
+
 #: how long a client keeps an idle connection to an engine for reuse: under the 5 s after which the
 #: engines close one themselves (uvicorn's `timeout_keep_alive` default, under vLLM, SGLang, LMDeploy
 #: and TabbyAPI; cpp-httplib's keep-alive timeout under llama-server, measured at 5.003 s; Ollama's Go
@@ -76,7 +78,7 @@ class UpstreamClient(Protocol):
         method: str,
         url: str,
         headers: Mapping[str, str],
-        body: bytes | None,
+        body: Body | None,
         timeouts: UpstreamTimeouts,
     ) -> UpstreamResponse: ...
 

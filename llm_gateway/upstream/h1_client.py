@@ -4,9 +4,10 @@ Why not aiohttp: on the gateway's hot path aiohttp's request and response object
 multidicts, payload writers, stream readers, timer contexts) cost about a quarter of the gateway's CPU
 per request (bench/profile.sh), for features the gateway never uses against an engine: redirects,
 cookies, compression, proxies, multipart. This client does only what the gateway needs: one request
-per connection at a time, the request written in one `write`, the response parsed by httptools
-(llhttp, the parser Node.js uses; uvicorn already depends on it), body bytes handed over as they
-arrive without copies, connections kept per origin (scheme, host, port) and reused while the engine
+per connection at a time, the request written in one `write` (a body of `WRITEV_BYTES` or more, or a `Spliced`
+one, beside its head in one `writelines`: uvloop's writev, not a copy of a coding agent's 74 KB into one buffer),
+the response parsed by httptools (llhttp, the parser Node.js uses; uvicorn already depends on it), body bytes
+handed over as they arrive without copies, connections kept per origin (scheme, host, port) and reused while the engine
 keeps them alive. A request that says `Connection: close` (an adapter asks for that where its engine closes
 the connection after such an answer anyway) never returns its connection to the pool. A response holds its
 connection until its body ends or `close()` drops it, so an engine sees a client that left (and stops
@@ -46,10 +47,14 @@ from llm_gateway.errors import (
 from llm_gateway.upstream.base import POOL_IDLE_S, UpstreamTimeouts
 from llm_gateway.upstream.h1_response import HIGH_WATER, H1Response, Headers
 from llm_gateway.upstream.watchdog import Watchdog
+from llm_gateway.wire.client_body import Body, Spliced
 
 __all__ = ["HIGH_WATER", "H1Response", "H1Upstream", "Headers"]
 
 MAX_HEADER_BYTES = 64 * 1024
+#: a request body this long goes to the socket beside its head (`writelines`), not joined with it: a copy of a
+#: coding agent's 74 KB costs more than a second buffer in one writev; a shorter one is cheaper joined
+WRITEV_BYTES = 16 * 1024
 
 
 class _ReusedConnectionClosed(UpstreamUnreachable):
@@ -230,11 +235,17 @@ class Connection(asyncio.Protocol):
             self.drop()
 
     # -- the client's side ---------------------------------------------------------------------------
-    def start(self, exchange: H1Response, request: bytes, reusable: bool = True) -> None:
+    def start(
+        self, exchange: H1Response, request: bytes | tuple[bytes | memoryview, ...], reusable: bool = True
+    ) -> None:
+        """`request`: its bytes, or its head and a large body's pieces, written together without joining them."""
         self.exchange = exchange
         self._header_bytes = 0
         self.reusable = reusable
-        self.transport.write(request)  # type: ignore[union-attr]  # set once connected
+        if isinstance(request, bytes):
+            self.transport.write(request)  # type: ignore[union-attr]  # set once connected
+        else:
+            self.transport.writelines(request)  # type: ignore[union-attr]
 
     def _fail(self, err: BackendFailure) -> None:
         ex = self.exchange
@@ -315,7 +326,7 @@ class H1Upstream:
         method: str,
         url: str,
         headers: Mapping[str, str],
-        body: bytes | None,
+        body: Body | None,
         timeouts: UpstreamTimeouts,
     ) -> H1Response:
         origin, path = self._resolve(url)
@@ -325,11 +336,19 @@ class H1Upstream:
             head += (k.encode("latin-1"), b": ", v.encode("latin-1"), b"\r\n")
             if len(k) == 10 and k.lower() == "connection" and v.lower() == "close":
                 reusable = False  # RFC 9112 9.6: no request follows on a connection that said close
-        if body is not None:
-            head += (b"content-length: ", b"%d" % len(body), b"\r\n\r\n", body)
-        else:
+        request: bytes | tuple[bytes | memoryview, ...]
+        if body is None:
             head.append(b"\r\n")
-        request = b"".join(head)
+            request = b"".join(head)
+        elif isinstance(body, Spliced):  # the client's bytes and the added fields: written as they are, after the head
+            head += (b"content-length: ", b"%d" % body.size, b"\r\n\r\n")
+            request = (b"".join(head), *body.parts)
+        elif len(body) < WRITEV_BYTES:
+            head += (b"content-length: ", b"%d" % len(body), b"\r\n\r\n", body)
+            request = b"".join(head)
+        else:  # a coding agent's request: its head and body go out together, the body not copied
+            head += (b"content-length: ", b"%d" % len(body), b"\r\n\r\n")
+            request = (b"".join(head), body)
         loop = asyncio.get_running_loop()  # once a request: in 3.11 each look-up is a getpid() syscall
         conn = await self._connection(origin, timeouts, loop)
         resp = H1Response(conn, timeouts, self._watchdog, loop)
@@ -347,7 +366,7 @@ class H1Upstream:
     async def _resend(
         self,
         origin: _Origin,
-        request: bytes,
+        request: bytes | tuple[bytes | memoryview, ...],
         reusable: bool,
         timeouts: UpstreamTimeouts,
         loop: asyncio.AbstractEventLoop,

@@ -23,6 +23,7 @@ from llm_gateway.errors import (
     UpstreamUnreachable,
 )
 from llm_gateway.upstream.base import POOL_IDLE_S, UpstreamTimeouts
+from llm_gateway.wire.client_body import Body, joined
 
 
 def _translate(exc: BaseException, *, after_headers: bool) -> BackendFailure:
@@ -96,7 +97,7 @@ class HttpxUpstream:
         method: str,
         url: str,
         headers: Mapping[str, str],
-        body: bytes | None,
+        body: Body | None,
         timeouts: UpstreamTimeouts,
     ) -> HttpxResponse:
         t = httpx.Timeout(
@@ -104,7 +105,9 @@ class HttpxUpstream:
         )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeouts.total_s
-        req = self._client.build_request(method, url, headers=dict(headers), content=body, timeout=t)
+        req = self._client.build_request(
+            method, url, headers=dict(headers), content=None if body is None else joined(body), timeout=t
+        )
         try:
             async with asyncio.timeout(timeouts.first_byte_s + timeouts.connect_s):
                 resp = await self._client.send(req, stream=True, follow_redirects=False)

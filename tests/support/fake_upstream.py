@@ -26,6 +26,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from llm_gateway.errors import ConnectFailed, GatewayError, StreamInterrupted, UpstreamProtocolError, UpstreamTimeout
 from llm_gateway.upstream.base import UpstreamTimeouts
+from llm_gateway.wire.client_body import Body, joined
 
 if TYPE_CHECKING:
     from llm_gateway.upstream.base import UpstreamClient
@@ -197,9 +198,10 @@ class FakeUpstream:
         method: str,
         url: str,
         headers: Mapping[str, str],
-        body: bytes | None,
+        body: Body | None,
         timeouts: UpstreamTimeouts,
     ) -> FakeResponse:
+        body = None if body is None else joined(body)  # as the engine reads it (a Spliced body: its pieces joined)
         call = FakeCall(method.upper(), url, CIMultiDict(headers), body)
         self.calls.append(call)
         reply = self._reply_for(call)

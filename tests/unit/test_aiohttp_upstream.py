@@ -753,3 +753,74 @@ def test_h1_connections_the_engine_closes_leave_no_reference_cycle_behind() -> N
     finally:
         loop.close()
     assert found < 40, f"{found} objects in reference cycles after 40 closed connections"
+
+
+@pytest.mark.parametrize("on_uvloop", [False, True])
+def test_h1_a_large_or_spliced_body_goes_out_beside_its_head_not_joined_with_it_and_arrives_whole(
+    monkeypatch, on_uvloop
+) -> None:
+    # a coding agent's 74 KB request: joined with its head it was one more copy of the whole body, and the client's
+    # bytes with the gateway's added fields (wire/client_body.Spliced) one more (issue 36)
+    import uvloop
+
+    from llm_gateway.upstream import h1_client
+    from llm_gateway.wire.client_body import Spliced
+
+    started: list[bytes | tuple[bytes | memoryview, ...]] = []
+    real = h1_client.Connection.start
+
+    def start(self, exchange, request, reusable=True):  # type: ignore[no-untyped-def]
+        started.append(request)
+        real(self, exchange, request, reusable)
+
+    monkeypatch.setattr(h1_client.Connection, "start", start)
+    large = bytes(range(256)) * (h1_client.WRITEV_BYTES // 256 + 40)
+    small = b'{"m": 1}'
+    client_bytes = b'{"m": "' + b"x" * 100 + b'"}\n'
+    spliced = Spliced((memoryview(client_bytes)[:-2], b',"n":2}'))
+    whole = client_bytes[:-2] + b',"n":2}'
+
+    async def main() -> list[Request]:
+        # the first request answered; on its kept connection the next meets a close and is sent once more
+        async with TinyEngine(nth_on_its_connection(lambda n: OK if n == 1 else None)) as eng:
+            c = H1Upstream()
+            for body in (small, large, spliced):
+                resp = await c.send("POST", eng.url + "/v1/chat/completions", {"x-a": "1"}, body, T)
+                assert resp.status == 200 and await resp.read(100) == b"ok"
+                resp.close()
+            await c.aclose()
+        return eng.requests
+
+    loop = uvloop.new_event_loop() if on_uvloop else asyncio.new_event_loop()
+    try:
+        requests = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    # each after the first met the close of the connection it was sent on: sent again, whole
+    assert [r.body for r in requests] == [small, large, large, whole, whole]
+    assert all(r.headers["content-length"] == str(len(r.body)) and r.headers["x-a"] == "1" for r in requests)
+    assert type(started[0]) is bytes and started[0].endswith(b"\r\n\r\n" + small)
+    assert len(started) == 5 and started[1] is started[2] and started[3] is started[4]  # a resend: the same pieces
+    head, body = started[1]  # type: ignore[misc]
+    assert body is large and head.endswith(b"content-length: %d\r\n\r\n" % len(large))
+    head, *parts = started[3]  # type: ignore[misc]
+    assert parts == list(spliced.parts) and parts[0].obj is client_bytes  # the client's bytes, not a copy
+    assert head.endswith(b"content-length: %d\r\n\r\n" % len(whole))
+
+
+async def test_a_spliced_body_arrives_as_its_pieces_joined(client):
+    # the client's bytes with the gateway's added fields (wire/client_body.Spliced): every client sends them whole
+    from llm_gateway.wire.client_body import Spliced
+
+    async def script(req, reader, writer):
+        writer.write(OK)
+        await writer.drain()
+
+    client_bytes = b'{"m": 1}  \n'
+    async with TinyEngine(script) as eng:
+        body = Spliced((memoryview(client_bytes)[:7], b',"n":2}'))
+        resp = await client.send("POST", eng.url + "/v1/chat/completions", {}, body, T)
+        assert resp.status == 200 and await resp.read(100) == b"ok"
+        resp.close()
+    (req,) = eng.requests
+    assert req.body == b'{"m": 1,"n":2}' and req.headers["content-length"] == "14"

@@ -18,7 +18,8 @@ from llm_gateway.adapters.vllm import VLLMAdapter
 from llm_gateway.dialects.anthropic.request import to_chat
 from llm_gateway.dialects.responses.request import parse
 from llm_gateway.types import BackendInfo, CallContext
-from llm_gateway.wire.client_body import ClientBody, EncodedList, encode, encoded_list
+from llm_gateway.wire.client_body import ClientBody, EncodedList, Spliced, encoded_list, joined
+from llm_gateway.wire.client_body import encode as encode_body
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import agent_request
@@ -30,6 +31,11 @@ _json = st.recursive(
     max_leaves=8,
 )  # fmt: skip
 _keys = st.sampled_from(["model", "messages", "max_tokens", "stream", "n", "x"])
+
+
+def encode(out: dict[str, Any], source: dict[str, Any]) -> bytes:
+    """The body's bytes as the engine reads them (a `Spliced` one joined)."""
+    return joined(encode_body(out, source))
 
 
 def _client(sent: dict[str, Any], spaced: bool) -> ClientBody:
@@ -63,8 +69,8 @@ def test_the_upstream_body_is_what_encoding_the_dict_gives(
 def test_only_added_fields_keep_the_clients_bytes() -> None:
     raw = b'{"model": "m",\n "messages": [{"role": "user", "content": "hi  there"}], "max_tokens": 8}\n'
     body = ClientBody(orjson.loads(raw), raw)
-    assert encode(dict(body), body) is raw
-    assert encode({**body, "model": "m"}, body) is raw  # an equal string is the same JSON
+    assert encode_body(dict(body), body) is raw
+    assert encode_body({**body, "model": "m"}, body) is raw  # an equal string is the same JSON
     added = encode({**body, "max_completion_tokens": 8}, body)
     assert added == raw.rstrip()[:-1] + b',"max_completion_tokens":8}'
     assert encode({**body, "model": "other"}, body) == orjson.dumps({**body, "model": "other"})
@@ -76,6 +82,19 @@ def test_only_added_fields_keep_the_clients_bytes() -> None:
     assert encode(dict(body), body) == orjson.dumps(dict(body))
     empty = ClientBody({}, b"{ }")
     assert orjson.loads(encode({"a": 1}, empty)) == {"a": 1}
+
+
+def test_the_splice_does_not_copy_the_clients_bytes() -> None:
+    # a slice and a concatenation were two copies of a coding agent's 74 KB (issue 36): the splice is a view of the
+    # client's bytes and the added fields, which the engine client writes one after the other
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 100_000}]}) + b" \n"
+    body = ClientBody(orjson.loads(raw), raw)
+    got = encode_body({**body, "max_completion_tokens": 8}, body)
+    assert type(got) is Spliced and got.size == len(bytes(got)) == len(raw) - 2 + len(b',"max_completion_tokens":8')
+    view, added = got.parts
+    assert isinstance(view, memoryview) and view.obj is raw and view.nbytes == len(raw) - 3  # up to its brace
+    assert added == b',"max_completion_tokens":8}' and joined(got) == raw.rstrip()[:-1] + added
+    assert joined(raw) is raw
 
 
 def _ctx(stream: bool) -> CallContext:
@@ -91,10 +110,12 @@ def test_the_agent_request_reaches_vllm_as_the_clients_bytes(stream: bool) -> No
     body = ClientBody(orjson.loads(raw), raw)
     adapter = VLLMAdapter(BackendInfo("b", "http://127.0.0.1:1"))
     req = adapter.build("chat", body, _ctx(stream))
-    assert req.body.startswith(raw[:-1])  # the client's bytes, the added fields after them
+    assert type(req.body) is Spliced and req.body.parts[0].obj is raw  # the client's bytes, not a copy
+    assert joined(req.body).startswith(raw[:-1])  # the client's bytes, the added fields after them
     plain = adapter.build("chat", dict(orjson.loads(raw)), _ctx(stream))
-    assert orjson.loads(req.body) == orjson.loads(plain.body)
+    assert plain.body is not None and orjson.loads(joined(req.body)) == orjson.loads(plain.body)
     renamed = adapter.build("chat", body, CallContext("chat", "fake-model", "org/Model-7B", stream, False, "rid"))
+    assert isinstance(renamed.body, bytes)
     assert orjson.loads(renamed.body)["model"] == "org/Model-7B" and not renamed.body.startswith(raw[:-1])
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
@@ -975,6 +976,62 @@ async def test_the_cycle_hands_over_the_body_only_once_it_was_parsed_to_its_end(
     conn.send(request("POST", "/x", b"0123456789", headers={"expect": "100-continue"}))
     await server.settle()
     assert seen[-1] is None and b"100 Continue" in bytes(conn.transport.out)
+
+
+async def test_a_body_in_one_piece_reaches_the_app_as_the_parser_gave_it_and_pieces_are_joined(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a coding agent's 74 KB request: uvicorn copied it into the cycle's bytearray and `bytes()` copied it out
+    # again (issue 36); the gateway's `on_body` keeps a one-piece body as the parser's own bytes object
+    given: list[bytes] = []
+    real = GatewayProtocol.on_body
+
+    def on_body(self: GatewayProtocol, body: bytes) -> None:
+        given.append(body)
+        real(self, body)
+
+    monkeypatch.setattr(GatewayProtocol, "on_body", on_body)
+    seen: list[bytes | None] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        whole = send.__self__.body_now()
+        if whole is None:  # more to come: `receive` joins the pieces, as uvicorn's does
+            whole = b""
+            while True:
+                msg = await receive()
+                whole += msg["body"]
+                if not msg["more_body"]:
+                    break
+        seen.append(whole)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(whole))]})
+        await send({"type": "http.response.body", "body": whole})
+
+    server.config.loaded_app = app
+    body = bytes(range(256)) * 8
+    conn = server.connect()
+    conn.send(request("POST", "/x", body))
+    await server.settle()
+    assert only_response(conn).body == body
+    assert len(given) == 1 and seen[0] is given[0]  # not a copy
+    for cuts in ((100,), (100, 1500)):  # two and three pieces
+        given.clear()
+        conn = server.connect()
+        raw = request("POST", "/x", body)
+        head = len(raw) - len(body)
+        at = [0, *(head + c for c in cuts), len(raw)]
+        for a, b in itertools.pairwise(at):
+            conn.send(raw[a:b])
+        await server.settle()
+        assert only_response(conn).body == body and seen[-1] == body and len(given) == len(cuts) + 1
+    # past uvicorn's high-water mark, in one piece, reading pauses as uvicorn's `on_body` pauses it
+    big = b"x" * (hardened_protocol.HIGH_WATER_LIMIT + 2)  # one byte held back: still over it
+    conn = server.connect()
+    raw = request("POST", "/x", big)
+    conn.send(raw[:-1])
+    assert conn.transport.read_paused  # before the app runs (its `receive` resumes reading)
+    conn.send(raw[-1:])
+    await server.settle()
+    assert only_response(conn).body == big and not conn.transport.read_paused  # resumed as the body is taken
 
 
 async def test_a_request_leaves_no_reference_cycle_behind(server: Server) -> None:
