@@ -62,6 +62,19 @@ def is_reason(r: str) -> bool:
     return ok
 
 
+#: a told reason -> the span's reasons when it is an answer's only one: (r,), or () where it does not look like one
+#: (one_reason; at most 256 kept)
+ONE_REASON: dict[str, tuple[str, ...]] = {}
+
+
+def one_reason(r: str) -> tuple[str, ...]:
+    """An answer's only told reason as its span's reasons: (r,) where it looks like one (is_reason), else ()."""
+    if len(ONE_REASON) >= 256:
+        ONE_REASON.clear()
+    one = ONE_REASON[r] = (r,) if is_reason(r) else ()
+    return one
+
+
 #: the attributes whose values recur from request to request, as otlp.Span's fixed keys (encoded once per values)
 SERVER_KEYS = (
     "http.request.method",
@@ -95,6 +108,19 @@ CLIENT_KEYS = (
     "gateway.priority_class",
 )
 QUEUE_KEYS = ("gateway.priority_class",)
+#: the attributes whose values are each span's own, read by position (otlp.Span's own keys): the request's span's
+#: (the tuple RequestTrace.end makes), a failed attempt's, a queue wait's
+SERVER_OWN_KEYS = (
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens",
+    "gen_ai.response.finish_reasons",
+    "gateway.request_id",
+    "gateway.queue_wait_s",
+    "gateway.ttft_s",
+    "gateway.usage_estimated",
+)
+FAILURE_KEYS = ("error.type", "http.response.status_code", "gateway.retryable")
+QUEUE_OWN_KEYS = ("gateway.queue_wait_s",)
 #: the attributes whose values differ from span to span (otlp.Encoder's `unique`: written as they come, never kept)
 UNIQUE_KEYS = (
     "gateway.request_id",

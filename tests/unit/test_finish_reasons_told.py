@@ -74,8 +74,8 @@ ANSWERS: dict[str, tuple[str, dict[str, Any], bool]] = {
 
 
 def span_reasons(out: bytes, told: list[str] | None) -> tuple[str, ...] | None:
-    tracing = cast(Any, SimpleNamespace(cfg=SimpleNamespace(capture_content=False)))
-    trace = RequestTrace(tracing, 1, 0, True, "")
+    tracing = cast(Any, SimpleNamespace(capture=False))
+    trace = RequestTrace(tracing, bytes(15) + b"\x01", True)
     trace.answered(out, told)
     return trace.reasons
 
