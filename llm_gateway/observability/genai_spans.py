@@ -1,6 +1,7 @@
 """What tracing.py's spans say and read, apart from how they are made: the GenAI semantic conventions' operation
 names, the attribute keys whose values recur from request to request (otlp.Span's fixed keys, encoded once per
-values), those whose values are each span's own (never kept), the finish reasons found in an answer's bytes,
+values), those each span has of its own (by position), those whose values are each span's alone (never kept), the
+finish reasons found in an answer's bytes (and an answer's one told reason as a span's, kept),
 what `capture_content` puts on a span, and the two Protocols by which a trace reads a request's record and an
 attempt (which sit above this layer).
 """
@@ -108,8 +109,8 @@ CLIENT_KEYS = (
     "gateway.priority_class",
 )
 QUEUE_KEYS = ("gateway.priority_class",)
-#: the attributes whose values are each span's own, read by position (otlp.Span's own keys): the request's span's
-#: (the tuple RequestTrace.end makes), a failed attempt's, a queue wait's
+#: the attributes whose values are each span's own (otlp.Span's own keys, by position): the request's span's (in
+#: this order after its fixed ones, as RequestTrace.end writes them), a failed attempt's, a queue wait's
 SERVER_OWN_KEYS = (
     "gen_ai.usage.input_tokens",
     "gen_ai.usage.output_tokens",
