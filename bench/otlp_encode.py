@@ -1,7 +1,8 @@
 """CPU per span of OTLP encoding, three ways in one run (issue 40): the gateway's own protobuf writer
-(llm_gateway/observability/otlp.py), the official generated classes (opentelemetry-proto) built in bulk per
-batch, and the SDK's exporter encoding of ReadableSpans (what the gateway used before); and the ids' cost,
-`random.getrandbits` against `secrets.randbits`.
+(llm_gateway/observability/otlp.py's Encoder.span, the path of spans other than tracing.py's request and attempt
+spans, which join kept bytes instead: tests/unit/test_trace_spans_written.py), the official generated classes
+(opentelemetry-proto) built in bulk per batch, and the SDK's exporter encoding of ReadableSpans (what the gateway
+used before); and the ids' cost, `random.getrandbits` against `secrets.randbits`.
 
     PYTHONPATH=. .venv/bin/python bench/otlp_encode.py [--batch 512] [--rounds 5]
 
@@ -18,7 +19,7 @@ import time
 from typing import Any
 
 from llm_gateway.observability import otlp
-from llm_gateway.observability.genai_spans import CLIENT_KEYS, SERVER_KEYS, UNIQUE_KEYS
+from llm_gateway.observability.genai_spans import CLIENT_KEYS, SERVER_KEYS, SERVER_OWN_KEYS, UNIQUE_KEYS
 
 RESOURCE = {"service.name": "llm-gateway", "telemetry.sdk.language": "python"}
 
@@ -27,7 +28,7 @@ def spans(n: int) -> list[otlp.Span]:
     out: list[otlp.Span] = []
     t = time.time_ns()
     for i in range(n // 2):
-        trace_id, root = random.getrandbits(128), random.getrandbits(64)
+        trace_id, root = random.randbytes(16), random.randbytes(8)
         server = {
             "gateway.priority_class": "default",
             "http.request.method": "POST",
@@ -66,22 +67,24 @@ def spans(n: int) -> list[otlp.Span]:
         }
         ev = (("gen_ai.first_token", t + 12_000_000),)
         fixed = tuple(server.pop(k, None) for k in SERVER_KEYS)  # the request's facts that recur (error.type: None)
-        head = ("chat fake-model", trace_id, root, 0, otlp.SERVER, t, t + 80_000_000)
-        out.append((*head, SERVER_KEYS, fixed, server, ev, None, ""))
-        attempt = random.getrandbits(64)
-        head = ("chat fake-model", trace_id, attempt, root, otlp.CLIENT, t + 10, t + 79_000_000)
-        out.append((*head, CLIENT_KEYS, tuple(client[k] for k in CLIENT_KEYS), {}, (), None, ""))
+        own = tuple(server.pop(k, None) for k in SERVER_OWN_KEYS)  # its own, by position
+        head = ("chat fake-model", otlp.SERVER, trace_id, root, b"", "", t, t + 80_000_000)
+        out.append((*head, SERVER_KEYS, fixed, SERVER_OWN_KEYS, own, server, ev, None))
+        attempt = random.randbytes(8)
+        head = ("chat fake-model", otlp.CLIENT, trace_id, attempt, root, "", t + 10, t + 79_000_000)
+        out.append((*head, CLIENT_KEYS, tuple(client[k] for k in CLIENT_KEYS), (), (), otlp.NO_ATTRS, (), None))
     return out
 
 
 def merged(s: otlp.Span) -> dict[str, Any]:
-    """A span's fixed and other attributes in one dict, as the official classes and the SDK take them."""
-    keys, values, attrs = s[7], s[8], s[9]
-    return {**{k: v for k, v in zip(keys, values, strict=True) if v is not None}, **attrs}
+    """A span's fixed, own and other attributes in one dict, as the official classes and the SDK take them."""
+    keys, values, own, own_values, attrs = s[8], s[9], s[10], s[11], s[12]
+    pairs = [*zip(keys, values, strict=True), *zip(own, own_values, strict=True), *attrs.items()]
+    return {k: v for k, v in pairs if v is not None}
 
 
 def writer(batch: list[otlp.Span]) -> bytes:
-    return ENC.request(batch)
+    return ENC.request(list(map(ENC.span, batch)))
 
 
 def _pb_value(pb: Any, v: Any) -> Any:
@@ -103,13 +106,14 @@ def official(batch: list[otlp.Span]) -> bytes:
     KV, PbSpan = pb["KeyValue"], pb["Span"]
     out = []
     for s in batch:
-        name, tid, sid, parent, kind, start, end, _, _, _, events, _, state = s
+        name, kind, tid, sid, parent, state, start, end = s[:8]
+        events = s[13]
         attrs = merged(s)
         out.append(
             PbSpan(
-                trace_id=tid.to_bytes(16, "big"),
-                span_id=sid.to_bytes(8, "big"),
-                parent_span_id=parent.to_bytes(8, "big") if parent else b"",
+                trace_id=tid,
+                span_id=sid,
+                parent_span_id=parent,
                 trace_state=state,
                 name=name,
                 kind=kind,
@@ -144,7 +148,9 @@ def sdk_encoding(batch: list[otlp.Span]) -> Any:
     flags = TraceFlags(1)
     readable = []
     for s in batch:
-        name, tid, sid, parent, kind, start, end, _, _, _, events, _, _ = s
+        name, kind, tid_bytes, sid_bytes, parent_bytes, _, start, end = s[:8]
+        events = s[13]
+        tid, sid, parent = (int.from_bytes(b, "big") for b in (tid_bytes, sid_bytes, parent_bytes))
         attrs = merged(s)
         ctx = SpanContext(tid, sid, False, flags)
         par = SpanContext(tid, parent, False, flags) if parent else None

@@ -1,6 +1,7 @@
 """What tracing.py's spans say and read, apart from how they are made: the GenAI semantic conventions' operation
 names, the attribute keys whose values recur from request to request (otlp.Span's fixed keys, encoded once per
-values), those whose values are each span's own (never kept), the finish reasons found in an answer's bytes,
+values), those each span has of its own (by position), those whose values are each span's alone (never kept), the
+finish reasons found in an answer's bytes (and an answer's one told reason as a span's, kept),
 what `capture_content` puts on a span, and the two Protocols by which a trace reads a request's record and an
 attempt (which sit above this layer).
 """
@@ -62,6 +63,19 @@ def is_reason(r: str) -> bool:
     return ok
 
 
+#: a told reason -> the span's reasons when it is an answer's only one: (r,), or () where it does not look like one
+#: (one_reason; at most 256 kept)
+ONE_REASON: dict[str, tuple[str, ...]] = {}
+
+
+def one_reason(r: str) -> tuple[str, ...]:
+    """An answer's only told reason as its span's reasons: (r,) where it looks like one (is_reason), else ()."""
+    if len(ONE_REASON) >= 256:
+        ONE_REASON.clear()
+    one = ONE_REASON[r] = (r,) if is_reason(r) else ()
+    return one
+
+
 #: the attributes whose values recur from request to request, as otlp.Span's fixed keys (encoded once per values)
 SERVER_KEYS = (
     "http.request.method",
@@ -95,6 +109,19 @@ CLIENT_KEYS = (
     "gateway.priority_class",
 )
 QUEUE_KEYS = ("gateway.priority_class",)
+#: the attributes whose values are each span's own (otlp.Span's own keys, by position): the request's span's (in
+#: this order after its fixed ones, as RequestTrace.end writes them), a failed attempt's, a queue wait's
+SERVER_OWN_KEYS = (
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens",
+    "gen_ai.response.finish_reasons",
+    "gateway.request_id",
+    "gateway.queue_wait_s",
+    "gateway.ttft_s",
+    "gateway.usage_estimated",
+)
+FAILURE_KEYS = ("error.type", "http.response.status_code", "gateway.retryable")
+QUEUE_OWN_KEYS = ("gateway.queue_wait_s",)
 #: the attributes whose values differ from span to span (otlp.Encoder's `unique`: written as they come, never kept)
 UNIQUE_KEYS = (
     "gateway.request_id",

@@ -5,8 +5,11 @@ child `traceparent`, so an engine that traces, vLLM with --otlp-traces-endpoint,
 
 Off (`tracing.enabled: false`, the default) it costs the request path one attribute check per hook
 (`rec.trace is None`, `attempt.trace is None`), and neither otlp.py's export thread nor gRPC exists. On, a span
-is ints (ids) and, when it ends, one tuple handed to otlp.py's bounded queue; its export thread writes the OTLP
-protobuf bytes and sends them (HTTP or gRPC). The sampling decision is the SDK's ParentBased(TraceIdRatioBased)
+is its ids (bytes) and, when it ends, its OTLP protobuf bytes, joined from what this process keeps as bytes (the
+name and attributes a request's facts or an attempt's deployment make: they recur) and its own ids, times and
+values, appended to otlp.py's bounded queue; the export thread frames a batch and sends it (HTTP or gRPC). Written
+where it ends, a span costs no tuple of its facts built on the loop and taken apart in another thread (that was
+~40 % of tracing's cost a request). The sampling decision is the SDK's ParentBased(TraceIdRatioBased)
 on the same ids; what the config leaves unset comes from the standard OTEL_* variables (endpoint, protocol,
 headers, sampler, batching, resource).
 
@@ -36,17 +39,22 @@ from llm_gateway.observability import otlp
 from llm_gateway.observability.genai_spans import (
     CLIENT_KEYS,
     CONTENT_LIMIT,
+    FAILURE_KEYS,
+    ONE_REASON,
     OPERATIONS,
     QUEUE_KEYS,
+    QUEUE_OWN_KEYS,
     SERVER_KEYS,
+    SERVER_OWN_KEYS,
     UNIQUE_KEYS,
     RequestRecord,
     TracedAttempt,
     capture_input,
     finish_reasons,
     is_reason,
+    one_reason,
 )
-from llm_gateway.observability.otlp import CLIENT, INTERNAL, SERVER
+from llm_gateway.observability.otlp import CLIENT, END, INTERNAL, NO_ATTRS, SERVER, TIMES, D, Q
 from llm_gateway.observability.otlp_config import ID64 as _ID64
 from llm_gateway.observability.otlp_config import resource as _resource
 from llm_gateway.observability.otlp_config import sampler as _sampler
@@ -56,7 +64,6 @@ from llm_gateway.settings import CLASS_NAMES, TracingConfig
 #: W3C traceparent: version-trace id-parent id-flags, and more fields only after a version other than 00
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _MASK64 = _ID64 - 1
-_NO_ATTRS: dict[str, Any] = {}
 
 
 def make_tracing(cfg: TracingConfig, on_drop: Callable[[str, int], None] | None = None) -> Tracing | None:
@@ -66,25 +73,46 @@ def make_tracing(cfg: TracingConfig, on_drop: Callable[[str, int], None] | None 
     return Tracing(cfg, on_drop)
 
 
-class Tracing:
-    """The process's tracing: ids, the sampling decision, and the batcher that encodes and exports the spans.
+#: an attempt span's name and CLIENT_KEYS' values, and their bytes: its head (otlp.Encoder.head) and block
+_Client = tuple[str, tuple[Any, ...], bytes, bytes]
 
-    No OpenTelemetry object is made on the request path: a span is its ids (ints from `random.getrandbits`, as the
-    SDK's RandomIdGenerator makes them) and, when it ends, one tuple (`otlp.Span`) appended to the bounded queue;
-    the export thread writes the OTLP bytes (otlp.py). The SDK's live spans cost +6,165 bytecodes per whole answer
+
+class Tracing:
+    """The process's tracing: ids, the sampling decision, the pieces spans are written from, and the batcher that
+    exports them.
+
+    No OpenTelemetry object is made on the request path: a span is its ids (bytes from `random.getrandbits`, as the
+    SDK's RandomIdGenerator makes them) and, when it ends, its protobuf bytes joined from pieces kept as bytes (what
+    recurs: a request's facts, an attempt's deployment and route) and its own (ids, times, tokens, request id),
+    appended to the batcher's bounded queue (otlp.py). The SDK's live spans cost +6,165 bytecodes per whole answer
     on the request path, its ReadableSpans +1,285 and ~54 µs per span to encode (README "Traces")."""
 
     def __init__(self, cfg: TracingConfig, on_drop: Callable[[str, int], None] | None = None) -> None:
         self.cfg = cfg
+        self.capture = cfg.capture_content
         self.dropped = 0
         self._on_drop = on_drop
         self._parent_based, self._bound = _sampler(cfg)
         self._servers: dict[str, tuple[str, int]] = {}  # a backend URL's (server.address, server.port)
-        #: (deployment, route, endpoint, class, attempt number) -> an attempt span's name and CLIENT_KEYS' values:
-        #: they recur, and a reload builds new routes (so a new key), never changes one
-        self.clients: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
-        encoder = otlp.Encoder(_resource(cfg), "llm_gateway", UNIQUE_KEYS)
-        self.batcher = otlp.Batcher(encoder, _sender(cfg), self._dropped)
+        #: (deployment, route, endpoint, class, attempt number) -> an attempt span's _Client: they recur, and a
+        #: reload builds new routes (so a new key), never changes one
+        self.clients: dict[tuple[Any, ...], _Client] = {}
+        #: (RequestTrace.end's facts of a request) -> its span's head, fixed attributes (SERVER_KEYS) and status
+        self.requests: dict[tuple[Any, ...], tuple[bytes, bytes, bytes]] = {}
+        self.encoder = enc = otlp.Encoder(_resource(cfg), "llm_gateway", UNIQUE_KEYS)
+        # the request span's own attributes (SERVER_OWN_KEYS): each key's kept bytes by value, the request id's
+        # heads by its length, the TTFT's head (a float), usage_estimated's (only ever there when true)
+        tokens_in, tokens_out, reasons, rid, wait, ttft, estimated = SERVER_OWN_KEYS
+        self.tokens_in, self.tokens_out, self.reasons = enc.kept(tokens_in), enc.kept(tokens_out), enc.kept(reasons)
+        self.rids, self.waits = enc.unique_heads(rid), enc.kept(wait)
+        self.ttft, self.estimated = enc.float_head(ttft), enc.kept(estimated)[True]
+        self.first_token = enc.event("gen_ai.first_token")
+        self.batcher = otlp.Batcher(enc, _sender(cfg), self._dropped)
+        #: a written span goes to the batcher's queue: by `spans.append` while it holds fewer than `room` (no call
+        #: of Batcher.add, whose checks only matter from there on: a full batch wakes the export thread, a full
+        #: queue drops), else by `emit`
+        self.spans = self.batcher.queue
+        self.room = self.batcher.batch - 1
         self.emit = self.batcher.add
 
     def _dropped(self, reason: str, n: int) -> None:
@@ -100,7 +128,7 @@ class Tracing:
             if continued is not None:
                 return continued
         trace_id = getrandbits(128) or 1
-        return RequestTrace(self, trace_id, 0, (trace_id & _MASK64) < self._bound, "")
+        return RequestTrace(self, trace_id.to_bytes(16, "big"), (trace_id & _MASK64) < self._bound)
 
     def _continued(self, tp: bytes, headers: dict[bytes, bytes]) -> RequestTrace | None:
         """The trace a client's valid `traceparent` names (None: not valid, a new trace)."""
@@ -113,7 +141,7 @@ class Tracing:
         sampled = bool(int(m[4], 16) & 1) if self._parent_based else (trace_id & _MASK64) < self._bound
         ts = headers.get(b"tracestate")
         state = ts.decode("latin-1").strip() if ts is not None and len(ts) <= 512 else ""
-        return RequestTrace(self, trace_id, parent, sampled, state)
+        return RequestTrace(self, trace_id.to_bytes(16, "big"), sampled, parent.to_bytes(8, "big"), state)
 
     def server(self, url: str) -> tuple[str, int]:
         """A backend URL's `server.address` and `server.port` (parsed once per URL)."""
@@ -123,17 +151,66 @@ class Tracing:
             known = self._servers[url] = (u.hostname or "", u.port or (443 if u.scheme == "https" else 80))
         return known
 
-    def client(self, dep: Any, route: Any, endpoint: str, klass: str, n: int) -> tuple[str, tuple[Any, ...]]:
-        """An attempt span's name and CLIENT_KEYS' values, kept in `clients` (bounded)."""
+    def client(self, dep: Any, route: Any, endpoint: str, klass: str, n: int) -> _Client:
+        """An attempt span's name, CLIENT_KEYS' values and their bytes, kept in `clients` (bounded)."""
         b = dep.backend
         address, port = self.server(b.cfg.url)
         op = OPERATIONS.get(endpoint, endpoint)
         model = dep.upstream_model
         values = (op, b.kind, model, address, port, b.name, b.kind, route.name, route.cfg.strategy, n, klass)
+        name = f"{op} {model}"
         if len(self.clients) >= 1024:
             self.clients.clear()
-        known = self.clients[(dep, route, endpoint, klass, n)] = (f"{op} {model}", values)
+        known = (name, values, self.encoder.head(name, CLIENT), self.encoder.block(CLIENT_KEYS, values))
+        self.clients[(dep, route, endpoint, klass, n)] = known
         return known
+
+    def request(self, key: tuple[Any, ...]) -> tuple[bytes, bytes, bytes]:
+        """The request span's name and kind (otlp.Encoder.head), fixed attributes (SERVER_KEYS) and status, as bytes,
+        from the request's facts (RequestTrace.end's key), kept in `requests` (bounded): they recur."""
+        (
+            method,
+            path,
+            endpoint,
+            model,
+            upstream,
+            backend,
+            engine,
+            key_name,
+            klass,
+            stream,
+            attempts,
+            outcome,
+            status,
+            error,
+        ) = key
+        op = OPERATIONS.get(endpoint)
+        served = backend != "none"
+        values = (
+            method,
+            path,
+            op,
+            model if op is not None else None,
+            upstream,
+            backend if served else None,
+            engine if served else None,
+            key_name,
+            klass,
+            stream,
+            attempts,
+            attempts - 1 if attempts > 1 else 0,
+            outcome,
+            status == 499,
+            status,
+            error or None,
+        )
+        enc = self.encoder
+        name = f"{op} {model}" if op is not None else f"{method} {path}"
+        failed = (error or "error") if status >= 500 else None  # a server span's error: a 5xx only
+        if len(self.requests) >= 1024:
+            self.requests.clear()
+        kept = self.requests[key] = (enc.head(name, SERVER), enc.block(SERVER_KEYS, values), otlp.status_field(failed))
+        return kept
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         """Export what is queued now (blocking: off the loop)."""
@@ -153,22 +230,29 @@ class RequestTrace:
         "attrs",
         "klass",
         "parent",
+        "parent_field",
         "reasons",
         "sampled",
         "span_id",
         "state",
+        "state_field",
         "trace_id",
         "tracing",
     )
 
-    def __init__(self, tracing: Tracing, trace_id: int, parent: int, sampled: bool, state: str) -> None:
+    def __init__(self, tracing: Tracing, trace_id: bytes, sampled: bool, parent: bytes = b"", state: str = "") -> None:
         self.tracing = tracing
-        self.trace_id = trace_id
-        self.span_id = getrandbits(64) or 1
-        self.parent = parent  # the client's span id (its traceparent), or 0
+        self.trace_id = trace_id  # 16 bytes, as the wire has them and as their hex goes out
+        self.span_id = (getrandbits(64) or 1).to_bytes(8, "big")
         self.sampled = sampled  # not sampled: its ids propagate (flag 00), no span is exported
+        self.parent = parent  # the client's span id (its traceparent), or b""
         self.state = state  # the client's tracestate, passed on as it came
-        self.attrs: dict[str, Any] = _NO_ATTRS  # the captured content (capture_content), once there is some
+        if parent or state:  # their fields in its spans (otlp.Span's order: trace_state 3, parent_span_id 4)
+            self.parent_field = otlp.PARENT_ID + parent if parent else b""
+            self.state_field = otlp.state_field(state)
+        else:
+            self.parent_field = self.state_field = b""
+        self.attrs: dict[str, Any] = NO_ATTRS  # the captured content (capture_content), once there is some
         self.reasons: tuple[str, ...] | None = None  # the finish reasons, in order, once each
         self.klass: str | None = None  # the request's priority class, once an attempt is taken
         self._waited = 0.0  # the queue wait already told in a span
@@ -178,46 +262,48 @@ class RequestTrace:
         """An attempt starts on a deployment: its CLIENT span, after a `gateway.queue` span for the wait that led
         to it (queue or backoff pause); the request's span learns its class and, once, its prompt."""
         if not self.sampled:  # its ids still go to the engine (sampled flag off): nothing else is kept
-            return AttemptTrace(self, "", ())
+            return AttemptTrace(self, None)
         tr = self.tracing
         now = time.time_ns()
         waited = rec.waited_s - self._waited
-        dep, route = attempt.deployment, attempt.route
         klass = CLASS_NAMES.get(attempt.ticket.priority, "default")
-        self._attempts += 1
-        if self._attempts == 1:
+        n = self._attempts = self._attempts + 1
+        if n == 1:
             self.klass = klass
-            if tr.cfg.capture_content:
+            if tr.capture:
                 capture_input(self.content(), body)
         if waited > 0:
             self._waited = rec.waited_s
-            told = {"gateway.queue_wait_s": waited}
-            span_id = getrandbits(64) or 1
+            span_id = (getrandbits(64) or 1).to_bytes(8, "big")
             start = now - int(waited * 1e9)
-            queued = (self.trace_id, span_id, self.span_id, INTERNAL, start, now, QUEUE_KEYS, (klass,), told, (), None)
-            tr.emit(("gateway.queue", *queued, ""))
-        key = (dep, route, rec.endpoint, klass, self._attempts)
+            own = (QUEUE_OWN_KEYS, (waited,), NO_ATTRS, (), None)
+            ids = (self.trace_id, span_id, self.span_id, self.state)
+            tr.emit(tr.encoder.span(("gateway.queue", INTERNAL, *ids, start, now, QUEUE_KEYS, (klass,), *own)))
+        key = (attempt.deployment, attempt.route, rec.endpoint, klass, n)
         known = tr.clients.get(key)
         if known is None:
             known = tr.client(*key)
-        return AttemptTrace(self, known[0], known[1], now)
+        return AttemptTrace(self, known, now)
 
     def answered(self, out: bytes, told: list[str] | None = None) -> None:
         """A whole answer went out: its finish reasons (`told`: as the adapter read them, CallContext.finish_reasons;
         None: found in `out`), and its text where content is captured."""
         if told is None:
             self.finished(out)
+        elif self.reasons is None and len(told) == 1:  # the usual answer: one choice, one reason
+            one = ONE_REASON.get(told[0])
+            self.reasons = (one if one is not None else one_reason(told[0])) or None
         else:
             reasons = self.reasons
             for r in told:
                 if (reasons is None or r not in reasons) and is_reason(r):
                     reasons = self.reasons = (r,) if reasons is None else (*reasons, r)
-        if self.tracing.cfg.capture_content:
+        if self.tracing.capture:
             self.content()["gen_ai.output.messages"] = out[:CONTENT_LIMIT].decode("utf-8", "replace")
 
     def content(self) -> dict[str, Any]:
         """The span's captured content attributes (made at the first)."""
-        if self.attrs is _NO_ATTRS:
+        if self.attrs is NO_ATTRS:
             self.attrs = {}
         return self.attrs
 
@@ -247,125 +333,129 @@ class RequestTrace:
         return traced
 
     def end(self, rec: RequestRecord) -> None:
-        """The request ended: its record's facts on its span, which goes to the batch."""
+        """The request ended: its span written from its record (what recurs kept as bytes, by the record's facts:
+        Tracing.request) and queued. Its own attributes (SERVER_OWN_KEYS) in their order, a None left out:
+        usage_estimated only when true, the TTFT (a float, also an event at its time) only when there."""
         if not self.sampled:
             return
+        tr = self.tracing
         end = time.time_ns()
         offset = end - time.perf_counter_ns()  # the record's perf_counter times as unix ns
-        op = OPERATIONS.get(rec.endpoint)
-        name = f"{op} {rec.model}" if op is not None else f"{rec.method} {rec.path}"
-        ttft = rec.ttft_s
-        events = () if ttft is None else (("gen_ai.first_token", offset + int((rec.t0 + ttft) * 1e9)),)
-        a = {  # one dict made at once: a None is no attribute (otlp.Span)
-            "gen_ai.usage.input_tokens": rec.prompt_tokens,
-            "gen_ai.usage.output_tokens": rec.completion_tokens,
-            "gen_ai.response.finish_reasons": self.reasons,
-            "gateway.request_id": rec.rid,
-            "gateway.queue_wait_s": rec.waited_s,
-        }
-        # the two a whole answer seldom has, added only when there: each None in `a` costs the encoder ~27 bytecodes
-        if ttft is not None:
-            a["gateway.ttft_s"] = ttft
-        if rec.usage_estimated:
-            a["gateway.usage_estimated"] = True
-        if self.attrs:
-            a.update(self.attrs)
-        served = rec.backend != "none"
-        status = rec.status
-        values = (
+        key = (  # what the span's name, fixed attributes and status are made of (Tracing.request)
             rec.method,
             rec.path,
-            op,
-            rec.model if op is not None else None,
+            rec.endpoint,
+            rec.model,
             rec.upstream_model,
-            rec.backend if served else None,
-            rec.engine if served else None,
+            rec.backend,
+            rec.engine,
             rec.key,
             self.klass,
             rec.stream,
             rec.attempts,
-            rec.attempts - 1 if rec.attempts > 1 else 0,
             rec.outcome,
-            status == 499,
-            status,
-            rec.error or None,
+            rec.status,
+            rec.error,
         )
-        error = (rec.error or "error") if status >= 500 else None  # a server span's error: a 5xx only
-        start = offset + int(rec.t0 * 1e9)
-        self.tracing.emit(
-            (
-                name,
-                self.trace_id,
-                self.span_id,
-                self.parent,
-                SERVER,
-                start,
-                end,
-                SERVER_KEYS,
-                values,
-                a,
-                events,
-                error,
-                self.state,
-            )
-        )
+        kept = tr.requests.get(key)
+        if kept is None:
+            kept = tr.request(key)
+        rid = rec.rid.encode()
+        ttft = rec.ttft_s
+        parts = [
+            otlp.TRACE_ID,
+            self.trace_id,
+            otlp.SPAN_ID,
+            self.span_id,
+            self.state_field,
+            self.parent_field,
+            kept[0],
+            TIMES(offset + int(rec.t0 * 1e9), END, end),
+            kept[1],
+            tr.tokens_in[rec.prompt_tokens],
+            tr.tokens_out[rec.completion_tokens],
+            tr.reasons[self.reasons],
+            tr.rids[len(rid)],
+            rid,
+            tr.waits[rec.waited_s],
+        ]
+        if ttft is not None:
+            parts += (tr.ttft, D(ttft))
+        if rec.usage_estimated:
+            parts.append(tr.estimated)
+        if self.attrs:
+            parts.append(tr.encoder.attributes(self.attrs))
+        if ttft is not None:  # events 11
+            before, after = tr.first_token
+            parts += (before, Q(offset + int((rec.t0 + ttft) * 1e9)), after)
+        parts.append(kept[2])
+        span = b"".join(parts)
+        q = tr.spans
+        if len(q) < tr.room:  # the batcher's queue, as Batcher.add would (Tracing.spans)
+            q.append(span)
+        else:
+            tr.emit(span)
 
     @property
     def ids(self) -> tuple[str, str]:
         """(trace id, span id) of the request's span, as hex, for the access log."""
-        return self.trace_id.to_bytes(16, "big").hex(), self.span_id.to_bytes(8, "big").hex()
+        return self.trace_id.hex(), self.span_id.hex()
 
 
 class AttemptTrace:
     """One attempt's CLIENT span: its child `traceparent` goes to the engine; it ends when the slot is freed."""
 
-    __slots__ = ("attrs", "error", "name", "request", "span_id", "start", "values")
+    __slots__ = ("error", "failure", "known", "request", "span_id", "start")
 
-    def __init__(self, request: RequestTrace, name: str, values: tuple[Any, ...], start: int = 0) -> None:
+    def __init__(self, request: RequestTrace, known: _Client | None, start: int = 0) -> None:
         self.request = request
-        self.span_id = getrandbits(64) or 1
-        self.name = name
-        self.values = values  # CLIENT_KEYS' values
+        self.span_id = (getrandbits(64) or 1).to_bytes(8, "big")
+        self.known = known  # its name and values, and their bytes (Tracing.client); None: not sampled
         self.start = start
-        self.attrs = _NO_ATTRS  # its error's, when it failed
+        self.failure: tuple[Any, ...] = ()  # FAILURE_KEYS' values, when it failed
         self.error: str | None = None
 
     def inject(self, headers: dict[str, str]) -> None:
         """The W3C `traceparent` (and the client's `tracestate`) of this attempt, on the engine's request."""
         r = self.request
-        # the ids' hex by to_bytes().hex(): the same text as f"{id:032x}" at ~60 % of its instructions
-        trace, span = r.trace_id.to_bytes(16, "big").hex(), self.span_id.to_bytes(8, "big").hex()
-        headers["traceparent"] = f"00-{trace}-{span}-{'01' if r.sampled else '00'}"
+        headers["traceparent"] = f"00-{r.trace_id.hex()}-{self.span_id.hex()}-{'01' if r.sampled else '00'}"
         if r.state:
             headers["tracestate"] = r.state
 
     def failed(self, err: Any) -> None:
         """The attempt failed before any output: the error on its span (code, status, retryable)."""
-        self.attrs = {
-            "error.type": err.code,
-            "http.response.status_code": err.status,
-            "gateway.retryable": bool(err.retryable),
-        }
+        self.failure = (err.code, err.status, bool(err.retryable))
         self.error = err.code
 
     def end(self) -> None:
+        """Its span written (from the bytes its deployment's and route's spans keep) and queued."""
         r = self.request
-        if r.sampled:
-            end = time.time_ns()
-            r.tracing.emit(
+        known = self.known
+        if known is None:
+            return
+        end = time.time_ns()
+        tr = r.tracing
+        if self.failure:
+            failed = (FAILURE_KEYS, self.failure, NO_ATTRS, (), self.error)
+            ids = (r.trace_id, self.span_id, r.span_id, r.state)
+            span = tr.encoder.span((known[0], CLIENT, *ids, self.start, end, CLIENT_KEYS, known[1], *failed))
+        else:
+            span = b"".join(
                 (
-                    self.name,
+                    otlp.TRACE_ID,
                     r.trace_id,
+                    otlp.SPAN_ID,
                     self.span_id,
+                    r.state_field,
+                    otlp.PARENT_ID,
                     r.span_id,
-                    CLIENT,
-                    self.start,
-                    end,
-                    CLIENT_KEYS,
-                    self.values,
-                    self.attrs,
-                    (),
-                    self.error,
-                    r.state,
+                    known[2],
+                    TIMES(self.start, END, end),
+                    known[3],
                 )
             )
+        q = tr.spans
+        if len(q) < tr.room:  # the batcher's queue, as Batcher.add would (Tracing.spans)
+            q.append(span)
+        else:
+            tr.emit(span)

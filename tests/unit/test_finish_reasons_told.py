@@ -14,6 +14,7 @@ import pytest
 
 from llm_gateway.adapters.openai_compat import OpenAICompatAdapter
 from llm_gateway.adapters.registry import ADAPTERS
+from llm_gateway.observability.genai_spans import is_reason
 from llm_gateway.observability.tracing import RequestTrace
 from llm_gateway.types import BackendInfo, CallContext
 
@@ -74,8 +75,8 @@ ANSWERS: dict[str, tuple[str, dict[str, Any], bool]] = {
 
 
 def span_reasons(out: bytes, told: list[str] | None) -> tuple[str, ...] | None:
-    tracing = cast(Any, SimpleNamespace(cfg=SimpleNamespace(capture_content=False)))
-    trace = RequestTrace(tracing, 1, 0, True, "")
+    tracing = cast(Any, SimpleNamespace(capture=False))
+    trace = RequestTrace(tracing, bytes(15) + b"\x01", True)
     trace.answered(out, told)
     return trace.reasons
 
@@ -100,6 +101,16 @@ def test_the_reasons_told_are_checked_and_kept_in_order_once_each() -> None:
     )
     assert span_reasons(out, []) is None
     assert span_reasons(b'{"choices":[{"finish_reason":"length"}]}', None) == ("length",)
+
+
+@pytest.mark.parametrize("told", ["stop", "Stop", "a" * 33, "", "max-tokens", "tool_calls"])
+def test_an_answers_one_told_reason_is_checked_as_any_other_the_first_time_and_from_what_is_kept(told: str) -> None:
+    """An answer's only reason (the usual case) is read by one lookup of what was kept for it (genai_spans.ONE_REASON):
+    the same span reasons as when it is told among others, the first time and after."""
+    want = span_reasons(b"{}", [told, told])  # two told: the general path
+    assert want == ((told,) if is_reason(told) else None)
+    assert span_reasons(b"{}", [told]) == want  # the first time: checked and kept
+    assert span_reasons(b"{}", [told]) == want  # from what is kept
 
 
 def test_a_whole_answers_reasons_as_the_span_has_them() -> None:

@@ -18,16 +18,20 @@ pb = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_p
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan  # noqa: E402
 
 KEYS = ("fixed.str", "fixed.none", "fixed.int", "fixed.bool")
+OWN = ("own.int", "own.none", "own.float", "own.reasons")
 SPAN: otlp.Span = (
     "chat modèle",
-    0x4BF92F3577B34DA6A3CE929D0E0E4736,
-    0x00F067AA0BA902B7,
-    0x1122334455667788,
     otlp.CLIENT,
+    bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736"),
+    bytes.fromhex("00f067aa0ba902b7"),
+    bytes.fromhex("1122334455667788"),
+    "vendor=abc",
     1_700_000_000_123_456_789,
     1_700_000_000_987_654_321,
     KEYS,
     ("é", None, 300, True),
+    OWN,
+    (7, None, 0.5, ("stop",)),
     {
         "s": "x" * 300,  # a 2-byte length
         "neg": -5,
@@ -41,8 +45,10 @@ SPAN: otlp.Span = (
     },
     (("gen_ai.first_token", 1_700_000_000_200_000_000),),
     "upstream_unreachable",
-    "vendor=abc",
 )
+
+
+TID, SID = (1).to_bytes(16, "big"), (2).to_bytes(8, "big")
 
 
 def value(v: Any) -> Any:
@@ -58,7 +64,7 @@ def parsed(data: bytes) -> Any:
 
 def test_what_the_writer_writes_is_what_the_official_protobufs_read() -> None:
     enc = otlp.Encoder({"service.name": "gw", "n": 1}, "llm_gateway")
-    req = parsed(enc.request([SPAN, SPAN]))  # twice: the second from the caches
+    req = parsed(enc.request([enc.span(SPAN), enc.span(SPAN)]))  # twice: the second from the caches
     (rs,) = req.resource_spans
     assert {a.key: value(a.value) for a in rs.resource.attributes} == {"service.name": "gw", "n": 1}
     (ss,) = rs.scope_spans
@@ -70,36 +76,58 @@ def test_what_the_writer_writes_is_what_the_official_protobufs_read() -> None:
         "00f067aa0ba902b7",
         "1122334455667788",
     )
-    assert (s.start_time_unix_nano, s.end_time_unix_nano) == (SPAN[5], SPAN[6]) and s.trace_state == "vendor=abc"
+    assert (s.start_time_unix_nano, s.end_time_unix_nano) == (SPAN[6], SPAN[7]) and s.trace_state == "vendor=abc"
     attrs = {a.key: value(a.value) for a in s.attributes}
-    assert attrs == {"fixed.str": "é", "fixed.int": 300, "fixed.bool": True, **SPAN[9]}
+    own = {"own.int": 7, "own.float": 0.5, "own.reasons": ["stop"]}
+    assert attrs == {"fixed.str": "é", "fixed.int": 300, "fixed.bool": True, **own, **SPAN[12]}
     assert [(e.name, e.time_unix_nano) for e in s.events] == [("gen_ai.first_token", 1_700_000_000_200_000_000)]
     assert s.status.code == s.status.STATUS_CODE_ERROR and s.status.message == "upstream_unreachable"
 
 
 def test_a_root_span_without_error_has_no_parent_and_an_unset_status() -> None:
-    root = ("r", 1, 2, 0, otlp.SERVER, 1, 2, (), (), {}, (), None, "")
-    (s,) = parsed(otlp.Encoder({}, "x").request([root])).resource_spans[0].scope_spans[0].spans
+    root = (
+        "r",
+        otlp.SERVER,
+        (1).to_bytes(16, "big"),
+        (2).to_bytes(8, "big"),
+        b"",
+        "",
+        1,
+        2,
+        (),
+        (),
+        (),
+        (),
+        {},
+        (),
+        None,
+    )
+    (s,) = (
+        parsed(otlp.Encoder({}, "x").request([otlp.Encoder({}, "x").span(root)])).resource_spans[0].scope_spans[0].spans
+    )
     assert s.parent_span_id == b"" and s.status.code == s.status.STATUS_CODE_UNSET and s.kind == PbSpan.SPAN_KIND_SERVER
-    assert s.trace_id == (1).to_bytes(16, "big") and s.trace_state == ""
+    assert s.trace_id == (1).to_bytes(16, "big") and s.span_id == (2).to_bytes(8, "big") and s.trace_state == ""
 
 
 def test_an_attribute_whose_value_is_none_is_left_out() -> None:
-    span = ("r", 1, 2, 0, otlp.SERVER, 1, 2, ("k",), (None,), {"a": None, "b": 1, "c": None}, (), None, "")
-    (s,) = parsed(otlp.Encoder({}, "x").request([span])).resource_spans[0].scope_spans[0].spans
-    assert {a.key: value(a.value) for a in s.attributes} == {"b": 1}
+    own = ("o", "p")
+    span = ("r", otlp.SERVER, TID, SID, b"", "", 1, 2, ("k",), (None,), own, (None, 2), {"a": None, "b": 1}, (), None)
+    (s,) = (
+        parsed(otlp.Encoder({}, "x").request([otlp.Encoder({}, "x").span(span)])).resource_spans[0].scope_spans[0].spans
+    )
+    assert {a.key: value(a.value) for a in s.attributes} == {"p": 2, "b": 1}
 
 
 def test_values_equal_across_types_keep_their_types_through_the_caches() -> None:
-    """True == 1 == 1.0 and (True,) == (1,): the writer keeps encodings by (key, value), so none may stand for
-    another; a float's key of over 127 bytes takes a two-byte length."""
+    """True == 1 == 1.0 and (True,) == (1,): the other attributes' (a dict, any types) encodings are kept by (key,
+    type, value), so none may stand for another; a float's key of over 127 bytes takes a two-byte length."""
     enc = otlp.Encoder({}, "x")
     long_key = "k" * 200
     values = [1, True, 1.0, 0, False, 0.0, 2, 2.0, ("a",), (True,), (1,), [1], None]
     for _ in range(2):  # the second time from the caches
         for v in values:
-            span = ("r", 1, 2, 0, otlp.SERVER, 1, 2, (), (), {"x": v, long_key: 0.5}, (), None, "")
-            (s,) = parsed(enc.request([span])).resource_spans[0].scope_spans[0].spans
+            span = ("r", otlp.SERVER, TID, SID, b"", "", 1, 2, (), (), (), (), {"x": v, long_key: 0.5}, (), None)
+            (s,) = parsed(enc.request([enc.span(span)])).resource_spans[0].scope_spans[0].spans
             got = {a.key: a.value for a in s.attributes}
             assert value(got[long_key]) == 0.5
             if v is None:
@@ -111,6 +139,27 @@ def test_values_equal_across_types_keep_their_types_through_the_caches() -> None
                 assert [x.WhichOneof("value") for x in got["x"].array_value.values] == [
                     {bool: "bool_value", int: "int_value", str: "string_value"}[type(x)] for x in v
                 ]
+
+
+def test_own_attributes_of_one_type_a_key_keep_their_types_through_the_caches() -> None:
+    """Own attributes (by position) are kept by value per key, each key's values of one type: a bool, an int, a
+    float and a tuple key, each with values equal across those types elsewhere, read back as their own types."""
+    enc = otlp.Encoder({}, "x")
+    own = ("b", "i", "f", "t", "k" * 200)
+    rows = [(True, 1, 1.0, (1,), 0.5), (False, 0, 0.0, (True,), None), (None, 2, 2.0, ("a", 1), 0.25)]
+    for _ in range(2):  # the second time from the caches
+        for row in rows:
+            span = ("r", otlp.SERVER, TID, SID, b"", "", 1, 2, (), (), own, row, {}, (), None)
+            (s,) = parsed(enc.request([enc.span(span)])).resource_spans[0].scope_spans[0].spans
+            got = {a.key: a.value for a in s.attributes}
+            want = {k: v for k, v in zip(own, row, strict=True) if v is not None}
+            assert list(got) == list(want)
+            for k, v in want.items():
+                kind = {bool: "bool_value", int: "int_value", float: "double_value", tuple: "array_value"}[type(v)]
+                assert got[k].WhichOneof("value") == kind and value(got[k]) == (list(v) if kind == "array_value" else v)
+
+
+WRITTEN = otlp.Encoder({}, "x").span(SPAN)
 
 
 class Sender:
@@ -138,7 +187,7 @@ def test_a_full_queue_drops_and_counts_without_waiting_and_a_failed_export_is_co
     b = otlp.Batcher(otlp.Encoder({}, "x"), Sender(fail=True), lambda why, n: drops.append((why, n)))
     t = time.perf_counter()
     for _ in range(10):
-        b.add(SPAN)
+        b.add(WRITTEN)
     assert time.perf_counter() - t < 0.05
     assert drops == [("queue_full", 1)] * 6
     assert b.force_flush(5)
@@ -153,10 +202,10 @@ def test_a_wake_exports_what_was_queued_and_leaves_what_came_in_during_the_send_
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
     sender = Sender(slow_s=0.1)
     b = otlp.Batcher(otlp.Encoder({}, "x"), sender, lambda why, n: None)
-    b.add(SPAN)
-    b.add(SPAN)  # a full batch: the thread wakes and sends it (0.1 s)
+    b.add(WRITTEN)
+    b.add(WRITTEN)  # a full batch: the thread wakes and sends it (0.1 s)
     time.sleep(0.03)
-    b.add(SPAN)  # during that send
+    b.add(WRITTEN)  # during that send
     time.sleep(0.2)
     assert sender.batches == [2]  # not a send of its own right after: it waits for the next wake
     assert b.force_flush(5)
@@ -185,7 +234,7 @@ def test_otel_traces_sampler_decides_as_the_sdk_does(
         assert tr.begin(None, {}).sampled is new_kept  # type: ignore[arg-type]
         parent = {b"traceparent": b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}
         got = tr.begin(None, parent)  # type: ignore[arg-type]
-        assert got.sampled is unsampled_parent_kept and got.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736
+        assert got.sampled is unsampled_parent_kept and got.trace_id.hex() == "4bf92f3577b34da6a3ce929d0e0e4736"
     finally:
         tr.shutdown()
 
@@ -213,6 +262,6 @@ def test_an_invalid_traceparent_starts_a_new_trace(header: bytes) -> None:
     tr = Tracing(TracingConfig(enabled=True, endpoint="http://127.0.0.1:9"))
     try:
         got = tr.begin(None, {b"traceparent": header})  # type: ignore[arg-type]
-        assert got.parent == 0 and got.trace_id != 0x4BF92F3577B34DA6A3CE929D0E0E4736
+        assert got.parent == b"" and got.trace_id.hex() != "4bf92f3577b34da6a3ce929d0e0e4736"
     finally:
         tr.shutdown()

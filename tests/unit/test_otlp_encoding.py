@@ -1,7 +1,8 @@
 """otlp.Encoder's caches change no byte: random spans (every attribute type, recurring and unique values, a key's
-value changing type, long and non-ASCII strings, None) encode to exactly what a plain encoder with no cache writes,
-the second time too, and parse back with the official protobufs (opentelemetry-proto); a key's kept values are
-bounded; a unique key's values (genai_spans.UNIQUE_KEYS: a request id) are never kept."""
+value changing type, long and non-ASCII strings, None; fixed, own (by position) and other attributes) encode to
+exactly what a plain encoder with no cache writes, the second time too, and parse back with the official protobufs
+(opentelemetry-proto); a key's kept values are bounded; a unique key's values (genai_spans.UNIQUE_KEYS: a request
+id) are never kept."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from typing import Any
 import pytest
 
 from llm_gateway.observability import otlp
-from llm_gateway.observability.genai_spans import CLIENT_KEYS, SERVER_KEYS, UNIQUE_KEYS
+from llm_gateway.observability.genai_spans import (
+    CLIENT_KEYS,
+    FAILURE_KEYS,
+    QUEUE_OWN_KEYS,
+    SERVER_KEYS,
+    SERVER_OWN_KEYS,
+    UNIQUE_KEYS,
+)
 
 pb = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
 
@@ -49,17 +57,17 @@ def key_value(number: int, k: str, v: Any) -> bytes:
 
 def plain_span(s: otlp.Span) -> bytes:
     """Span, field by field, in trace.proto's order, nothing kept."""
-    name, trace_id, span_id, parent, kind, start, end, keys, values, attrs, events, error, state = s
-    out = field(1, trace_id.to_bytes(16, "big")) + field(2, span_id.to_bytes(8, "big"))
+    name, kind, trace_id, span_id, parent, state, start, end, keys, values, own, own_values, attrs, events, error = s
+    out = field(1, trace_id) + field(2, span_id)
     if state:
         out += field(3, state.encode())
     if parent:
-        out += field(4, parent.to_bytes(8, "big"))
+        out += field(4, parent)
     out += field(5, name.encode()) + varint(6 << 3) + varint(kind)
     out += varint(7 << 3 | 1) + struct.pack("<Q", start) + varint(8 << 3 | 1) + struct.pack("<Q", end)
-    fixed = [(k, v) for k, v in zip(keys, values, strict=True) if v is not None]
-    for k, v in fixed + [(k, v) for k, v in attrs.items() if v is not None]:
-        out += key_value(9, k, v)
+    for k, v in [*zip(keys, values, strict=True), *zip(own, own_values, strict=True), *attrs.items()]:
+        if v is not None:
+            out += key_value(9, k, v)
     for ev_name, at in events:
         out += field(11, varint(1 << 3 | 1) + struct.pack("<Q", at) + field(2, ev_name.encode()))
     if error is not None:
@@ -107,32 +115,70 @@ def fixed_value(rng: random.Random, key: str) -> Any:
     return rng.choice(["chat", "fake-model", "é" * 70, "x" * 300, ""])
 
 
+def unique_value(rng: random.Random) -> Any:
+    return rng.choice([f"{rng.getrandbits(64):016x}", "é" * rng.randrange(1, 80), "y" * rng.randrange(90, 300), None])
+
+
+#: own keys tuples: tracing.py's, one with unique keys among others, and one with a key of over 127 bytes
+OWN_KEYS = [
+    SERVER_OWN_KEYS,
+    FAILURE_KEYS,
+    QUEUE_OWN_KEYS,
+    ("a", "gateway.request_id", "gen_ai.usage.input_tokens", "gen_ai.output.messages", "b"),
+    ("k" * 130,),
+    (),
+]
+
+
+def own_value(rng: random.Random, key: str) -> Any:
+    """An own attribute's value: one type a key (as tracing.py's are: each key's values are kept by value, where
+    True == 1 == 1.0), a unique key's a string; absent (None) often."""
+    if key in UNIQUE_KEYS:
+        return unique_value(rng)
+    if rng.random() < 0.3:
+        return None
+    kind = sum(map(ord, key)) % 6
+    if kind == 0:
+        return rng.random() < 0.5
+    if kind == 1:
+        return rng.choice([0, 1, 2, 127, 128, 300, -1, -(2**40), 2**62, rng.randrange(10**6)])
+    if kind == 2:
+        return rng.choice([0.0, 1.0, 0.5, -2.25, rng.random()])
+    if kind == 3:
+        return rng.choice([("stop",), ("stop", "length"), (), ("é" * 70,)])
+    if kind == 4:
+        return "x" * rng.choice([0, 100, 117, 118, 119, 200, 201, 300])  # one- and two-byte lengths either side
+    return rng.choice(["chat", "é" * 40, f"v{rng.randrange(3000)}"])
+
+
 def random_span(rng: random.Random) -> otlp.Span:
     keys = rng.choice([SERVER_KEYS, CLIENT_KEYS, ("k",), ()])
     values = tuple(fixed_value(rng, k) for k in keys)
+    own = rng.choice(OWN_KEYS)
+    own_values = tuple(own_value(rng, k) for k in own)
     attrs: dict[str, Any] = {}
-    for _ in range(rng.randrange(8)):
+    for _ in range(rng.randrange(8) if rng.random() < 0.5 else 0):
         attrs[rng.choice(["a", "b", "gen_ai.usage.input_tokens", "k" * 130])] = random_value(rng)
     for unique in UNIQUE_KEYS:
-        if rng.random() < 0.5:
-            attrs[unique] = rng.choice(
-                [f"{rng.getrandbits(64):016x}", "é" * rng.randrange(1, 80), "y" * rng.randrange(90, 300), None]
-            )
+        if rng.random() < 0.2:
+            attrs[unique] = unique_value(rng)
     events = tuple((rng.choice(["gen_ai.first_token", "e"]), rng.getrandbits(63)) for _ in range(rng.randrange(3)))
     return (
         rng.choice(["chat fake-model", "gateway.queue", "POST /v1/x", "n" * 130]),
-        rng.getrandbits(128) or 1,
-        rng.getrandbits(64) or 1,
-        rng.choice([0, rng.getrandbits(64) or 1]),
         rng.choice([otlp.INTERNAL, otlp.SERVER, otlp.CLIENT]),
+        rng.randbytes(16),
+        rng.randbytes(8),
+        rng.choice([b"", rng.randbytes(8)]),
+        rng.choice(["", "vendor=abc", "z" * 200]),
         rng.getrandbits(63),
         rng.getrandbits(63),
         keys,
         values,
-        attrs,
-        events,
-        rng.choice([None, "upstream_unreachable", ""]),
-        rng.choice(["", "vendor=abc", "z" * 200]),
+        own,
+        own_values,
+        attrs if attrs else otlp.NO_ATTRS,
+        events if rng.random() < 0.7 else (),
+        rng.choice([None, None, "upstream_unreachable", ""]),
     )
 
 
@@ -143,7 +189,7 @@ def test_random_spans_encode_to_the_plain_encoders_bytes_first_and_from_the_cach
     batches = [[random_span(rng) for _ in range(50)] for _ in range(40)]
     for _ in range(2):  # the second time, what recurs comes from the caches
         for batch in batches:
-            assert enc.request(batch) == plain_request(resource, "llm_gateway", batch)
+            assert enc.request(list(map(enc.span, batch))) == plain_request(resource, "llm_gateway", batch)
 
 
 def test_what_the_encoder_writes_the_official_protobufs_read_back() -> None:
@@ -151,35 +197,86 @@ def test_what_the_encoder_writes_the_official_protobufs_read_back() -> None:
     enc = otlp.Encoder({}, "x", UNIQUE_KEYS)
     batch = [random_span(rng) for _ in range(200)]
     for _ in range(2):
-        req = pb.ExportTraceServiceRequest.FromString(enc.request(batch))
+        req = pb.ExportTraceServiceRequest.FromString(enc.request(list(map(enc.span, batch))))
         spans = req.resource_spans[0].scope_spans[0].spans
         assert len(spans) == len(batch)
         for got, s in zip(spans, batch, strict=True):
-            keys, values, attrs = s[7], s[8], s[9]
-            want = {k: v for k, v in zip(keys, values, strict=True) if v is not None}
-            want.update({k: v for k, v in attrs.items() if v is not None})
-            assert [a.key for a in got.attributes] == list(want)
-            for a in got.attributes:
-                if isinstance(want[a.key], str):
-                    assert a.value.string_value == want[a.key]
+            keys, values, own, own_values, attrs = s[8], s[9], s[10], s[11], s[12]
+            want = [(k, v) for k, v in zip(keys, values, strict=True) if v is not None]
+            want += [(k, v) for k, v in zip(own, own_values, strict=True) if v is not None]
+            want += [(k, v) for k, v in attrs.items() if v is not None]
+            assert [a.key for a in got.attributes] == [k for k, _ in want]
+            for a, (_, v) in zip(got.attributes, want, strict=True):
+                assert value(a.value) == (list(v) if isinstance(v, list | tuple) else v)
+            assert (got.trace_id, got.span_id, got.parent_span_id, got.trace_state) == (s[2], s[3], s[4], s[5])
+            assert (got.name, got.kind, got.start_time_unix_nano, got.end_time_unix_nano) == (s[0], s[1], s[6], s[7])
 
 
-def test_a_keys_kept_values_are_bounded_and_a_unique_keys_are_never_kept() -> None:
+def value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [value(x) for x in v.array_value.values]
+    return getattr(v, kind)
+
+
+TID, SID = bytes(range(1, 17)), bytes(range(1, 9))
+
+
+def span_of(attrs: dict[str, Any], own: tuple[str, ...] = (), own_values: tuple[Any, ...] = ()) -> otlp.Span:
+    return ("s", otlp.SERVER, TID, SID, b"", "", 1, 2, (), (), own, own_values, attrs, (), None)
+
+
+@pytest.mark.parametrize("by_position", [False, True])
+def test_a_keys_kept_values_are_bounded_and_a_unique_keys_are_never_kept(by_position: bool) -> None:
     enc = otlp.Encoder({}, "x", UNIQUE_KEYS)
+    own = ("gateway.request_id", "model", "n", "gen_ai.output.messages")
     for i in range(5_000):
-        attrs = {"gateway.request_id": f"{i:016x}", "model": f"m{i}", "n": i + 2, "gen_ai.output.messages": "t"}
-        span = ("s", 1, 2, 0, otlp.SERVER, 1, 2, (), (), attrs, (), None, "")
-        assert enc.request([span]) == plain_request({}, "x", [span])
-    kept = {k: v for k, v in enc._kv.items() if v}  # a key's cache is made at its first lookup, empty till a value
-    assert not set(UNIQUE_KEYS) & set(kept)
-    assert 0 < len(kept["model"]) <= 1024 and 0 < len(kept["n"]) <= 1024
+        values = (f"{i:016x}", f"m{i}", i + 2, "t" * (i % 300))
+        span = span_of({}, own, values) if by_position else span_of(dict(zip(own, values, strict=True)))
+        assert enc.request([enc.span(span)]) == plain_request({}, "x", [span])
+    if by_position:  # each key's Kept (its None: b"")
+        kept = {k: len(v) - 1 for k, v in enc._kept.items()}
+    else:  # by key and type
+        kept = {k: len(v) for (k, _), v in enc._typed.items()}
+    assert {k: n for k, n in kept.items() if n} == {"model": kept["model"], "n": kept["n"]}
+    assert 0 < kept["model"] <= 1024 and 0 < kept["n"] <= 1024
+    if not by_position:
+        assert 0 < len(enc._unique_heads["gen_ai.output.messages"]) <= 300  # a unique key's heads: by length
 
 
 def test_a_none_attribute_is_no_attribute_and_nothing_is_kept_for_it() -> None:
     enc = otlp.Encoder({}, "x", UNIQUE_KEYS)
-    span = ("s", 1, 2, 0, otlp.SERVER, 1, 2, (), (), {"a": None, "gateway.request_id": None, "b": "v"}, (), None, "")
-    assert enc.request([span]) == plain_request({}, "x", [span])
-    assert {k for k, kept in enc._kv.items() if kept} == {"b"}
+    span = span_of({"a": None, "gateway.request_id": None, "b": "v"})
+    assert enc.request([enc.span(span)]) == plain_request({}, "x", [span])
+    assert {k for (k, _), kept in enc._typed.items() if kept} == {"b"}
+    span = span_of({}, ("c", "gateway.request_id", "d", "e"), (None, None, "w", None))
+    assert enc.request([enc.span(span)]) == plain_request({}, "x", [span])
+    assert {k for k, kept in enc._kept.items() if set(kept) - {None}} == {"d"}
+
+
+def read_back(data: bytes) -> Any:
+    return pb.ExportTraceServiceRequest.FromString(data).resource_spans[0].scope_spans[0].spans
+
+
+def test_the_request_spans_own_attributes_by_position_the_official_protobufs_read_back() -> None:
+    """tracing.py's request span: its own attributes by position (SERVER_OWN_KEYS), each absent (None) in turn, all
+    absent, and all there (a float, a unique string, a tuple, a bool); a failed attempt's (FAILURE_KEYS)."""
+    enc = otlp.Encoder({}, "x", UNIQUE_KEYS)
+    full = (42, 64, ("stop", "length"), "0123456789abcdef01234567", 0.25, 0.0125, True)
+    cases = [full, (None,) * len(full), *((*full[:i], None, *full[i + 1 :]) for i in range(len(full)))]
+    for _ in range(2):  # the second time from the caches
+        for own_values in cases:
+            span = span_of({"gen_ai.output.messages": "ok"}, SERVER_OWN_KEYS, own_values)
+            assert enc.request([enc.span(span)]) == plain_request({}, "x", [span])
+            (got,) = read_back(enc.request([enc.span(span)]))
+            want = {k: v for k, v in zip(SERVER_OWN_KEYS, own_values, strict=True) if v is not None}
+            want["gen_ai.output.messages"] = "ok"
+            assert {a.key: value(a.value) for a in got.attributes} == {
+                k: list(v) if isinstance(v, tuple) else v for k, v in want.items()
+            }
+        failed = span_of({}, FAILURE_KEYS, ("upstream_unreachable", 502, True))
+        (got,) = read_back(enc.request([enc.span(failed)]))
+        assert {a.key: value(a.value) for a in got.attributes} == dict(zip(FAILURE_KEYS, failed[11], strict=True))
 
 
 def test_tracings_encoder_never_keeps_the_unique_keys_values() -> None:
@@ -188,29 +285,7 @@ def test_tracings_encoder_never_keeps_the_unique_keys_values() -> None:
 
     tr = Tracing(TracingConfig(enabled=True, endpoint="http://127.0.0.1:9"))
     try:
-        assert tr.batcher.encoder._unique == frozenset(UNIQUE_KEYS) >= {"gateway.request_id"}
+        assert tr.encoder._unique == frozenset(UNIQUE_KEYS) >= {"gateway.request_id"}
+        assert tr.batcher.encoder is tr.encoder
     finally:
         tr.shutdown()
-
-
-def test_attempt_spans_kept_by_their_values_identity_still_write_their_own_name_keys_and_values() -> None:
-    """An attempt's span (no other attributes, events or error) has its name and fixed attributes' bytes kept by the
-    identity of its values tuple (Tracing.clients hands out the same one): the same tuple under another name or
-    other keys, and an equal tuple that is another object, each write their own bytes; what is kept is bounded."""
-    enc = otlp.Encoder({}, "x", UNIQUE_KEYS)
-    values = ("chat", "vllm", "m", "h", 80, "d", "vllm", "r", "least_load", 1, "default")
-    other = (*values[:-1], "batch")
-    keys = tuple(f"k{i}" for i in range(len(CLIENT_KEYS)))
-    spans = [
-        (name, 1, 2, 3, otlp.CLIENT, 4, 5, ks, vs, {}, (), None, state)
-        for name in ("chat m", "chat n")
-        for ks, vs in ((CLIENT_KEYS, values), (CLIENT_KEYS, other), (keys, values), (CLIENT_KEYS, tuple(values)))
-        for state in ("", "v=1")
-    ]
-    for _ in range(3):
-        for s in spans:
-            assert enc.request([s]) == plain_request({}, "x", [s])
-    for i in range(3000):
-        s = ("chat m", 1, 2, 3, otlp.CLIENT, 4, 5, CLIENT_KEYS, (*values[:-1], f"c{i}"), {}, (), None, "")
-        assert enc.request([s]) == plain_request({}, "x", [s])
-    assert len(enc._by_id) <= 1024

@@ -14,11 +14,11 @@ from llm_gateway.observability.tracing import AttemptTrace, RequestTrace
 )
 @pytest.mark.parametrize("sampled", [True, False])
 def test_an_attempts_traceparent_is_the_w3c_text_of_its_ids(trace_id: int, span_id: int, sampled: bool) -> None:
-    request = RequestTrace(None, trace_id, 0, sampled, "")  # type: ignore[arg-type]
-    attempt = AttemptTrace(request, "", ())
-    attempt.span_id = span_id
+    request = RequestTrace(None, trace_id.to_bytes(16, "big"), sampled)  # type: ignore[arg-type]
+    attempt = AttemptTrace(request, None)
+    attempt.span_id = span_id.to_bytes(8, "big")
     headers: dict[str, str] = {}
     attempt.inject(headers)
     assert headers == {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"}
-    request.span_id = span_id
+    request.span_id = span_id.to_bytes(8, "big")
     assert request.ids == (f"{trace_id:032x}", f"{span_id:016x}")
