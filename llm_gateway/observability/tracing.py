@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable
 from random import getrandbits
 from typing import Any
-from urllib.parse import urlsplit
 
 from llm_gateway.observability import otlp
 from llm_gateway.observability.genai_spans import (
@@ -41,12 +40,8 @@ from llm_gateway.observability.genai_spans import (
     CONTENT_LIMIT,
     FAILURE_KEYS,
     ONE_REASON,
-    OPERATIONS,
     QUEUE_KEYS,
     QUEUE_OWN_KEYS,
-    SERVER_KEYS,
-    SERVER_OWN_KEYS,
-    UNIQUE_KEYS,
     RequestRecord,
     TracedAttempt,
     capture_input,
@@ -54,11 +49,12 @@ from llm_gateway.observability.genai_spans import (
     is_reason,
     one_reason,
 )
-from llm_gateway.observability.otlp import CLIENT, END, INTERNAL, NO_ATTRS, SERVER, TIMES, D, Q
+from llm_gateway.observability.otlp import CLIENT, END, INTERNAL, NO_ATTRS, TIMES, D, Q
 from llm_gateway.observability.otlp_config import ID64 as _ID64
 from llm_gateway.observability.otlp_config import resource as _resource
 from llm_gateway.observability.otlp_config import sampler as _sampler
 from llm_gateway.observability.otlp_config import sender as _sender
+from llm_gateway.observability.span_pieces import AttemptPieces, SpanPieces
 from llm_gateway.settings import CLASS_NAMES, TracingConfig
 
 #: W3C traceparent: version-trace id-parent id-flags, and more fields only after a version other than 00
@@ -73,13 +69,9 @@ def make_tracing(cfg: TracingConfig, on_drop: Callable[[str, int], None] | None 
     return Tracing(cfg, on_drop)
 
 
-#: an attempt span's name and CLIENT_KEYS' values, and their bytes: its head (otlp.Encoder.head) and block
-_Client = tuple[str, tuple[Any, ...], bytes, bytes]
-
-
-class Tracing:
-    """The process's tracing: ids, the sampling decision, the pieces spans are written from, and the batcher that
-    exports them.
+class Tracing(SpanPieces):
+    """The process's tracing: ids, the sampling decision, the pieces spans are written from (its `SpanPieces` side,
+    span_pieces.py), and the batcher that exports them.
 
     No OpenTelemetry object is made on the request path: a span is its ids (bytes from `random.getrandbits`, as the
     SDK's RandomIdGenerator makes them) and, when it ends, its protobuf bytes joined from pieces kept as bytes (what
@@ -93,21 +85,8 @@ class Tracing:
         self.dropped = 0
         self._on_drop = on_drop
         self._parent_based, self._bound = _sampler(cfg)
-        self._servers: dict[str, tuple[str, int]] = {}  # a backend URL's (server.address, server.port)
-        #: (deployment, route, endpoint, class, attempt number) -> an attempt span's _Client: they recur, and a
-        #: reload builds new routes (so a new key), never changes one
-        self.clients: dict[tuple[Any, ...], _Client] = {}
-        #: (RequestTrace.end's facts of a request) -> its span's head, fixed attributes (SERVER_KEYS) and status
-        self.requests: dict[tuple[Any, ...], tuple[bytes, bytes, bytes]] = {}
-        self.encoder = enc = otlp.Encoder(_resource(cfg), "llm_gateway", UNIQUE_KEYS)
-        # the request span's own attributes (SERVER_OWN_KEYS): each key's kept bytes by value, the request id's
-        # heads by its length, the TTFT's head (a float), usage_estimated's (only ever there when true)
-        tokens_in, tokens_out, reasons, rid, wait, ttft, estimated = SERVER_OWN_KEYS
-        self.tokens_in, self.tokens_out, self.reasons = enc.kept(tokens_in), enc.kept(tokens_out), enc.kept(reasons)
-        self.rids, self.waits = enc.unique_heads(rid), enc.kept(wait)
-        self.ttft, self.estimated = enc.float_head(ttft), enc.kept(estimated)[True]
-        self.first_token = enc.event("gen_ai.first_token")
-        self.batcher = otlp.Batcher(enc, _sender(cfg), self._dropped)
+        super().__init__(_resource(cfg))
+        self.batcher = otlp.Batcher(self.encoder, _sender(cfg), self._dropped)
         #: a written span goes to the batcher's queue: by `spans.append` while it holds fewer than `room` (no call
         #: of Batcher.add, whose checks only matter from there on: a full batch wakes the export thread, a full
         #: queue drops), else by `emit`
@@ -142,75 +121,6 @@ class Tracing:
         ts = headers.get(b"tracestate")
         state = ts.decode("latin-1").strip() if ts is not None and len(ts) <= 512 else ""
         return RequestTrace(self, trace_id.to_bytes(16, "big"), sampled, parent.to_bytes(8, "big"), state)
-
-    def server(self, url: str) -> tuple[str, int]:
-        """A backend URL's `server.address` and `server.port` (parsed once per URL)."""
-        known = self._servers.get(url)
-        if known is None:
-            u = urlsplit(url)
-            known = self._servers[url] = (u.hostname or "", u.port or (443 if u.scheme == "https" else 80))
-        return known
-
-    def client(self, dep: Any, route: Any, endpoint: str, klass: str, n: int) -> _Client:
-        """An attempt span's name, CLIENT_KEYS' values and their bytes, kept in `clients` (bounded)."""
-        b = dep.backend
-        address, port = self.server(b.cfg.url)
-        op = OPERATIONS.get(endpoint, endpoint)
-        model = dep.upstream_model
-        values = (op, b.kind, model, address, port, b.name, b.kind, route.name, route.cfg.strategy, n, klass)
-        name = f"{op} {model}"
-        if len(self.clients) >= 1024:
-            self.clients.clear()
-        known = (name, values, self.encoder.head(name, CLIENT), self.encoder.block(CLIENT_KEYS, values))
-        self.clients[(dep, route, endpoint, klass, n)] = known
-        return known
-
-    def request(self, key: tuple[Any, ...]) -> tuple[bytes, bytes, bytes]:
-        """The request span's name and kind (otlp.Encoder.head), fixed attributes (SERVER_KEYS) and status, as bytes,
-        from the request's facts (RequestTrace.end's key), kept in `requests` (bounded): they recur."""
-        (
-            method,
-            path,
-            endpoint,
-            model,
-            upstream,
-            backend,
-            engine,
-            key_name,
-            klass,
-            stream,
-            attempts,
-            outcome,
-            status,
-            error,
-        ) = key
-        op = OPERATIONS.get(endpoint)
-        served = backend != "none"
-        values = (
-            method,
-            path,
-            op,
-            model if op is not None else None,
-            upstream,
-            backend if served else None,
-            engine if served else None,
-            key_name,
-            klass,
-            stream,
-            attempts,
-            attempts - 1 if attempts > 1 else 0,
-            outcome,
-            status == 499,
-            status,
-            error or None,
-        )
-        enc = self.encoder
-        name = f"{op} {model}" if op is not None else f"{method} {path}"
-        failed = (error or "error") if status >= 500 else None  # a server span's error: a 5xx only
-        if len(self.requests) >= 1024:
-            self.requests.clear()
-        kept = self.requests[key] = (enc.head(name, SERVER), enc.block(SERVER_KEYS, values), otlp.status_field(failed))
-        return kept
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
         """Export what is queued now (blocking: off the loop)."""
@@ -407,7 +317,7 @@ class AttemptTrace:
 
     __slots__ = ("error", "failure", "known", "request", "span_id", "start")
 
-    def __init__(self, request: RequestTrace, known: _Client | None, start: int = 0) -> None:
+    def __init__(self, request: RequestTrace, known: AttemptPieces | None, start: int = 0) -> None:
         self.request = request
         self.span_id = (getrandbits(64) or 1).to_bytes(8, "big")
         self.known = known  # its name and values, and their bytes (Tracing.client); None: not sampled
