@@ -7,11 +7,19 @@ text): equal bytes are equal values, types included (1 and 1.0 differ), so a hit
 would give. Keys are compared by length first, then contents (one memcmp), not hashed: a key is tens of KB and a
 new object on every request, whose hash would be computed each time. The few entries are scanned newest first.
 What is kept must never be changed by its users.
+
+Encoding the input to find its key was itself a cost (~130k instructions for an agent's tools, as much as the
+rest of a hit): `find_member` looks for a kept key in the request's own bytes instead, where the client wrote
+the value as orjson writes it (compact, as JavaScript's JSON.stringify does). A hit there is exact: see
+`find_member` for why those bytes can only be the top-level member's value; anything it cannot prove is a miss,
+and the caller encodes the key as before.
 """
 
 from __future__ import annotations
 
 from typing import Generic, TypeVar
+
+import orjson
 
 T = TypeVar("T")
 
@@ -37,6 +45,40 @@ class Recent(Generic[T]):
                 return value
         return None
 
+    def find_member(self, raw: bytes, name: str) -> T | None:
+        """The value kept under the JSON of the top-level member `name` of the JSON object `raw` (the bytes the
+        request was parsed from: valid JSON), found in `raw` without the parsed value being encoded; None where
+        it is not found so (no kept key written there as it is, or a place this cannot prove top-level).
+
+        Why a hit is exact: a `"name":` in `raw` not after a backslash opens a string (a quote that
+        closed one would leave `name` bare, which is not JSON), so it is a key and a value follows it. A kept key
+        is a whole JSON value, so where `raw` holds its bytes there, that value is exactly it, and it parses to
+        what the key was encoded from (orjson's encoding round-trips: types, key order, floats). The object
+        holding the member is the outermost when the rest of `raw` after the value, after a `{` in place of its
+        comma, is a JSON object by itself: a nested one would leave its parents' closing brackets after it. A
+        duplicate of the member after it would be the one parsed (orjson keeps a key's last value): none may be
+        there. The rest is parsed, so only a short one is tried (`MAX_REST`: what follows the tools in an agent's
+        request is a few fields), and the member is looked for only where such a rest would put it."""
+        head = b'"%b":' % name.encode()
+        n = len(raw)
+        entries = self._entries
+        for i in range(len(entries) - 1, -1, -1):
+            k, value = entries[i]
+            if type(k) is not bytes:
+                continue
+            end = n - len(k)  # where the value would start if nothing followed it: the member is looked for just
+            at = raw.rfind(head, max(0, end - len(head) - MAX_REST), end)  # before that, not in all of `raw`
+            if at <= 0 or raw[at - 1] == 92:  # 92: a backslash
+                continue
+            at += len(head)
+            if raw.startswith(k, at):
+                if not _closes_outermost(raw[at + len(k) :], name):
+                    return None
+                if i != len(entries) - 1:
+                    entries.append(entries.pop(i))
+                return value
+        return None
+
     def keep(self, key: str | bytes, value: T) -> T:
         """Keep `value` under `key` (the oldest goes beyond `size`); gives `value` back."""
         entries = self._entries
@@ -47,3 +89,21 @@ class Recent(Generic[T]):
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+#: the most bytes after a member's value that `find_member` parses to prove the member top-level
+MAX_REST = 2048
+
+
+def _closes_outermost(rest: bytes, name: str) -> bool:
+    """Whether `rest`, what follows a member's value in a parsed JSON object's bytes, is the rest of the outermost
+    object with no other member `name`."""
+    if rest[:1] == b"}":
+        return not rest[1:].strip(b" \t\r\n")  # JSON's blanks only
+    if rest[:1] != b",":
+        return False
+    try:
+        more = orjson.loads(b"{" + rest[1:])
+    except orjson.JSONDecodeError:
+        return False
+    return type(more) is dict and name not in more

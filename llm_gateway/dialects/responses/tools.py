@@ -26,9 +26,12 @@ KEPT = 8
 _kept: Recent[tuple[EncodedList, list[dict[str, Any]]]] = Recent(KEPT)
 
 
-def function_tools(tools: list[Any]) -> tuple[EncodedList, list[dict[str, Any]]]:
+def function_tools(tools: list[Any], raw: bytes | None = None) -> tuple[EncodedList, list[dict[str, Any]]]:
     """The chat tools (with their JSON) and the echoed tools for a request's `tools` list (checked: raises
-    GatewayError as OpenAI would), kept for the last `KEPT` lists (dialects/recent.py)."""
+    GatewayError as OpenAI would), kept for the last `KEPT` lists (dialects/recent.py), looked for first in `raw`
+    (the request's bytes, whose top-level `tools` they are: `Recent.find_member`), without encoding them."""
+    if raw is not None and (found := _kept.find_member(raw, "tools")) is not None:
+        return found
     key = orjson.dumps(tools)
     found = _kept.find(key)
     if found is None:
