@@ -10,14 +10,14 @@ What is kept must never be changed by its users.
 
 Encoding the input to find its key was itself a cost (~130k instructions for an agent's tools, as much as the
 rest of a hit): `find_member` looks for a kept key in the request's own bytes instead, where the client wrote
-the value as orjson writes it (compact, as JavaScript's JSON.stringify does). A hit there is exact: see
-`find_member` for why those bytes can only be the top-level member's value; anything it cannot prove is a miss,
-and the caller encodes the key as before.
+the value as it did when the value was kept (`member_bytes` finds those bytes then, once; else the key itself, as
+orjson writes it). A hit there is exact: see `find_member` for why those bytes can only be the top-level member's
+value; anything it cannot prove is a miss, and the caller encodes the key as before.
 """
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import orjson
 
@@ -31,14 +31,15 @@ class Recent(Generic[T]):
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._entries: list[tuple[str | bytes, T]] = []
+        #: (key, value, the key's bytes as a client wrote them where `member_bytes` found them, else the key)
+        self._entries: list[tuple[str | bytes, T, str | bytes]] = []
 
     def find(self, key: str | bytes) -> T | None:
         """The value kept under a key equal to `key`, or None."""
         entries = self._entries
         n = len(key)
         for i in range(len(entries) - 1, -1, -1):
-            k, value = entries[i]
+            k, value, _ = entries[i]
             if len(k) == n and k == key:
                 if i != len(entries) - 1:
                     entries.append(entries.pop(i))
@@ -63,7 +64,7 @@ class Recent(Generic[T]):
         n = len(raw)
         entries = self._entries
         for i in range(len(entries) - 1, -1, -1):
-            k, value = entries[i]
+            _, value, k = entries[i]
             if type(k) is not bytes:
                 continue
             end = n - len(k)  # where the value would start if nothing followed it: the member is looked for just
@@ -79,10 +80,11 @@ class Recent(Generic[T]):
                 return value
         return None
 
-    def keep(self, key: str | bytes, value: T) -> T:
-        """Keep `value` under `key` (the oldest goes beyond `size`); gives `value` back."""
+    def keep(self, key: str | bytes, value: T, written: bytes | None = None) -> T:
+        """Keep `value` under `key` (the oldest goes beyond `size`); gives `value` back. `written`: the bytes a
+        client wrote the key's value as (`member_bytes`), which `find_member` looks for instead of `key`."""
         entries = self._entries
-        entries.append((key, value))
+        entries.append((key, value, key if written is None else written))
         if len(entries) > self.size:
             del entries[0]
         return value
@@ -95,9 +97,34 @@ class Recent(Generic[T]):
 MAX_REST = 2048
 
 
+def member_bytes(raw: bytes, name: str, value: Any) -> bytes | None:
+    """The bytes of the top-level member `name` of the JSON object `raw` (valid JSON, parsed: `value` is that
+    member's value) as the client wrote them, from just after its colon, where `find_member` would prove them
+    that member's; None where not. Once per value kept, so it may parse: the value ends at one of the closing
+    brackets in the last `MAX_REST` bytes, the one after which the rest closes the outermost object and before
+    which the bytes are one JSON value (which, being that member's, is `value`: checked too)."""
+    head = b'"%b":' % name.encode()
+    at = raw.rfind(head)
+    if at <= 0 or raw[at - 1] == 92:  # 92: a backslash
+        return None
+    at += len(head)
+    end = len(raw)
+    low = max(at, end - MAX_REST - 1)
+    while (end := max(raw.rfind(b"]", low, end), raw.rfind(b"}", low, end))) >= 0:
+        if _closes_outermost(raw[end + 1 :], name):
+            written = raw[at : end + 1]
+            try:
+                if orjson.loads(written) == value:
+                    return written
+            except orjson.JSONDecodeError:
+                pass
+    return None
+
+
 def _closes_outermost(rest: bytes, name: str) -> bool:
     """Whether `rest`, what follows a member's value in a parsed JSON object's bytes, is the rest of the outermost
     object with no other member `name`."""
+    rest = rest.lstrip(b" \t\r\n")
     if rest[:1] == b"}":
         return not rest[1:].strip(b" \t\r\n")  # JSON's blanks only
     if rest[:1] != b",":

@@ -1,11 +1,13 @@
 """A request's kept tools are found in the request's own bytes (dialects/recent.py `Recent.find_member`), not by
-encoding the parsed tools as the key (issue 36 item 2): a hit where the client wrote them as orjson writes them, and
-only where the bytes prove them the top-level `tools` (a copy nested in a message, a later duplicate, a quote
-before them, a long rest after them: each a miss, translated from the parsed body as before)."""
+encoding the parsed tools as the key (issue 36 item 2): a hit where the client wrote them as it did when they were
+kept (`member_bytes`), or as orjson writes them, and only where the bytes prove them the top-level `tools` (a copy
+nested in a message, a later duplicate, a quote before them, a long rest after them: each a miss, translated from
+the parsed body as before)."""
 
 from __future__ import annotations
 
 import copy
+import json
 import sys
 import types
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 from llm_gateway.dialects.anthropic import request
 from llm_gateway.dialects.anthropic.options import tool
 from llm_gateway.dialects.anthropic.request import to_chat
-from llm_gateway.dialects.recent import MAX_REST, Recent
+from llm_gateway.dialects.recent import MAX_REST, Recent, member_bytes
 from llm_gateway.dialects.responses import tools as kept_tools
 from llm_gateway.dialects.responses.request import parse
 
@@ -73,11 +75,35 @@ def test_only_a_provable_top_level_member_is_a_hit() -> None:
         assert _kept().find_member(raw.encode(), "tools") is None, raw
 
 
-def _agent(dialect: str, tools: Any = None) -> tuple[dict[str, Any], bytes]:
+def test_the_bytes_a_client_wrote_a_member_as_are_found_where_provable() -> None:
+    for text in (
+        json.dumps({"model": "m", "tools": TOOLS, "stream": True}),  # Python's spaces
+        json.dumps({"model": "m", "tools": TOOLS, "include": ["a"], "m": {"n": 1}}, indent=2),
+        '{"model":"m","tools":@}',
+        '{"model":"m","tools":@ ,"x":[1]}',
+    ):
+        raw = text.replace("@", orjson.dumps(TOOLS).decode()).encode()
+        written = member_bytes(raw, "tools", TOOLS)
+        assert written is not None and orjson.loads(written) == TOOLS and raw.count(written) == 1, text
+        r: Recent[str] = Recent(4)
+        r.keep(orjson.dumps(TOOLS), "kept", written)
+        assert r.find_member(raw, "tools") == "kept", text
+    k = orjson.dumps(TOOLS).decode()
+    for text in (
+        '{"model":"m","m":[{"tools":@}]}',
+        '{"model":"m","m":[{"tools":@,"z":[1]}]}',
+        '{"model":"m","tools":@,"tools":[]}',
+        '{"model":"m","x\\"tools":@}',
+        '{"model":"m","tools":@,"pad":"' + "p" * MAX_REST + '"}',
+    ):
+        assert member_bytes(text.replace("@", k).encode(), "tools", TOOLS) is None, text
+
+
+def _agent(dialect: str, tools: Any = None, spaced: bool = False) -> tuple[dict[str, Any], bytes]:
     body = copy.deepcopy(agent_request.bodies()[dialect])
     if tools is not None:
         body["tools"] = tools
-    return body, agent_request.encode(body)
+    return body, json.dumps(body).encode() if spaced else agent_request.encode(body)
 
 
 def _no_encoding(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
@@ -89,15 +115,17 @@ def _no_encoding(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
     monkeypatch.setattr(module, "orjson", types.SimpleNamespace(dumps=dumps, loads=orjson.loads))
 
 
-def test_an_agents_next_turn_finds_its_tools_in_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    body, raw = _agent("messages")
+@pytest.mark.parametrize("spaced", [False, True])
+def test_an_agents_next_turn_finds_its_tools_in_its_bytes(monkeypatch: pytest.MonkeyPatch, spaced: bool) -> None:
+    body, raw = _agent("messages", spaced=spaced)
     first = to_chat(body, raw=raw)
-    _no_encoding(monkeypatch, request)
-    again = to_chat(copy.deepcopy(body), raw=raw)
+    with monkeypatch.context() as m:
+        _no_encoding(m, request)
+        again = to_chat(copy.deepcopy(body), raw=raw)
     assert again.body["tools"] is first.body["tools"]
     assert again.body["tools"].json == orjson.dumps([tool(t, j) for j, t in enumerate(body["tools"])])
 
-    rbody, rraw = _agent("responses")
+    rbody, rraw = _agent("responses", spaced=spaced)
     rfirst = parse(rbody, None, rraw)
     _no_encoding(monkeypatch, kept_tools)
     ragain = parse(copy.deepcopy(rbody), None, rraw)
