@@ -9,14 +9,15 @@ new object on every request, whose hash would be computed each time. The few ent
 What is kept must never be changed by its users.
 
 Encoding the input to find its key was itself a cost (~130k instructions for an agent's tools, as much as the
-rest of a hit): `find_member` looks for a kept key in the request's own bytes instead, where the client wrote
-the value as it did when the value was kept (`member_bytes` finds those bytes then, once; else the key itself, as
-orjson writes it). A hit there is exact: see `find_member` for why those bytes can only be the top-level member's
-value; anything it cannot prove is a miss, and the caller encodes the key as before.
+rest of a hit): `find_member` looks for a kept key in the request's own bytes instead, as the client wrote the
+value when it was first found again by its key (`member_bytes` finds those bytes then, once; else the key itself,
+as orjson writes it). A hit there is exact: see `find_member` for why those bytes can only be the top-level
+member's value; anything it cannot prove is a miss, and the caller encodes the key as before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import orjson
@@ -31,16 +32,22 @@ class Recent(Generic[T]):
 
     def __init__(self, size: int) -> None:
         self.size = size
-        #: (key, value, the key's bytes as a client wrote them where `member_bytes` found them, else the key)
-        self._entries: list[tuple[str | bytes, T, str | bytes]] = []
+        #: (key, value, the bytes `find_member` looks for: the key as a client wrote it where `member_bytes` found
+        #: that, else the key; None until a request found the value by its key: not looked for yet)
+        self._entries: list[tuple[str | bytes, T, str | bytes | None]] = []
 
-    def find(self, key: str | bytes) -> T | None:
-        """The value kept under a key equal to `key`, or None."""
+    def find(self, key: str | bytes, written: Callable[[], bytes | None] | None = None) -> T | None:
+        """The value kept under a key equal to `key`, or None. `written`: how to find the bytes a client wrote the
+        key as (`member_bytes` of its request), called once for a value found so, on its first find, not when it
+        is kept: a client whose bytes are not the key would never find it in them otherwise, and a value found
+        once is likely found again (one seen once need not pay for the search)."""
         entries = self._entries
         n = len(key)
         for i in range(len(entries) - 1, -1, -1):
-            k, value, _ = entries[i]
+            k, value, w = entries[i]
             if len(k) == n and k == key:
+                if w is None and written is not None:
+                    entries[i] = (k, value, written() or k)
                 if i != len(entries) - 1:
                     entries.append(entries.pop(i))
                 return value
@@ -64,7 +71,9 @@ class Recent(Generic[T]):
         n = len(raw)
         entries = self._entries
         for i in range(len(entries) - 1, -1, -1):
-            _, value, k = entries[i]
+            key, value, k = entries[i]
+            if k is None:
+                k = key
             if type(k) is not bytes:
                 continue
             end = n - len(k)  # where the value would start if nothing followed it: the member is looked for just
@@ -80,11 +89,10 @@ class Recent(Generic[T]):
                 return value
         return None
 
-    def keep(self, key: str | bytes, value: T, written: bytes | None = None) -> T:
-        """Keep `value` under `key` (the oldest goes beyond `size`); gives `value` back. `written`: the bytes a
-        client wrote the key's value as (`member_bytes`), which `find_member` looks for instead of `key`."""
+    def keep(self, key: str | bytes, value: T) -> T:
+        """Keep `value` under `key` (the oldest goes beyond `size`); gives `value` back."""
         entries = self._entries
-        entries.append((key, value, key if written is None else written))
+        entries.append((key, value, None))
         if len(entries) > self.size:
             del entries[0]
         return value

@@ -86,7 +86,8 @@ def test_the_bytes_a_client_wrote_a_member_as_are_found_where_provable() -> None
         written = member_bytes(raw, "tools", TOOLS)
         assert written is not None and orjson.loads(written) == TOOLS and raw.count(written) == 1, text
         r: Recent[str] = Recent(4)
-        r.keep(orjson.dumps(TOOLS), "kept", written)
+        r.keep(orjson.dumps(TOOLS), "kept")
+        assert r.find(orjson.dumps(TOOLS), lambda raw=raw: member_bytes(raw, "tools", TOOLS)) == "kept"
         assert r.find_member(raw, "tools") == "kept", text
     k = orjson.dumps(TOOLS).decode()
     for text in (
@@ -117,8 +118,11 @@ def _no_encoding(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
 
 @pytest.mark.parametrize("spaced", [False, True])
 def test_an_agents_next_turn_finds_its_tools_in_its_bytes(monkeypatch: pytest.MonkeyPatch, spaced: bool) -> None:
+    """Written as orjson writes them, from the second turn on; else from the third (the second finds them by their
+    key, and the bytes they were written as then)."""
     body, raw = _agent("messages", spaced=spaced)
     first = to_chat(body, raw=raw)
+    to_chat(copy.deepcopy(body), raw=raw)
     with monkeypatch.context() as m:
         _no_encoding(m, request)
         again = to_chat(copy.deepcopy(body), raw=raw)
@@ -127,9 +131,35 @@ def test_an_agents_next_turn_finds_its_tools_in_its_bytes(monkeypatch: pytest.Mo
 
     rbody, rraw = _agent("responses", spaced=spaced)
     rfirst = parse(rbody, None, rraw)
+    parse(copy.deepcopy(rbody), None, rraw)
     _no_encoding(monkeypatch, kept_tools)
     ragain = parse(copy.deepcopy(rbody), None, rraw)
     assert ragain.options["tools"] is rfirst.options["tools"] and ragain.echo["tools"] is rfirst.echo["tools"]
+
+
+def test_the_bytes_are_searched_for_once_and_only_for_tools_found_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tools list seen once (a workload of more distinct lists than are kept) pays only for its key, as before."""
+    searched: list[bytes] = []
+
+    def counted(raw: bytes, name: str, value: Any) -> bytes | None:
+        searched.append(raw)
+        return member_bytes(raw, name, value)
+
+    monkeypatch.setattr(request, "member_bytes", counted)
+    body, raw = _agent("messages", spaced=True)
+    to_chat(body, raw=raw)
+    assert searched == []
+    for _ in range(3):
+        to_chat(copy.deepcopy(body), raw=raw)
+    assert searched == [raw]
+    # where the bytes cannot be found (a rest after the tools too long to parse), they are not searched for again
+    searched.clear()
+    request._RECENT_TOOLS.clear()
+    body["metadata"] = {"user_id": "u" * MAX_REST}
+    raw = json.dumps(body).encode()
+    for _ in range(4):
+        assert to_chat(copy.deepcopy(body), raw=raw).body["user"] == "u" * MAX_REST
+    assert searched == [raw]
 
 
 def test_a_copy_of_kept_tools_nested_in_a_message_is_not_the_requests_tools() -> None:

@@ -187,15 +187,14 @@ _RECENT_TOOLS: Recent[EncodedList] = Recent(RECENT_TOOLS)
 def chat_tools(tools: list[Any], raw: bytes | None = None) -> EncodedList:
     """The chat function tools for Anthropic `tools`, with their JSON: kept for a list whose JSON is byte for byte
     one of the last `RECENT_TOOLS` (dialects/recent.py), looked for first in `raw` (the request's bytes, whose
-    top-level `tools` they are: `Recent.find_member`, as the client wrote them when they were kept), without
-    encoding them."""
+    top-level `tools` they are: `Recent.find_member`, as the client wrote them when they were found again),
+    without encoding them."""
     if raw is not None and (found := _RECENT_TOOLS.find_member(raw, "tools")) is not None:
         return found
     key = orjson.dumps(tools)
-    found = _RECENT_TOOLS.find(key)
+    found = _RECENT_TOOLS.find(key, None if raw is None else lambda: member_bytes(raw, "tools", tools))
     if found is None:
-        made = encoded_list([tool(t, j) for j, t in enumerate(tools)])
-        found = _RECENT_TOOLS.keep(key, made, member_bytes(raw, "tools", tools) if raw is not None else None)
+        found = _RECENT_TOOLS.keep(key, encoded_list([tool(t, j) for j, t in enumerate(tools)]))
     return found
 
 

@@ -30,13 +30,13 @@ def function_tools(tools: list[Any], raw: bytes | None = None) -> tuple[EncodedL
     """The chat tools (with their JSON) and the echoed tools for a request's `tools` list (checked: raises
     GatewayError as OpenAI would), kept for the last `KEPT` lists (dialects/recent.py), looked for first in `raw`
     (the request's bytes, whose top-level `tools` they are: `Recent.find_member`, as the client wrote them when they
-    were kept), without encoding them."""
+    were found again), without encoding them."""
     if raw is not None and (found := _kept.find_member(raw, "tools")) is not None:
         return found
     key = orjson.dumps(tools)
-    found = _kept.find(key)
+    found = _kept.find(key, None if raw is None else lambda: member_bytes(raw, "tools", tools))
     if found is None:
-        found = _kept.keep(key, _translate(tools), member_bytes(raw, "tools", tools) if raw is not None else None)
+        found = _kept.keep(key, _translate(tools))
     return found
 
 
