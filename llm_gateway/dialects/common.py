@@ -112,6 +112,12 @@ async def read_client_body(ctx: HandlerContext, call: Call) -> ClientBody:
 
 async def read_json_object(ctx: HandlerContext, call: Call, *, keep_bytes: bool = False) -> dict[str, Any]:
     """The request body as a JSON object, within the server's size and time limits."""
+    body, raw = await read_json_and_bytes(ctx, call)
+    return ClientBody(body, raw) if keep_bytes else body
+
+
+async def read_json_and_bytes(ctx: HandlerContext, call: Call) -> tuple[dict[str, Any], bytes]:
+    """`read_json_object`'s body, and the bytes it was parsed from (a translation looks for what it kept in them)."""
     ct = call.header(b"content-type")
     if ct is not None and not ct.lower().startswith(b"application/json"):
         raise UnsupportedMediaType("The request body must be JSON: send it with 'Content-Type: application/json'.")
@@ -125,4 +131,4 @@ async def read_json_object(ctx: HandlerContext, call: Call, *, keep_bytes: bool 
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    return ClientBody(body, raw) if keep_bytes else body
+    return body, raw

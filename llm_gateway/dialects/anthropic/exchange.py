@@ -28,7 +28,12 @@ import orjson
 from llm_gateway.dialects.anthropic.request import MessagesRequest, to_chat
 from llm_gateway.dialects.anthropic.response import message_bytes
 from llm_gateway.dialects.anthropic.stream import StreamTranslator
-from llm_gateway.dialects.common import HandlerContext, authenticate, read_json_object, record_model
+from llm_gateway.dialects.common import (
+    HandlerContext,
+    authenticate,
+    read_json_and_bytes,
+    record_model,
+)
 from llm_gateway.dialects.error_names import MESSAGES, renamed
 from llm_gateway.errors import GatewayError
 from llm_gateway.exchange import JSON, Headers
@@ -106,9 +111,9 @@ class AnthropicExchange(CallExchange):
 async def messages(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     rec.endpoint = "messages"
     who = authenticate(call, rec, rt)
-    body = await read_json_object(ctx, call)
+    body, raw = await read_json_and_bytes(ctx, call)
     record_model(rec, rt, body)
-    req = to_chat(body)
+    req = to_chat(body, raw=raw)
     exchange = AnthropicExchange(call, req, body)
     try:
         await ctx.service.handle(exchange, rec, rt, "chat", req.body, who, native=exchange, gathered=req.gathered)
@@ -118,8 +123,8 @@ async def messages(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runt
 
 async def count_tokens(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtime) -> None:
     who = authenticate(call, rec, rt)
-    body = await read_json_object(ctx, call)
-    req = to_chat(body, count_only=True)
+    body, raw = await read_json_and_bytes(ctx, call)
+    req = to_chat(body, count_only=True, raw=raw)
     try:
         n, source = await ctx.service.count_prompt_tokens(
             call, rec, rt, req.body, who, native_body=body, gathered=req.gathered

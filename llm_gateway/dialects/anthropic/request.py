@@ -58,7 +58,7 @@ from llm_gateway.dialects.field_checks import (
     check_hint,
     only_fields,
 )
-from llm_gateway.dialects.recent import Recent
+from llm_gateway.dialects.recent import Recent, member_bytes
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.request_info import Gathered
 from llm_gateway.wire.client_body import EncodedList, encoded_list
@@ -117,8 +117,9 @@ class MessagesRequest:
     gathered: Gathered | None = None
 
 
-def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest:
-    """The OpenAI chat body for an Anthropic Messages request (`count_only`: a count_tokens request).
+def to_chat(req: dict[str, Any], *, count_only: bool = False, raw: bytes | None = None) -> MessagesRequest:
+    """The OpenAI chat body for an Anthropic Messages request (`count_only`: a count_tokens request; `raw`: the
+    bytes `req` was parsed from, where the handler has them, in which its tools are looked for: `chat_tools`).
     Raises InvalidRequest as Anthropic would (a missing `max_tokens`, an unknown field, a bad block)."""
     for k, v in req.items():
         if k in _MESSAGES_FIELDS:
@@ -147,17 +148,17 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> MessagesRequest
     if req.get("system") is not None:
         chat.append({"role": "system", "content": system_text(req["system"], seen)})
         seen.gathered.texts.append(chat[0]["content"])
-    raw = as_list(req["messages"], "messages")
-    if not raw:
+    given = as_list(req["messages"], "messages")
+    if not given:
         raise bad("at least one message is required", "messages")
-    messages(raw, chat, seen)
-    seen.chars += 16 * len(raw)  # each message's overhead
+    messages(given, chat, seen)
+    seen.chars += 16 * len(given)  # each message's overhead
     body: dict[str, Any] = {"model": model, "messages": chat}
     if req.get("max_tokens") is None and not count_only:
         raise bad("Field required", "max_tokens")
     stream, stops = _sampling(req, body)
     if req.get("tools") is not None:
-        encoded = chat_tools(as_list(req["tools"], "tools"))
+        encoded = chat_tools(as_list(req["tools"], "tools"), raw)
         if encoded:
             # their JSON bytes in the estimate, as read_request counts a chat body's tools, and in the engine's
             # body (wire/client_body.py): one encoding for all three
@@ -183,11 +184,15 @@ RECENT_TOOLS = 8
 _RECENT_TOOLS: Recent[EncodedList] = Recent(RECENT_TOOLS)
 
 
-def chat_tools(tools: list[Any]) -> EncodedList:
+def chat_tools(tools: list[Any], raw: bytes | None = None) -> EncodedList:
     """The chat function tools for Anthropic `tools`, with their JSON: kept for a list whose JSON is byte for byte
-    one of the last `RECENT_TOOLS` (dialects/recent.py)."""
+    one of the last `RECENT_TOOLS` (dialects/recent.py), looked for first in `raw` (the request's bytes, whose
+    top-level `tools` they are: `Recent.find_member`, as the client wrote them when they were found again),
+    without encoding them."""
+    if raw is not None and (found := _RECENT_TOOLS.find_member(raw, "tools")) is not None:
+        return found
     key = orjson.dumps(tools)
-    found = _RECENT_TOOLS.find(key)
+    found = _RECENT_TOOLS.find(key, None if raw is None else lambda: member_bytes(raw, "tools", tools))
     if found is None:
         found = _RECENT_TOOLS.keep(key, encoded_list([tool(t, j) for j, t in enumerate(tools)]))
     return found

@@ -39,7 +39,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from llm_gateway.dialects.common import HandlerContext, authenticate, read_json_object, record_model
+from llm_gateway.dialects.common import HandlerContext, authenticate, read_json_and_bytes, record_model
 from llm_gateway.dialects.error_names import RESPONSES, renamed
 from llm_gateway.dialects.responses.echo import Echo, echo_json
 from llm_gateway.dialects.responses.items import item_references, new_id
@@ -161,9 +161,9 @@ async def create(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: Runtim
     rec.endpoint = "responses"
     who = authenticate(call, rec, rt)
     owner = who.id
-    body = await read_json_object(ctx, call)
+    body, raw = await read_json_and_bytes(ctx, call)
     record_model(rec, rt, body)
-    req = parse(body, await _referenced(ctx, body, owner))
+    req = parse(body, await _referenced(ctx, body, owner), raw)
     earlier = await _earlier(ctx, req, owner)
     store = None
     if req.store:
@@ -184,8 +184,8 @@ async def input_tokens(ctx: HandlerContext, call: Call, rec: RequestRecord, rt: 
     own tokenizer where it has one (`x-gateway-token-count: engine`), else the gateway's estimate.
     Not charged to the key's limits: nothing is generated."""
     who = authenticate(call, rec, rt)
-    raw = await read_json_object(ctx, call)
-    req = parse(raw, await _referenced(ctx, raw, who.id))
+    parsed, raw = await read_json_and_bytes(ctx, call)
+    req = parse(parsed, await _referenced(ctx, parsed, who.id), raw)
     earlier = await _earlier(ctx, req, who.id)
     body = req.chat_body(earlier)
     for k in ("stream", "stream_options", "max_tokens", "temperature", "top_p", "logprobs", "top_logprobs", "user"):

@@ -148,9 +148,12 @@ class ResponsesRequest:
         return None if earlier else self.gathered
 
 
-def parse(req: dict[str, Any], found: Mapping[str, dict[str, Any]] | None = None) -> ResponsesRequest:
+def parse(
+    req: dict[str, Any], found: Mapping[str, dict[str, Any]] | None = None, raw: bytes | None = None
+) -> ResponsesRequest:
     """Check a Responses request and translate what maps; `found`: the stored items its `item_reference`s
-    name, by id (`responses_items.item_references` lists those). Raises GatewayError as OpenAI would."""
+    name, by id (`responses_items.item_references` lists those); `raw`: the bytes `req` was parsed from, where
+    the handler has them (its tools are looked for there: tools.py). Raises GatewayError as OpenAI would."""
     for k, v in req.items():
         if k in _FIELDS or v is None:
             continue
@@ -187,7 +190,7 @@ def parse(req: dict[str, Any], found: Mapping[str, dict[str, Any]] | None = None
         options["stream"] = True
         options["stream_options"] = {"include_usage": True}  # the usage chunk becomes the response's usage
     _sampling(req, options, echo)
-    _tools(req, options, echo, seen, gathered)
+    _tools(req, options, echo, seen, gathered, raw)
     _text(req, options, echo)
     _reasoning(req, options, echo)
     prev = req.get("previous_response_id")
@@ -272,11 +275,16 @@ def _sampling(req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any]
 
 
 def _tools(
-    req: dict[str, Any], options: dict[str, Any], echo: dict[str, Any], seen: PromptChars, gathered: Gathered
+    req: dict[str, Any],
+    options: dict[str, Any],
+    echo: dict[str, Any],
+    seen: PromptChars,
+    gathered: Gathered,
+    raw: bytes | None = None,
 ) -> None:
     echo["tools"] = []
     if req.get("tools") is not None:
-        tools, echo["tools"] = function_tools(as_list(req["tools"], "tools"))  # kept for an agent's next turn
+        tools, echo["tools"] = function_tools(as_list(req["tools"], "tools"), raw)  # kept for an agent's next turn
         if tools:
             # their JSON bytes in the estimate, as read_request counts a chat body's tools, and in the engine's
             # body (wire/client_body.py): one encoding for all three

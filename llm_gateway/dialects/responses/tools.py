@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from llm_gateway.dialects.field_checks import as_bool, as_obj, as_str, only_fields
-from llm_gateway.dialects.recent import Recent
+from llm_gateway.dialects.recent import Recent, member_bytes
 from llm_gateway.dialects.responses.items import unsupported
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.wire.client_body import EncodedList, encoded_list
@@ -26,11 +26,15 @@ KEPT = 8
 _kept: Recent[tuple[EncodedList, list[dict[str, Any]]]] = Recent(KEPT)
 
 
-def function_tools(tools: list[Any]) -> tuple[EncodedList, list[dict[str, Any]]]:
+def function_tools(tools: list[Any], raw: bytes | None = None) -> tuple[EncodedList, list[dict[str, Any]]]:
     """The chat tools (with their JSON) and the echoed tools for a request's `tools` list (checked: raises
-    GatewayError as OpenAI would), kept for the last `KEPT` lists (dialects/recent.py)."""
+    GatewayError as OpenAI would), kept for the last `KEPT` lists (dialects/recent.py), looked for first in `raw`
+    (the request's bytes, whose top-level `tools` they are: `Recent.find_member`, as the client wrote them when they
+    were found again), without encoding them."""
+    if raw is not None and (found := _kept.find_member(raw, "tools")) is not None:
+        return found
     key = orjson.dumps(tools)
-    found = _kept.find(key)
+    found = _kept.find(key, None if raw is None else lambda: member_bytes(raw, "tools", tools))
     if found is None:
         found = _kept.keep(key, _translate(tools))
     return found
