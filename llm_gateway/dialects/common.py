@@ -25,6 +25,7 @@ from llm_gateway.routing.request_info import FORMAT_SEP
 from llm_gateway.service.pipeline import GenerationService
 from llm_gateway.service.runtime import Runtime
 from llm_gateway.settings import ServerConfig
+from llm_gateway.wire import body_json
 from llm_gateway.wire.client_body import ClientBody
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ async def read_json_and_bytes(ctx: HandlerContext, call: Call) -> tuple[dict[str
     server = ctx.server
     raw = await call.read_body(server.max_body_bytes, server.body_timeout_s)
     try:
-        body = orjson.loads(raw)
+        body = body_json.loads(raw)  # an agent's resent tools not parsed again
     except orjson.JSONDecodeError:
         raise InvalidJSON(
             "We could not parse the JSON body of your request. The body must be valid JSON (UTF-8)."

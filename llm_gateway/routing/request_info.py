@@ -40,6 +40,7 @@ from typing import Any
 import orjson
 
 from llm_gateway.errors import InvalidRequest
+from llm_gateway.wire import body_json
 
 REQUIRED = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
 MAX_CHOICES = 1 << 20
@@ -144,7 +145,11 @@ def read_request(endpoint: str, body: dict[str, Any], gathered: Gathered | None 
         if tools:
             needs.add("tools")
             # what the template renders of them, counted in the estimate too (a translation's own encoding of them)
-            tools_json = (gathered.tools_json if gathered is not None else b"") or orjson.dumps(tools)
+            tools_json = (
+                (gathered.tools_json if gathered is not None else b"")
+                or body_json.tools_json(tools)  # the kept JSON of an agent's resent tools (wire/body_json.py)
+                or orjson.dumps(tools)
+            )
             size = len(tools_json)
             chars += size
             ceiling += CEILING_TOOLS + size

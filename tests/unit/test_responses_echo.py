@@ -13,12 +13,12 @@ from typing import Any
 import orjson
 import pytest
 
-from llm_gateway.dialects.recent import Recent
 from llm_gateway.dialects.responses import exchange, response, stream
 from llm_gateway.dialects.responses.echo import KEPT, Echo, echo_json, kept_json
 from llm_gateway.dialects.responses.request import parse
 from llm_gateway.dialects.responses.response import to_response
 from llm_gateway.dialects.responses.stream import ResponsesStream
+from llm_gateway.wire.recent import Recent
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import agent_request

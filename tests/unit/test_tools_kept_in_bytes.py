@@ -1,4 +1,4 @@
-"""A request's kept tools are found in the request's own bytes (dialects/recent.py `Recent.find_member`), not by
+"""A request's kept tools are found in the request's own bytes (wire/recent.py `Recent.find_member`), not by
 encoding the parsed tools as the key (issue 36 item 2): a hit where the client wrote them as it did when they were
 kept (`member_bytes`), or as orjson writes them, and only where the bytes prove them the top-level `tools` (a copy
 nested in a message, a later duplicate, a quote before them, a long rest after them: each a miss, translated from
@@ -19,9 +19,9 @@ import pytest
 from llm_gateway.dialects.anthropic import request
 from llm_gateway.dialects.anthropic.options import tool
 from llm_gateway.dialects.anthropic.request import to_chat
-from llm_gateway.dialects.recent import MAX_REST, Recent, member_bytes
 from llm_gateway.dialects.responses import tools as kept_tools
 from llm_gateway.dialects.responses.request import parse
+from llm_gateway.wire.recent import MAX_REST, Recent, member_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import agent_request

@@ -58,10 +58,10 @@ from llm_gateway.dialects.field_checks import (
     check_hint,
     only_fields,
 )
-from llm_gateway.dialects.recent import Recent, member_bytes
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.request_info import Gathered
 from llm_gateway.wire.client_body import EncodedList, encoded_list
+from llm_gateway.wire.recent import Recent, member_bytes
 
 #: Messages fields the translation reads
 _MESSAGES_FIELDS = frozenset(
@@ -186,7 +186,7 @@ _RECENT_TOOLS: Recent[EncodedList] = Recent(RECENT_TOOLS)
 
 def chat_tools(tools: list[Any], raw: bytes | None = None) -> EncodedList:
     """The chat function tools for Anthropic `tools`, with their JSON: kept for a list whose JSON is byte for byte
-    one of the last `RECENT_TOOLS` (dialects/recent.py), looked for first in `raw` (the request's bytes, whose
+    one of the last `RECENT_TOOLS` (wire/recent.py), looked for first in `raw` (the request's bytes, whose
     top-level `tools` they are: `Recent.find_member`, as the client wrote them when they were found again),
     without encoding them."""
     if raw is not None and (found := _RECENT_TOOLS.find_member(raw, "tools")) is not None:

@@ -5,7 +5,7 @@ A Response echoes the request's tools and instructions (`ResponsesRequest.echo`)
 schemas and its long system prompt, the same on every turn of its session, written into the whole Response
 once and into a stream three times (`response.created`, `.in_progress`, `.completed`). Encoding them each
 time was a third of what /v1/responses costs over chat completions (issue 36 item 2). Here their JSON is
-kept for the last `KEPT` distinct values of each (per process, dialects/recent.py), found by the bytes the
+kept for the last `KEPT` distinct values of each (per process, wire/recent.py), found by the bytes the
 request's chat tools were already encoded as (`Gathered.tools_json`: the echo is a function of them) and by the
 instructions' text.
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import orjson
 
-from llm_gateway.dialects.recent import Recent
 from llm_gateway.dialects.responses.request import ResponsesRequest
+from llm_gateway.wire.recent import Recent
 
 #: distinct tools (and instructions) whose JSON is kept
 KEPT = 8

@@ -15,10 +15,10 @@ from typing import Any
 import orjson
 
 from llm_gateway.dialects.field_checks import as_bool, as_obj, as_str, only_fields
-from llm_gateway.dialects.recent import Recent, member_bytes
 from llm_gateway.dialects.responses.items import unsupported
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.wire.client_body import EncodedList, encoded_list
+from llm_gateway.wire.recent import Recent, member_bytes
 
 _TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict", "defer_loading"})
 #: distinct tool lists whose translation is kept
@@ -28,7 +28,7 @@ _kept: Recent[tuple[EncodedList, list[dict[str, Any]]]] = Recent(KEPT)
 
 def function_tools(tools: list[Any], raw: bytes | None = None) -> tuple[EncodedList, list[dict[str, Any]]]:
     """The chat tools (with their JSON) and the echoed tools for a request's `tools` list (checked: raises
-    GatewayError as OpenAI would), kept for the last `KEPT` lists (dialects/recent.py), looked for first in `raw`
+    GatewayError as OpenAI would), kept for the last `KEPT` lists (wire/recent.py), looked for first in `raw`
     (the request's bytes, whose top-level `tools` they are: `Recent.find_member`, as the client wrote them when they
     were found again), without encoding them."""
     if raw is not None and (found := _kept.find_member(raw, "tools")) is not None:

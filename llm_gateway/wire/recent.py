@@ -54,9 +54,16 @@ class Recent(Generic[T]):
         return None
 
     def find_member(self, raw: bytes, name: str) -> T | None:
+        """The value kept under the JSON of the top-level member `name` of the JSON object `raw`; see
+        `find_member_at`."""
+        found = self.find_member_at(raw, name)
+        return None if found is None else found[0]
+
+    def find_member_at(self, raw: bytes, name: str) -> tuple[T, int, int] | None:
         """The value kept under the JSON of the top-level member `name` of the JSON object `raw` (the bytes the
-        request was parsed from: valid JSON), found in `raw` without the parsed value being encoded; None where
-        it is not found so (no kept key written there as it is, or a place this cannot prove top-level).
+        request was parsed from, or is to be: valid JSON), found in `raw` without the member's value being parsed or
+        encoded, with where that value's bytes start and end in `raw`; None where it is not found so (no kept key
+        written there as it is, or a place this cannot prove top-level).
 
         Why a hit is exact: a `"name":` in `raw` not after a backslash opens a string (a quote that
         closed one would leave `name` bare, which is not JSON), so it is a key and a value follows it. A kept key
@@ -66,7 +73,9 @@ class Recent(Generic[T]):
         comma, is a JSON object by itself: a nested one would leave its parents' closing brackets after it. A
         duplicate of the member after it would be the one parsed (orjson keeps a key's last value): none may be
         there. The rest is parsed, so only a short one is tried (`MAX_REST`: what follows the tools in an agent's
-        request is a few fields), and the member is looked for only where such a rest would put it."""
+        request is a few fields), and the member is looked for only where such a rest would put it. (For bytes not
+        yet known to be JSON, the parse of the whole that follows a hit tells: a hit in bytes that are not JSON is
+        never used, since they fail to parse.)"""
         head = b'"%b":' % name.encode()
         n = len(raw)
         entries = self._entries
@@ -86,7 +95,7 @@ class Recent(Generic[T]):
                     return None
                 if i != len(entries) - 1:
                     entries.append(entries.pop(i))
-                return value
+                return value, at, at + len(k)
         return None
 
     def keep(self, key: str | bytes, value: T) -> T:
@@ -96,6 +105,10 @@ class Recent(Generic[T]):
         if len(entries) > self.size:
             del entries[0]
         return value
+
+    def values(self) -> list[T]:
+        """The values kept, the newest first."""
+        return [value for _, value, _ in reversed(self._entries)]
 
     def clear(self) -> None:
         self._entries.clear()

@@ -1,0 +1,83 @@
+"""A request body's JSON parsed with the top-level `tools` list of the last few distinct ones not parsed again.
+
+A coding agent resends the same 20-odd tool schemas on every turn: ~20 KB of small nested objects whose parse and
+freeing cost about as much as the rest of its 74 KB request (~410k instructions of ~1.1 M, counted by callgrind),
+and whose encoding for the size estimate cost ~120k more (issue 36 item 2). `loads` keeps the parsed list of the
+last `KEPT` distinct ones, each with the bytes its client wrote it as (`recent.member_bytes`, found once, when
+kept) and its JSON as orjson writes it; a body whose top-level `tools` are, byte for byte, one kept list's
+written bytes (`Recent.find_member_at`: proven the top-level member, so the hit is exact) is parsed with `null`
+in their place, and the kept list is put back under `tools`: the dict equals what parsing it whole would give,
+key order and types included. `tools_json` gives a kept list's JSON back by identity, so the estimate and the
+prefix-cache key need no encoding.
+
+A kept list is shared by every body it is found in: nothing may change it (the gateway replaces a body's fields,
+never edits the client's nested values; adapters build their own). A body whose `tools` changed keeps
+`tools_json` from answering (it looks a list up by identity).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import orjson
+
+from llm_gateway.wire.recent import MAX_REST, Recent, member_bytes
+
+#: distinct tools lists kept
+KEPT = 8
+#: tools lists smaller than this are parsed every time (keeping them would save less than the lookup costs)
+MIN_BYTES = 1024
+
+
+class KeptTools(NamedTuple):
+    value: list[Any]  # the parsed list: never changed by anyone
+    json: bytes  # orjson's encoding of it (the estimate's and the prefix cache's)
+
+
+_kept: Recent[KeptTools] = Recent(KEPT)
+
+
+def loads(raw: bytes) -> Any:
+    """`orjson.loads(raw)`, with a kept top-level `tools` list found in `raw` not parsed again; raises
+    orjson.JSONDecodeError as orjson does (a body that is not JSON is not JSON with or without its tools)."""
+    found = _kept.find_member_at(raw, "tools")
+    if found is None:
+        body = orjson.loads(raw)
+        if type(body) is dict:
+            tools = body.get("tools")
+            if type(tools) is list and tools:
+                _keep(raw, body, tools)
+        return body
+    kept, start, end = found
+    view = memoryview(raw)
+    body = orjson.loads(b"".join((view[:start], b"null", view[end:])))  # one copy, no parse of the tools
+    body["tools"] = kept.value  # the same place in the key order: the key was there, with null
+    return body
+
+
+def _keep(raw: bytes, body: dict[str, Any], tools: list[Any]) -> None:
+    """Keep `tools` (the top-level member of `body`, parsed from `raw`) if they are written where a later body's can
+    be found: before a short rest (`recent.MAX_REST`), so that finding them parses little."""
+    keys = list(body)
+    for k in keys[keys.index("tools") + 1 :]:
+        v = body[k]
+        if isinstance(v, list | dict | str) and len(v) > MAX_REST // 8:
+            return  # messages, a system prompt... after the tools: the rest is long, never proven; not tried
+    written = member_bytes(raw, "tools", tools)
+    if written is None or len(written) < MIN_BYTES:
+        return
+    # written as the client wrote it, found in a later body by those bytes; the key (for `Recent.find`) unused
+    _kept.keep(written, KeptTools(tools, orjson.dumps(tools)), written)
+
+
+def tools_json(tools: Any) -> bytes | None:
+    """The JSON of `tools` where it is a kept list (by identity: the object `loads` put in a body), else None."""
+    for kept in _kept.values():
+        if kept.value is tools:
+            return kept.json
+    return None
+
+
+def clear() -> None:
+    """Forget every kept list (tests)."""
+    _kept.clear()
