@@ -3,9 +3,10 @@
 A coding agent resends the same 20-odd tool schemas on every turn: ~20 KB of small nested objects whose parse and
 freeing cost about as much as the rest of its 74 KB request (~410k instructions of ~1.1 M, counted by callgrind),
 and whose encoding for the size estimate cost ~120k more (issue 36 item 2). `loads` keeps the parsed list of the
-last `KEPT` distinct ones, each with the bytes its client wrote it as (`recent.member_bytes`, found once, when
-kept) and its JSON as orjson writes it; a body whose top-level `tools` are, byte for byte, one kept list's
-written bytes (`Recent.find_member_at`: proven the top-level member, so the hit is exact) is parsed with `null`
+last `KEPT` distinct ones under their JSON as orjson writes it, with the bytes its client wrote it as
+(`recent.member_bytes`, searched for once, when a list is first found again by that JSON); a body whose top-level
+`tools` are, byte for byte, one kept list's written bytes (`Recent.find_member_at`: proven the top-level member,
+so the hit is exact) is parsed with `null`
 in their place, and the kept list is put back under `tools`: the dict equals what parsing it whole would give,
 key order and types included. `tools_json` gives a kept list's JSON back by identity, so the estimate and the
 prefix-cache key need no encoding.
@@ -46,7 +47,7 @@ def loads(raw: bytes) -> Any:
         if type(body) is dict:
             tools = body.get("tools")
             if type(tools) is list and tools:
-                _keep(raw, body, tools)
+                _keep_or_share(raw, body, tools)
         return body
     kept, start, end = found
     view = memoryview(raw)
@@ -55,19 +56,25 @@ def loads(raw: bytes) -> Any:
     return body
 
 
-def _keep(raw: bytes, body: dict[str, Any], tools: list[Any]) -> None:
-    """Keep `tools` (the top-level member of `body`, parsed from `raw`) if they are written where a later body's can
-    be found: before a short rest (`recent.MAX_REST`), so that finding them parses little."""
+def _keep_or_share(raw: bytes, body: dict[str, Any], tools: list[Any]) -> None:
+    """Put a kept list equal to `tools` (the top-level member of `body`, parsed from `raw`) in their place, or keep
+    them, if they are written where a later body's can be found: before a short rest (`recent.MAX_REST`), so that
+    finding them parses little. Their JSON is the key (the estimate encodes them on a miss anyway); the bytes the
+    client wrote them as are searched for (`member_bytes`, a parse) once, when a list is found again by its key,
+    not when it is kept: a workload of more distinct lists than are kept pays no more than before."""
     keys = list(body)
     for k in keys[keys.index("tools") + 1 :]:
         v = body[k]
         if isinstance(v, list | dict | str) and len(v) > MAX_REST // 8:
             return  # messages, a system prompt... after the tools: the rest is long, never proven; not tried
-    written = member_bytes(raw, "tools", tools)
-    if written is None or len(written) < MIN_BYTES:
+    json = orjson.dumps(tools)
+    if len(json) < MIN_BYTES:
         return
-    # written as the client wrote it, found in a later body by those bytes; the key (for `Recent.find`) unused
-    _kept.keep(written, KeptTools(tools, orjson.dumps(tools)), written)
+    kept = _kept.find(json, lambda: member_bytes(raw, "tools", tools))
+    if kept is None:
+        _kept.keep(json, KeptTools(tools, json))
+    else:
+        body["tools"] = kept.value  # equal, and the one the dialects' and the estimate's caches know
 
 
 def tools_json(tools: Any) -> bytes | None:

@@ -133,8 +133,13 @@ def test_only_lists_worth_keeping_where_they_can_be_found_cheaply_are_kept(monke
     one, two = body_json.loads(orjson.dumps(first)), body_json.loads(orjson.dumps(first))
     assert one["tools"] is not two["tools"] and body_json.tools_json(two["tools"]) is None
     assert looked == []  # not even looked for (that parses the rest, on every such request)
-    body_json.loads(orjson.dumps(_body(_tools(), max_tokens=3)))
-    assert len(looked) == 1
+    # worth keeping: the client's bytes (not orjson's here) are searched for once, when the list is found again
+    raw = json.dumps(_body(_tools(), max_tokens=3)).encode()
+    kept = body_json.loads(raw)["tools"]
+    assert looked == []  # kept under its JSON; a list seen once pays no search
+    again = body_json.loads(raw)["tools"]
+    assert again is kept and len(looked) == 1  # found by its JSON: the kept list shared, its bytes searched for
+    assert body_json.loads(raw)["tools"] is kept and len(looked) == 1  # found in the bytes: not searched again
 
 
 def test_the_estimate_of_a_kept_body_is_the_whole_parses() -> None:
