@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from llm_gateway.dialects.anthropic import history
 from llm_gateway.dialects.field_checks import (
     PromptChars,
     as_bool,
@@ -55,19 +56,31 @@ def system_text(system: Any, seen: PromptChars, param: str = "system") -> str:
 
 def messages(raw: list[Any], out: list[dict[str, Any]], seen: Seen) -> None:
     """Every message of `raw` into `out`, as `message` does each: a user or assistant message of blocks (an agent's
-    every turn) goes to its blocks' translation at once, without `message`'s call and checks (issue 36 item 2)."""
-    for i, m in enumerate(raw):
+    every turn) goes to its blocks' translation at once, without `message`'s call and checks (issue 36 item 2).
+    Leading messages equal to a kept history's are that history's translation (history.py)."""
+    g = seen.gathered
+    start, marks = history.reuse(raw, out, seen, g)
+    for i in range(start, len(raw)):
+        m = raw[i]
         if type(m) is dict:
             content = m.get("content")
             if type(content) is list and content:
                 role = m.get("role")
                 if role == "assistant":
                     out.append(_assistant(content, i, seen))
+                    if marks is not None:
+                        marks.mark(g)
                     continue
                 if role == "user":
                     _user(content, i, out, seen)
+                    if marks is not None:
+                        marks.mark(g)
                     continue
         message(m, i, out, seen)
+        if marks is not None:
+            marks.mark(g)
+    if marks is not None and start < len(raw):
+        marks.keep(g)
 
 
 def message(m: Any, i: int, out: list[dict[str, Any]], seen: Seen) -> None:
