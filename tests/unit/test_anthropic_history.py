@@ -1,6 +1,6 @@
-"""dialects/anthropic/history.py: a Messages request whose leading messages equal a kept history's reuses their
-translation, and gives exactly what translating it afresh gives (chat body, estimate, gathered sizes, errors); what
-is kept is never changed by a later request."""
+"""dialects/history.py, as the Anthropic translation uses it: a Messages request whose leading messages equal a
+kept history's reuses their translation, and gives exactly what translating it afresh gives (chat body, estimate,
+gathered sizes, errors); what is kept is never changed by a later request."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from llm_gateway.dialects.anthropic import history
+from llm_gateway.dialects import history
+from llm_gateway.dialects.anthropic.blocks import HISTORIES
 from llm_gateway.dialects.anthropic.request import MessagesRequest, to_chat
 from llm_gateway.errors import InvalidRequest
 
@@ -23,9 +24,9 @@ import agent_request
 
 @pytest.fixture(autouse=True)
 def _fresh() -> Iterator[None]:
-    history.clear()
+    HISTORIES.clear()
     yield
-    history.clear()
+    HISTORIES.clear()
 
 
 def _agent() -> dict[str, Any]:
@@ -49,12 +50,12 @@ def _facts(r: MessagesRequest) -> tuple[Any, ...]:
 
 
 def _afresh(req: dict[str, Any]) -> tuple[Any, ...]:
-    saved = list(history._kept)
-    history.clear()
+    saved = list(HISTORIES.kept)
+    HISTORIES.clear()
     try:
         return _facts(to_chat(copy.deepcopy(req)))
     finally:
-        history._kept[:] = saved
+        HISTORIES.kept[:] = saved
 
 
 def _parsed(req: dict[str, Any]) -> dict[str, Any]:
@@ -66,12 +67,12 @@ def _parsed(req: dict[str, Any]) -> dict[str, Any]:
 def test_a_resent_history_is_translated_once_and_gives_the_same() -> None:
     req = _agent()
     first = to_chat(_parsed(req))
-    assert len(history._kept) == 1
+    assert len(HISTORIES.kept) == 1
     again = to_chat(_parsed(req))
     assert _facts(again) == _facts(first) == _afresh(req)
     # reused, not translated: the same chat message objects
     assert again.body["messages"][1] is first.body["messages"][1]
-    assert len(history._kept) == 1
+    assert len(HISTORIES.kept) == 1
 
 
 def test_a_next_turn_reuses_the_prefix_and_translates_the_rest() -> None:
@@ -91,7 +92,7 @@ def test_a_next_turn_reuses_the_prefix_and_translates_the_rest() -> None:
     ]
     got = to_chat(turn)
     assert _facts(got) == _afresh(turn)
-    assert len(history._kept) == 1  # the new turn holds the old one whole: kept instead of it
+    assert len(HISTORIES.kept) == 1  # the new turn holds the old one whole: kept instead of it
     # an edited middle message: reused up to it, translated from it
     edited = _parsed(req)
     edited["messages"][5] = {"role": "user", "content": [{"type": "text", "text": "something else"}]}
@@ -119,12 +120,12 @@ def test_a_bad_message_after_a_reused_prefix_is_the_same_error_and_nothing_is_ke
     bad["messages"].append({"role": "assistant", "content": [{"type": "video"}]})
     with pytest.raises(InvalidRequest) as reused:
         to_chat(bad)
-    history.clear()
+    HISTORIES.clear()
     with pytest.raises(InvalidRequest) as fresh:
         to_chat(_parsed(bad))
     assert (str(reused.value), reused.value.param) == (str(fresh.value), fresh.value.param)
     assert f"messages.{n}" in str(reused.value.param)
-    assert len(history._kept) == 0
+    assert len(HISTORIES.kept) == 0
 
 
 def test_what_is_kept_is_not_changed_by_later_requests() -> None:
@@ -142,10 +143,10 @@ def test_what_is_kept_is_not_changed_by_later_requests() -> None:
 def test_short_lists_and_many_conversations_stay_bounded() -> None:
     short = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}] * 3}
     to_chat(_parsed(short))
-    assert history._kept == []
+    assert HISTORIES.kept == []
     req = _agent()
     for k in range(history.KEPT + 3):
         other = _parsed(req)
         other["messages"][0] = {"role": "user", "content": f"conversation {k}"}
         assert _facts(to_chat(other)) == _afresh(other)
-    assert len(history._kept) == history.KEPT
+    assert len(HISTORIES.kept) == history.KEPT

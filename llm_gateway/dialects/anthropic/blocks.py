@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 
-from llm_gateway.dialects.anthropic import history
 from llm_gateway.dialects.field_checks import (
     PromptChars,
     as_bool,
@@ -21,10 +20,13 @@ from llm_gateway.dialects.field_checks import (
     as_str,
     bad,
 )
+from llm_gateway.dialects.history import Histories
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.request_info import Gathered
 
 BILLING_HEADER = "x-anthropic-billing-header:"
+#: the translations of the last few agents' histories (dialects/history.py)
+HISTORIES = Histories()
 
 
 class Seen(PromptChars):
@@ -57,9 +59,11 @@ def system_text(system: Any, seen: PromptChars, param: str = "system") -> str:
 def messages(raw: list[Any], out: list[dict[str, Any]], seen: Seen) -> None:
     """Every message of `raw` into `out`, as `message` does each: a user or assistant message of blocks (an agent's
     every turn) goes to its blocks' translation at once, without `message`'s call and checks (issue 36 item 2).
-    Leading messages equal to a kept history's are that history's translation (history.py)."""
+    Leading messages equal to a kept history's are that history's translation (dialects/history.py)."""
     g = seen.gathered
-    start, marks = history.reuse(raw, out, seen, g)
+    start, chars, marks = HISTORIES.reuse(raw, out, g) if g.fresh else (0, 0, None)
+    base = seen.chars
+    seen.chars += chars
     for i in range(start, len(raw)):
         m = raw[i]
         if type(m) is dict:
@@ -69,16 +73,16 @@ def messages(raw: list[Any], out: list[dict[str, Any]], seen: Seen) -> None:
                 if role == "assistant":
                     out.append(_assistant(content, i, seen))
                     if marks is not None:
-                        marks.mark(g)
+                        marks.mark(g, seen.chars - base, g.fresh)
                     continue
                 if role == "user":
                     _user(content, i, out, seen)
                     if marks is not None:
-                        marks.mark(g)
+                        marks.mark(g, seen.chars - base, g.fresh)
                     continue
         message(m, i, out, seen)
         if marks is not None:
-            marks.mark(g)
+            marks.mark(g, seen.chars - base, g.fresh)
     if marks is not None and start < len(raw):
         marks.keep(g)
 

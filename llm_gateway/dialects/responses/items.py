@@ -22,8 +22,12 @@ from itertools import repeat
 from typing import Any
 
 from llm_gateway.dialects.field_checks import PromptChars, as_list, as_obj, as_str, check_hint
+from llm_gateway.dialects.history import Histories
 from llm_gateway.errors import GatewayError, InvalidRequest
 from llm_gateway.routing.request_info import Gathered
+
+#: the translations of the last few agents' histories (dialects/history.py)
+HISTORIES = Histories()
 
 
 def unknown(param: str) -> InvalidRequest:
@@ -114,7 +118,14 @@ def input_messages(
     calls: list[dict[str, Any]] | None = None  # its tool calls, once it has some
     texts, strings, as_json = g.texts, g.strings, g.as_json
     fresh = True  # no assistant or tool message yet
-    for raw in value:
+    # an agent's resent history (not stored: no items to build): its leading items' translation reused
+    start, reused, marks = HISTORIES.reuse(value, messages, g) if not items_too and g.fresh else (0, 0, None)
+    if start:
+        chars += reused
+        fresh = g.fresh
+        g.fresh = True  # set once, below, as a translation from the first item does
+    chars0, seen0, keep = chars - reused, seen.chars, marks is not None
+    for raw in value[start:] if start else value:
         try:
             kind = raw.get("type")
         except AttributeError:  # a JSON value other than an object has no .get
@@ -125,6 +136,7 @@ def input_messages(
             if kind is None and "role" in it:
                 kind = "message"
             elif kind == "item_reference" or "id" in it:
+                keep = False  # a stored item's translation: not for another request
                 ref = as_str(it.get("id"), f"{_path(value, raw)}.id")
                 stored = found.get(ref) if found is not None else None
                 if stored is None:
@@ -208,6 +220,10 @@ def input_messages(
             raise invalid("expected an input item type.", f"{_path(value, raw)}.type")
         if items_too:
             items.append(_item(it, kind))
+        elif marks is not None:
+            marks.mark(g, chars - chars0 + seen.chars - seen0, fresh, asst is None and not reasoning)
+    if keep and marks is not None and start < len(value):
+        marks.keep(g)
     seen.chars += chars
     if not fresh:
         g.fresh = False
