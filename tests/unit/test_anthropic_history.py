@@ -17,6 +17,7 @@ from llm_gateway.dialects import history
 from llm_gateway.dialects.anthropic.blocks import HISTORIES
 from llm_gateway.dialects.anthropic.request import MessagesRequest, to_chat
 from llm_gateway.errors import InvalidRequest
+from tests.support.history_facts import afresh, facts, reparsed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import agent_request
@@ -35,33 +36,14 @@ def _agent() -> dict[str, Any]:
 
 
 def _facts(r: MessagesRequest) -> tuple[Any, ...]:
-    g = r.gathered
-    return (
-        orjson.dumps(r.body),
-        r.prompt_estimate,
-        g.texts,
-        g.strings,
-        orjson.dumps(g.as_json),
-        g.images,
-        g.other_parts,
-        g.fresh,
-        g.sums(len(r.body["messages"]), set()),
-    )
+    return facts(r.body, r.prompt_estimate, r.gathered)
 
 
 def _afresh(req: dict[str, Any]) -> tuple[Any, ...]:
-    saved = list(HISTORIES.kept)
-    HISTORIES.clear()
-    try:
-        return _facts(to_chat(copy.deepcopy(req)))
-    finally:
-        HISTORIES.kept[:] = saved
+    return afresh(HISTORIES, lambda q: _facts(to_chat(q)), req)
 
 
-def _parsed(req: dict[str, Any]) -> dict[str, Any]:
-    """As the handler has it: parsed from bytes (nothing shared with an earlier request)."""
-    out: dict[str, Any] = orjson.loads(orjson.dumps(req))
-    return out
+_parsed = reparsed
 
 
 def test_a_resent_history_is_translated_once_and_gives_the_same() -> None:

@@ -5,7 +5,6 @@ kept; what is kept is never changed by a later request."""
 
 from __future__ import annotations
 
-import copy
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from llm_gateway.dialects.responses.items import HISTORIES
 from llm_gateway.dialects.responses.request import ResponsesRequest, parse
 from llm_gateway.errors import GatewayError
+from tests.support.history_facts import afresh, facts, reparsed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import agent_request
@@ -36,34 +36,14 @@ def _agent() -> dict[str, Any]:
 
 
 def _facts(r: ResponsesRequest) -> tuple[Any, ...]:
-    g = r.gathered
-    assert g is not None
-    body = r.chat_body([])
-    return (
-        orjson.dumps(body),
-        r.prompt_estimate,
-        g.texts,
-        g.strings,
-        orjson.dumps(g.as_json),
-        g.images,
-        g.other_parts,
-        g.fresh,
-        g.sums(len(body["messages"]), set()),
-    )
+    return facts(r.chat_body([]), r.prompt_estimate, r.gathered)
 
 
 def _afresh(req: dict[str, Any]) -> tuple[Any, ...]:
-    saved = list(HISTORIES.kept)
-    HISTORIES.clear()
-    try:
-        return _facts(parse(copy.deepcopy(req)))
-    finally:
-        HISTORIES.kept[:] = saved
+    return afresh(HISTORIES, lambda q: _facts(parse(q)), req)
 
 
-def _parsed(req: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = orjson.loads(orjson.dumps(req))
-    return out
+_parsed = reparsed
 
 
 def test_a_resent_history_is_translated_once_and_gives_the_same() -> None:

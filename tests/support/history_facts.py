@@ -1,0 +1,37 @@
+"""What a dialect's translation gives of a request, as the kept-history tests compare it (dialects/history.py):
+the chat body, the estimate and everything gathered for sizing, and the same translated with nothing kept."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from llm_gateway.dialects.history import Histories
+from llm_gateway.routing.request_info import Gathered
+
+
+def facts(body: dict[str, Any], estimate: int, g: Gathered | None) -> tuple[Any, ...]:
+    """The chat body's bytes, the estimate, and what `g` holds and sums to."""
+    assert g is not None
+    as_json = orjson.dumps(g.as_json)
+    sums = g.sums(len(body["messages"]), set())
+    return orjson.dumps(body), estimate, g.texts, g.strings, as_json, g.images, g.other_parts, g.fresh, sums
+
+
+def afresh(histories: Histories, translate: Callable[[dict[str, Any]], tuple[Any, ...]], req: Any) -> tuple[Any, ...]:
+    """`translate(req)` with no history kept (those kept are put back after)."""
+    saved = list(histories.kept)
+    histories.clear()
+    try:
+        return translate(copy.deepcopy(req))
+    finally:
+        histories.kept[:] = saved
+
+
+def reparsed(req: dict[str, Any]) -> dict[str, Any]:
+    """As the handler has it: parsed from bytes (nothing shared with an earlier request)."""
+    out: dict[str, Any] = orjson.loads(orjson.dumps(req))
+    return out
