@@ -17,7 +17,8 @@ in a tool's input: the kept translation's spelling is sent then). A history's en
 they are kept, so a reused prefix is one that passed them. What is kept is shared by every request that reuses
 it: nothing may change the chat messages a translation builds, nor the client's parsed entries (the gateway
 replaces a body's fields and adapters build their own). Only lists of `MIN_ENTRIES` or more are kept: a short one
-costs little to translate.
+costs little to translate; and only those of at most `MAX_CHARS` characters and no images or other parts: each
+kept one stays in memory, so each is bounded.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from llm_gateway.routing.request_info import Gathered
 KEPT = 4
 #: shorter lists are translated every time
 MIN_ENTRIES = 8
+#: a history with more characters of text than this, or with images or other parts (base64 data: megabytes), is not
+#: kept: what is kept stays in memory after its request, so each is bounded (KEPT of them in each dialect)
+MAX_CHARS = 1 << 21
 
 #: after an entry, relative to before the first: the chat messages, texts, strings and as_json gathered, images,
 #: other parts and characters counted, whether every entry so far left the request fresh, and whether the
@@ -75,8 +79,11 @@ class Marks:
         self.ends.append(end)
 
     def keep(self, g: Gathered) -> None:
-        """After the last entry: keep the translation (the oldest kept goes beyond `KEPT`)."""
+        """After the last entry: keep the translation (the oldest kept goes beyond `KEPT`), unless it is large."""
         b = self.base
+        last = self.ends[-1]
+        if last[6] > MAX_CHARS or last[4] or last[5]:
+            return
         kept = Kept(self.given, self.ends, self.out[b[0] :], g.texts[b[1] :], g.strings[b[2] :], g.as_json[b[3] :])
         histories = self.histories
         if self.replaces is not None:

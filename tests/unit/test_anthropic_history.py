@@ -74,7 +74,10 @@ def test_a_next_turn_reuses_the_prefix_and_translates_the_rest() -> None:
     ]
     got = to_chat(turn)
     assert _facts(got) == _afresh(turn)
-    assert len(HISTORIES.kept) == 1  # the new turn holds the old one whole: kept instead of it
+    assert [k.given for k in HISTORIES.kept] == [req["messages"]]  # with an image: not kept (MAX_CHARS)
+    turn["messages"][-1]["content"].pop(1)
+    assert _facts(to_chat(turn)) == _afresh(turn)
+    assert [k.given for k in HISTORIES.kept] == [turn["messages"]]  # holds the old one whole: kept instead of it
     # an edited middle message: reused up to it, translated from it
     edited = _parsed(req)
     edited["messages"][5] = {"role": "user", "content": [{"type": "text", "text": "something else"}]}
@@ -132,3 +135,9 @@ def test_short_lists_and_many_conversations_stay_bounded() -> None:
         other["messages"][0] = {"role": "user", "content": f"conversation {k}"}
         assert _facts(to_chat(other)) == _afresh(other)
     assert len(HISTORIES.kept) == history.KEPT
+    # a history over MAX_CHARS is translated, not kept
+    HISTORIES.clear()
+    long = _parsed(req)
+    long["messages"][0] = {"role": "user", "content": "x" * (history.MAX_CHARS + 1)}
+    assert _facts(to_chat(long)) == _afresh(long)
+    assert HISTORIES.kept == []
