@@ -28,6 +28,8 @@ from llm_gateway.wire.recent import MAX_REST, Recent, member_bytes
 KEPT = 8
 #: tools lists smaller than this are parsed every time (keeping them would save less than the lookup costs)
 MIN_BYTES = 1024
+#: nor larger than this (what is kept outlives its request: each is bounded, not only their count)
+MAX_BYTES = 1 << 20
 
 
 class KeptTools(NamedTuple):
@@ -68,7 +70,7 @@ def _keep_or_share(raw: bytes, body: dict[str, Any], tools: list[Any]) -> None:
         if isinstance(v, list | dict | str) and len(v) > MAX_REST // 8:
             return  # messages, a system prompt... after the tools: the rest is long, never proven; not tried
     json = orjson.dumps(tools)
-    if len(json) < MIN_BYTES:
+    if not MIN_BYTES <= len(json) <= MAX_BYTES:
         return
     kept = _kept.find(json, lambda: member_bytes(raw, "tools", tools))
     if kept is None:

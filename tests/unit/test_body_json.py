@@ -125,6 +125,9 @@ def test_only_lists_worth_keeping_where_they_can_be_found_cheaply_are_kept(monke
     small = [{"type": "function", "function": {"name": "f"}}]
     body_json.loads(orjson.dumps(_body(small)))
     assert body_json.tools_json(body_json.loads(orjson.dumps(_body(small)))["tools"]) is None  # under MIN_BYTES
+    huge = _tools(n=12, extra="y" * body_json.MAX_BYTES)
+    body_json.loads(orjson.dumps(_body(huge)))
+    assert body_json.tools_json(body_json.loads(orjson.dumps(_body(huge)))["tools"]) is None  # over MAX_BYTES
     # tools before the messages: finding them would mean proving a long rest on every request; not kept
     looked: list[bytes] = []
     find = body_json.member_bytes
