@@ -8,6 +8,7 @@ process already imported can hide a dependency.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,12 +19,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+#: what the Docker build context holds (.dockerignore lets only these in): the wheel is built from them alone
+CONTEXT = ("pyproject.toml", "constraints.txt", "README.md", "llm_gateway")
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """Built from a copy of the Docker build context, as the image's builder stage builds it: not in the checkout,
+    where setuptools' `build/` of an earlier build would ship a module since moved or deleted."""
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("context")
+    for name in CONTEXT:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(REPO / name, src / name)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check", "-w", str(out), "."],
-        cwd=REPO,
+        cwd=src,
         check=True,
         timeout=300,
     )
@@ -81,3 +93,10 @@ def test_redis_is_imported_only_when_the_redis_store_is_configured(limits: str, 
         check=True,
     )
     assert out.stdout.strip() == str(imports_redis), out.stderr
+
+
+def test_the_wheel_is_built_from_what_the_docker_context_holds() -> None:
+    allowed = [
+        line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")
+    ]
+    assert sorted(allowed) == sorted(CONTEXT)
