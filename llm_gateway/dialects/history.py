@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from llm_gateway.routing.request_info import Gathered
+from llm_gateway.routing.gathered import Gathered
 
 #: histories kept by each dialect (the newest replaces the oldest): a few agents at once
 KEPT = 4

@@ -31,8 +31,9 @@ from llm_gateway.observability.record import RequestRecord
 from llm_gateway.routing.attempt import Attempt
 from llm_gateway.routing.backend_calls import COUNT_ATTEMPTS, ERROR_BODY_LIMIT, BackendPoster
 from llm_gateway.routing.candidates import eligible
+from llm_gateway.routing.gathered import Gathered
 from llm_gateway.routing.prompt_count import PromptCounter, ambiguous_routes
-from llm_gateway.routing.request_info import Gathered, RequestInfo, cap_output, read_request
+from llm_gateway.routing.request_info import RequestInfo, cap_output, read_request
 from llm_gateway.routing.table import Deployment, ModelRoute
 from llm_gateway.service.queue_progress import QueueProgress
 from llm_gateway.service.request import Job

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from llm_gateway.dialects.history import Histories
-from llm_gateway.routing.request_info import Gathered
+from llm_gateway.routing.gathered import Gathered
 
 
 def facts(body: dict[str, Any], estimate: int, g: Gathered | None) -> tuple[Any, ...]:

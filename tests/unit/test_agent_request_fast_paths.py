@@ -33,15 +33,9 @@ from llm_gateway.dialects.anthropic.request import to_chat
 from llm_gateway.dialects.responses.request import parse
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.candidates import fits
-from llm_gateway.routing.request_info import (
-    CEILING_BASE,
-    CEILING_PER_IMAGE,
-    CEILING_PER_MESSAGE,
-    FLOOR_BYTES_PER_TOKEN,
-    _bounds,
-    _messages,
-    read_request,
-)
+from llm_gateway.routing.gathered import CEILING_BASE, CEILING_PER_IMAGE, CEILING_PER_MESSAGE
+from llm_gateway.routing.gathered import messages_sums as _messages
+from llm_gateway.routing.request_info import FLOOR_BYTES_PER_TOKEN, _bounds, read_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import agent_request

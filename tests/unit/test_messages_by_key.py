@@ -15,7 +15,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from llm_gateway.errors import InvalidRequest
-from llm_gateway.routing.request_info import _gather_by_key, _gather_each, _messages
+from llm_gateway.routing.gathered import _gather_by_key, _gather_each
+from llm_gateway.routing.gathered import messages_sums as _messages
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import agent_request

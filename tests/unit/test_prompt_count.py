@@ -12,14 +12,9 @@ import orjson
 import pytest
 
 from llm_gateway.observability.metrics import Metrics
+from llm_gateway.routing.gathered import CEILING_BASE, CEILING_PER_IMAGE, CEILING_PER_MESSAGE, CEILING_TOOLS
 from llm_gateway.routing.prompt_count import PromptCounter, ambiguous_routes
-from llm_gateway.routing.request_info import (
-    CEILING_BASE,
-    CEILING_PER_IMAGE,
-    CEILING_PER_MESSAGE,
-    CEILING_TOOLS,
-    read_request,
-)
+from llm_gateway.routing.request_info import read_request
 from tests.conftest import gateway_client, make_config
 from tests.support.fake_upstream import FakeAnswer, FakeUpstream, refused
 from tests.unit.test_context_windows import CONFIG, chat, chat_answer, engines, posted, probed

@@ -19,7 +19,7 @@ from llm_gateway.dialects.field_checks import PromptChars
 from llm_gateway.dialects.responses import items as responses_items
 from llm_gateway.dialects.responses.request import parse
 from llm_gateway.errors import GatewayError, InvalidRequest
-from llm_gateway.routing.request_info import Gathered
+from llm_gateway.routing.gathered import Gathered
 
 _F = {"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}}
 

@@ -22,7 +22,7 @@ from llm_gateway.dialects.field_checks import (
 )
 from llm_gateway.dialects.history import Histories
 from llm_gateway.errors import InvalidRequest
-from llm_gateway.routing.request_info import Gathered
+from llm_gateway.routing.gathered import Gathered
 
 BILLING_HEADER = "x-anthropic-billing-header:"
 #: the translations of the last few agents' histories (dialects/history.py)

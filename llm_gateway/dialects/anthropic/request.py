@@ -59,7 +59,7 @@ from llm_gateway.dialects.field_checks import (
     only_fields,
 )
 from llm_gateway.errors import InvalidRequest
-from llm_gateway.routing.request_info import Gathered
+from llm_gateway.routing.gathered import Gathered
 from llm_gateway.wire.client_body import EncodedList, encoded_list
 from llm_gateway.wire.recent import Recent, member_bytes
 

@@ -24,7 +24,7 @@ from typing import Any
 from llm_gateway.dialects.field_checks import PromptChars, as_list, as_obj, as_str, check_hint
 from llm_gateway.dialects.history import Histories
 from llm_gateway.errors import GatewayError, InvalidRequest
-from llm_gateway.routing.request_info import Gathered
+from llm_gateway.routing.gathered import Gathered
 
 #: the translations of the last few agents' histories (dialects/history.py)
 HISTORIES = Histories()

@@ -53,7 +53,7 @@ from llm_gateway.dialects.field_checks import (
 from llm_gateway.dialects.responses.items import input_messages, invalid, unknown, unsupported
 from llm_gateway.dialects.responses.tools import function_tools
 from llm_gateway.errors import InvalidRequest
-from llm_gateway.routing.request_info import Gathered
+from llm_gateway.routing.gathered import Gathered
 
 _FIELDS = frozenset(
     {
