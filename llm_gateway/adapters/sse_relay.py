@@ -118,8 +118,8 @@ class SSERelay(TokenTranslation):
         self._finish_renames = both_spacings_of_pairs(finish_renames)
         self._saw_finish = False
         #: the shape of this stream's events, once one was measured (`_scan`): where the tail of the
-        #: text's prefix sits and its bytes, the bytes after the text, the envelope's length
-        self._cal: tuple[int, bytes, bytes, int] | None = None
+        #: text's prefix sits and its bytes, the bytes after the text, the envelope's length and its quotes
+        self._cal: tuple[int, bytes, bytes, int, int] | None = None
         #: one ordinary event's envelope, once learnt (`_learn`): the bytes before its text, after it, and what
         #: to send instead of each (None: the bytes as they came), with their lengths
         self._envelope: _Envelope | None = None
@@ -200,7 +200,14 @@ class SSERelay(TokenTranslation):
                 cal is not None
                 and block[-len(cal[2]) :] == cal[2]  # both parts are never empty: each has a quote at least
                 and block[cal[0] : cal[0] + len(cal[1])] == cal[1]
-                and (n == 1 or block.count(cal[1]) == n)  # several events: each has the text where it was
+                # one string between them (a quote there would be another field: `"reasoning_content":"",
+                # "content":"..."` after a reasoning event's shape); several events: each has the text where it
+                # was, and the envelope's quotes only
+                and (
+                    not block[cal[0] + len(cal[1]) : len(block) - len(cal[2])].partition(b'"')[1]
+                    if n == 1
+                    else block.count(cal[1]) == n and block.count(b'"') == n * cal[4]
+                )
             ):
                 self.text_bytes += len(block) - n * cal[3]  # n envelopes of the measured shape around the text
             else:
@@ -255,7 +262,8 @@ class SSERelay(TokenTranslation):
         if len(mine) == 1:  # one text string in the event: its envelope is everything else
             a, b = mine[0]
             k = max(last, a - 24)  # the tail of the prefix, the key of the string included
-            self._cal = (k - last, block[k:a], block[b:], len(block) - last - (b - a))
+            quotes = block.count(b'"', last) - block.count(b'"', a, b)  # the envelope's (the text may have \")
+            self._cal = (k - last, block[k:a], block[b:], len(block) - last - (b - a), quotes)
 
     # -- everything special ------------------------------------------------------------------------
     def _slow(self, block: bytes) -> bytes:

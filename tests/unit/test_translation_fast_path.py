@@ -231,6 +231,17 @@ def run(make: Callable[[], ChatTranslation], writes: list[bytes], how: str, publ
 )
 @example(evs=[("text", "a", False, False), *[("text_reasoning", c, False, False) for c in "bb"]], public="m")
 @example(evs=[("text", "a", False, False), ("text", "b", False, False), ("error", "", False, False)], public="m")
+# a token event's shape measured on a reasoning event: a later event of reasoning and text has both after that prefix
+@example(
+    evs=[
+        ("text", "", False, False),
+        ("text", "0", True, False),
+        ("reasoning", "", False, False),
+        ("text", "", True, False),
+        ("text_reasoning", "", False, False),
+    ],
+    public="m",
+)
 def test_the_token_path_says_what_parsing_says(
     evs: list[tuple[str, str, bool, bool]], public: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
