@@ -19,13 +19,23 @@ it: nothing may change the chat messages a translation builds, nor the client's 
 replaces a body's fields and adapters build their own). Only lists of `MIN_ENTRIES` or more are kept: a short one
 costs little to translate; and only those of at most `MAX_CHARS` characters and no images or other parts: each
 kept one stays in memory, so each is bounded.
+
+A kept history keeps its chat messages' JSON too (`Kept.json`, with where each message ends in it): made when it
+is kept, from the reused prefix's JSON and the new messages' encodings, so that the engine's body is written from
+it (`encoded`: wire/client_body.py's `EncodedMessages`) rather than encoding the whole history again on every
+turn (~130k instructions of an agent's request). It holds the translation's messages exactly (the same objects,
+which nothing changes).
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import orjson
+
 from llm_gateway.routing.gathered import Gathered
+from llm_gateway.wire.client_body import EncodedMessages
+from llm_gateway.wire.recent import Recent
 
 #: histories kept by each dialect (the newest replaces the oldest): a few agents at once
 KEPT = 4
@@ -48,18 +58,23 @@ class Kept(NamedTuple):
     texts: list[str]
     strings: list[str]
     as_json: list[Any]
+    json: bytes  # `out` as JSON, the messages joined by commas (no brackets)
+    json_ends: list[int]  # where each message of `out` ends in `json`
 
 
 class Marks:
     """What a translation of `given` adds to `out` and the sizes, entry by entry, from where it began."""
 
-    __slots__ = ("base", "ends", "given", "histories", "out", "replaces")
+    __slots__ = ("base", "ends", "given", "histories", "made", "out", "replaces", "src", "src_out")
 
     def __init__(self, histories: Histories, given: list[Any], out: list[dict[str, Any]], g: Gathered) -> None:
         self.histories, self.given, self.out = histories, given, out
         self.base = (len(out), len(g.texts), len(g.strings), len(g.as_json), g.images, g.other_parts)
         self.ends: list[End] = []
         self.replaces: Kept | None = None  # a kept history this one begins with whole: kept no more once this is
+        self.src: Kept | None = None  # the kept history whose translation this one's begins with
+        self.src_out = 0  # how many of its chat messages
+        self.made: Kept | None = None  # this one's, once kept
 
     def mark(self, g: Gathered, chars: int, fresh: bool, clean: bool = True) -> None:
         """After an entry: what it and those before it added (`chars`: the characters counted since the first;
@@ -84,13 +99,42 @@ class Marks:
         last = self.ends[-1]
         if last[6] > MAX_CHARS or last[4] or last[5]:
             return
-        kept = Kept(self.given, self.ends, self.out[b[0] :], g.texts[b[1] :], g.strings[b[2] :], g.as_json[b[3] :])
+        out = self.out[b[0] :]
+        json, json_ends = self._json(out)
+        kept = Kept(self.given, self.ends, out, g.texts[b[1] :], g.strings[b[2] :], g.as_json[b[3] :], json, json_ends)
+        self.made = kept
         histories = self.histories
         if self.replaces is not None:
             histories.forget(self.replaces)  # the last turn of the same conversation: this one holds all of it
         histories.kept.append(kept)
         if len(histories.kept) > KEPT:
             del histories.kept[0]
+
+    def _json(self, out: list[dict[str, Any]]) -> tuple[bytes, list[int]]:
+        """`out`'s JSON (its messages joined by commas) and where each ends: the reused prefix's from the kept one,
+        the rest encoded."""
+        src, n = self.src, self.src_out
+        fresh = [orjson.dumps(m) for m in out[n:]]
+        head: list[bytes | memoryview] = []
+        ends: list[int] = []
+        at = -1
+        if src is not None and n:
+            ends = src.json_ends[:n]
+            at = ends[-1]
+            head.append(memoryview(src.json)[:at])  # joined below: the one copy of the prefix
+        for p in fresh:
+            at += 1 + len(p)
+            ends.append(at)
+        return b",".join([*head, *fresh]), ends
+
+    def json(self) -> bytes | memoryview | None:
+        """The JSON of the messages the translation added (joined by commas), where it is known: kept, or all reused."""
+        if self.made is not None:
+            return self.made.json
+        src = self.src
+        if src is not None and self.src_out and len(self.out) - self.base[0] == self.src_out:
+            return memoryview(src.json)[: src.json_ends[self.src_out - 1]]
+        return None
 
 
 class Histories:
@@ -131,6 +175,7 @@ class Histories:
             self.forget(best)
             self.kept.append(best)  # the most recently used is the last to go
         e = ends[n - 1]
+        marks.src, marks.src_out = best, e[0]
         out.extend(best.out[: e[0]])
         g.texts.extend(best.texts[: e[1]])
         g.strings.extend(best.strings[: e[2]])
@@ -151,3 +196,40 @@ class Histories:
     def clear(self) -> None:
         """Forget every kept history (tests)."""
         self.kept.clear()
+
+
+#: the JSON of the messages before a history (a system prompt, the same on every turn of an agent's), by their text
+_LEADS: Recent[bytes] = Recent(KEPT)
+
+
+def encoded_messages(out: list[dict[str, Any]], marks: Marks | None) -> list[dict[str, Any]]:
+    """`out`, a request's chat messages whose last are `marks`' history, as `EncodedMessages` where that history's
+    JSON is known (`Marks.json`); else `out` as it is."""
+    json = marks.json() if marks is not None else None
+    if marks is None or not json:
+        return out
+    return _encoded(out, marks.base[0], (json,))
+
+
+def with_lead(out: list[dict[str, Any]], history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`out`, messages that end with `history`'s (`encoded_messages`' result, unchanged), as `EncodedMessages` where
+    `history` is one; else `out` as it is."""
+    lead = len(out) - len(history)
+    if type(history) is not EncodedMessages or len(history) != history.length or out[lead:] != history:
+        return out
+    return _encoded(out, lead, history.parts[1:-1])
+
+
+def _encoded(out: list[dict[str, Any]], lead: int, json: tuple[bytes | memoryview, ...]) -> EncodedMessages:
+    """`out` with the parts of its JSON: its first `lead` messages' (a system prompt's kept), then `json`."""
+    parts: list[bytes | memoryview] = [b"["]
+    for m in out[:lead]:
+        content = m.get("content")
+        if len(m) == 2 and type(content) is str and next(iter(m)) == "role" and m["role"] == "system":
+            found = _LEADS.find(content) or _LEADS.keep(content, orjson.dumps(m))
+        else:
+            found = orjson.dumps(m)
+        parts += (found, b",")
+    parts += json
+    parts.append(b"]")
+    return EncodedMessages(out, tuple(parts))

@@ -17,7 +17,10 @@ derived structs (TGI) refuse the request, so no engine reads a value the gateway
 A translated body (/v1/messages, /v1/responses) has no client bytes, but its `tools` were encoded once already,
 for the size estimate (`Gathered.tools_json`): they come as an `EncodedList`, the list beside its JSON, and the
 upstream body splices those bytes in (an `orjson.Fragment`) instead of encoding 20 tool schemas again (issue 36
-item 2). The bytes are the same as a plain encoding's: nothing changes a tools list once it is built.
+item 2). The bytes are the same as a plain encoding's: nothing changes a tools list once it is built. Its chat
+messages come as `EncodedMessages` where an agent's history was kept (dialects/history.py): the list beside the
+pieces of its JSON (a kept history's JSON, encoded when it was kept), and the upstream body is a `Spliced` of
+the small rest's encoding and those pieces, neither the history nor the tools encoded nor copied again.
 """
 
 from __future__ import annotations
@@ -47,9 +50,47 @@ def encoded_list(items: list[Any]) -> EncodedList:
     return EncodedList(items, orjson.dumps(items))
 
 
-def _dumps(out: dict[str, Any]) -> bytes:
-    """`out` as JSON, with the JSON an `EncodedList` of `tools` carries spliced in rather than encoded again."""
+class EncodedMessages(list[Any]):
+    """Chat messages and `parts`: bytes whose concatenation is their JSON as `orjson.dumps` writes it, made by
+    whoever built the list (a kept history's JSON among them); `length`, how many messages that JSON holds: a list
+    whose length changed after is encoded as a plain list."""
+
+    __slots__ = ("length", "parts")
+
+    def __init__(self, items: list[Any], parts: tuple[bytes | memoryview, ...]) -> None:
+        super().__init__(items)
+        self.parts = parts
+        self.length = len(items)
+
+
+#: what stands for `messages` and `tools` in the small encoding of a body whose messages are `EncodedMessages`: a
+#: raw NUL, which orjson never writes itself (it escapes control characters in strings and keys)
+_MARK = orjson.Fragment(b"\x00")
+
+
+def _dumps(out: dict[str, Any]) -> Body:
+    """`out` as JSON, with the JSON an `EncodedList` of `tools` carries spliced in rather than encoded again, and
+    with `EncodedMessages` a `Spliced` body: the rest encoded with a mark over each of the two, split at the marks,
+    their JSON in between (as it is: not copied)."""
     tools = out.get("tools")
+    messages = out.get("messages")
+    if type(messages) is EncodedMessages and len(messages) == messages.length:
+        marked: list[tuple[bytes | memoryview, ...]] = []
+        for k, v in out.items():  # in the body's order: the marks' order
+            if k == "messages":
+                marked.append(messages.parts)
+            elif k == "tools" and type(v) is EncodedList:
+                marked.append((v.json,))
+        small = orjson.dumps({**out, "messages": _MARK, **({"tools": _MARK} if len(marked) == 2 else {})})
+        parts: list[bytes | memoryview] = []
+        at = 0
+        for pieces in marked:
+            mark = small.find(b"\x00", at)  # memchr
+            parts.append(small[at:mark])
+            parts += pieces
+            at = mark + 1
+        parts.append(small[at:])
+        return Spliced(tuple(parts))
     if type(tools) is EncodedList:
         return orjson.dumps({**out, "tools": orjson.Fragment(tools.json)})
     return orjson.dumps(out)

@@ -1,5 +1,6 @@
 """What a dialect's translation gives of a request, as the kept-history tests compare it (dialects/history.py):
-the chat body, the estimate and everything gathered for sizing, and the same translated with nothing kept."""
+the chat body (as the engine gets it: a kept history's JSON spliced in is checked to be a plain encoding's), the
+estimate and everything gathered for sizing, and the same translated with nothing kept."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import orjson
 
 from llm_gateway.dialects.history import Histories
 from llm_gateway.routing.gathered import Gathered
+from llm_gateway.wire.client_body import encode, joined
 
 
 def facts(body: dict[str, Any], estimate: int, g: Gathered | None) -> tuple[Any, ...]:
     """The chat body's bytes, the estimate, and what `g` holds and sums to."""
     assert g is not None
+    written = joined(encode(body, body))  # as an engine gets it: from a kept history's JSON where there is one
+    assert written == orjson.dumps(body), "the spliced body differs from a plain encoding"
     as_json = orjson.dumps(g.as_json)
     sums = g.sums(len(body["messages"]), set())
     return orjson.dumps(body), estimate, g.texts, g.strings, as_json, g.images, g.other_parts, g.fresh, sums

@@ -17,6 +17,7 @@ from llm_gateway.dialects import history
 from llm_gateway.dialects.anthropic.blocks import HISTORIES
 from llm_gateway.dialects.anthropic.request import MessagesRequest, to_chat
 from llm_gateway.errors import InvalidRequest
+from llm_gateway.wire.client_body import EncodedMessages, Spliced, encode
 from tests.support.history_facts import afresh, facts, reparsed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -55,6 +56,10 @@ def test_a_resent_history_is_translated_once_and_gives_the_same() -> None:
     # reused, not translated: the same chat message objects
     assert again.body["messages"][1] is first.body["messages"][1]
     assert len(HISTORIES.kept) == 1
+    # nor encoded again: the engine's body is written from the kept JSON (the system prompt's too), not a copy of it
+    written = encode(again.body, again.body)
+    assert type(again.body["messages"]) is EncodedMessages and type(written) is Spliced
+    assert any(p.obj is HISTORIES.kept[0].json for p in written.parts if type(p) is memoryview)
 
 
 def test_a_next_turn_reuses_the_prefix_and_translates_the_rest() -> None:

@@ -18,7 +18,7 @@ from llm_gateway.adapters.vllm import VLLMAdapter
 from llm_gateway.dialects.anthropic.request import to_chat
 from llm_gateway.dialects.responses.request import parse
 from llm_gateway.types import BackendInfo, CallContext
-from llm_gateway.wire.client_body import ClientBody, EncodedList, Spliced, encoded_list, joined
+from llm_gateway.wire.client_body import ClientBody, EncodedList, EncodedMessages, Spliced, encoded_list, joined
 from llm_gateway.wire.client_body import encode as encode_body
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -119,6 +119,26 @@ def test_the_agent_request_reaches_vllm_as_the_clients_bytes(stream: bool) -> No
     assert orjson.loads(renamed.body)["model"] == "org/Model-7B" and not renamed.body.startswith(raw[:-1])
 
 
+def test_encoded_messages_are_written_from_their_parts_beside_the_encoded_tools() -> None:
+    history = b'{"role":"user","content":"kept"}'  # bytes that are not its items' own: seen to be used
+    messages = EncodedMessages([{"role": "user", "content": "hi"}], (b"[", history, b"]"))
+    tools = EncodedList([{"name": "a"}], b'[{"name":"t"}]')
+    for body, want in [
+        (
+            {"model": "m", "messages": messages, "tools": tools, "n": 1},
+            b'{"model":"m","messages":[%b],"tools":[{"name":"t"}],"n":1}',
+        ),
+        ({"tools": tools, "messages": messages}, b'{"tools":[{"name":"t"}],"messages":[%b]}'),
+        ({"messages": messages, "tools": [{"name": "a"}]}, b'{"messages":[%b],"tools":[{"name":"a"}]}'),
+        ({"messages": messages, "x": "\x00"}, b'{"messages":[%b],"x":"\\u0000"}'),  # a NUL in a string is escaped
+    ]:
+        written = encode_body(body, {})
+        assert type(written) is Spliced and joined(written) == want % history
+        assert any(p is history for p in written.parts)  # not copied
+    messages.append({"role": "user", "content": "more"})  # changed after its JSON was made: encoded as a list
+    assert encode({"messages": messages}, {}) == orjson.dumps({"messages": list(messages)})
+
+
 def test_an_encoded_list_is_spliced_not_encoded_again() -> None:
     tools = EncodedList([{"name": "a"}], b'[{"name":"spliced"}]')  # bytes that are not its items' own: seen to be used
     assert encode({"model": "m", "tools": tools, "n": 1}, {}) == b'{"model":"m","tools":[{"name":"spliced"}],"n":1}'
@@ -147,6 +167,9 @@ def test_a_translated_agent_request_reaches_vllm_as_a_plain_encoding_would(diale
     assert type(tools) is EncodedList and tools.json is estimated and len(tools) == 20  # one encoding for both
     adapter = VLLMAdapter(BackendInfo("b", "http://127.0.0.1:1"))
     req = adapter.build("chat", body, _ctx(stream))
-    plain = adapter.build("chat", {**body, "tools": list(tools)}, _ctx(stream))
-    assert req.body == plain.body  # the engine gets the same bytes
-    assert orjson.dumps(list(tools)) in req.body
+    plain = adapter.build("chat", {**body, "tools": list(tools), "messages": list(body["messages"])}, _ctx(stream))
+    assert isinstance(plain.body, bytes) and req.body is not None
+    assert joined(req.body) == plain.body  # the engine gets the same bytes
+    assert orjson.dumps(list(tools)) in joined(req.body)
+    if type(req.body) is Spliced:  # the agent's history kept (an earlier test's, or this one's): nothing copied
+        assert any(p is tools.json for p in req.body.parts)

@@ -16,6 +16,7 @@ import pytest
 from llm_gateway.dialects.responses.items import HISTORIES
 from llm_gateway.dialects.responses.request import ResponsesRequest, parse
 from llm_gateway.errors import GatewayError
+from llm_gateway.wire.client_body import EncodedMessages, Spliced, encode
 from tests.support.history_facts import afresh, facts, reparsed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -53,6 +54,14 @@ def test_a_resent_history_is_translated_once_and_gives_the_same() -> None:
     again = parse(_parsed(req))
     assert _facts(again) == _facts(first) == _afresh(req)
     assert again.messages[0] is first.messages[0]
+    # nor encoded again: the engine's body is written from the kept JSON (the instructions' too), not a copy of it
+    body = again.chat_body([])
+    written = encode(body, body)
+    assert type(body["messages"]) is EncodedMessages and type(written) is Spliced
+    assert any(p.obj is HISTORIES.kept[0].json for p in written.parts if type(p) is memoryview)
+    # an earlier conversation before the input (previous_response_id): encoded as a plain list
+    earlier = again.chat_body([{"role": "user", "content": "before"}])
+    assert type(earlier["messages"]) is list and type(encode(earlier, earlier)) is bytes
 
 
 def test_a_prefix_is_reused_only_where_no_state_is_carried_on() -> None:

@@ -20,7 +20,7 @@ from llm_gateway.dialects.field_checks import (
     as_str,
     bad,
 )
-from llm_gateway.dialects.history import Histories
+from llm_gateway.dialects.history import Histories, Marks
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.gathered import Gathered
 
@@ -56,10 +56,11 @@ def system_text(system: Any, seen: PromptChars, param: str = "system") -> str:
     return "\n\n".join(parts)
 
 
-def messages(raw: list[Any], out: list[dict[str, Any]], seen: Seen) -> None:
+def messages(raw: list[Any], out: list[dict[str, Any]], seen: Seen) -> Marks | None:
     """Every message of `raw` into `out`, as `message` does each: a user or assistant message of blocks (an agent's
     every turn) goes to its blocks' translation at once, without `message`'s call and checks (issue 36 item 2).
-    Leading messages equal to a kept history's are that history's translation (dialects/history.py)."""
+    Leading messages equal to a kept history's are that history's translation (dialects/history.py). Gives the
+    history's marks (their JSON: `history.encoded`), or None for a short list."""
     g = seen.gathered
     start, chars, marks = HISTORIES.reuse(raw, out, g) if g.fresh else (0, 0, None)
     base = seen.chars
@@ -85,6 +86,7 @@ def messages(raw: list[Any], out: list[dict[str, Any]], seen: Seen) -> None:
             marks.mark(g, seen.chars - base, g.fresh)
     if marks is not None and start < len(raw):
         marks.keep(g)
+    return marks
 
 
 def message(m: Any, i: int, out: list[dict[str, Any]], seen: Seen) -> None:

@@ -58,6 +58,7 @@ from llm_gateway.dialects.field_checks import (
     check_hint,
     only_fields,
 )
+from llm_gateway.dialects.history import encoded_messages
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.gathered import Gathered
 from llm_gateway.wire.client_body import EncodedList, encoded_list
@@ -151,9 +152,12 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False, raw: bytes | None 
     given = as_list(req["messages"], "messages")
     if not given:
         raise bad("at least one message is required", "messages")
-    messages(given, chat, seen)
+    marks = messages(given, chat, seen)
     seen.chars += 16 * len(given)  # each message's overhead
-    body: dict[str, Any] = {"model": model, "messages": chat}
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": encoded_messages(chat, marks),
+    }  # a kept history's JSON not made again
     if req.get("max_tokens") is None and not count_only:
         raise bad("Field required", "max_tokens")
     stream, stops = _sampling(req, body)

@@ -22,7 +22,7 @@ from itertools import repeat
 from typing import Any
 
 from llm_gateway.dialects.field_checks import PromptChars, as_list, as_obj, as_str, check_hint
-from llm_gateway.dialects.history import Histories
+from llm_gateway.dialects.history import Histories, encoded_messages
 from llm_gateway.errors import GatewayError, InvalidRequest
 from llm_gateway.routing.gathered import Gathered
 
@@ -227,7 +227,9 @@ def input_messages(
     seen.chars += chars
     if not fresh:
         g.fresh = False
-    return messages, items
+    return encoded_messages(
+        messages, marks
+    ), items  # with a kept history's JSON (history.with_lead puts the instructions first)
 
 
 def _item(it: dict[str, Any], kind: str) -> dict[str, Any]:

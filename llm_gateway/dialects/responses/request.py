@@ -50,6 +50,7 @@ from llm_gateway.dialects.field_checks import (
     check_hint,
     only_fields,
 )
+from llm_gateway.dialects.history import with_lead
 from llm_gateway.dialects.responses.items import input_messages, invalid, unknown, unsupported
 from llm_gateway.dialects.responses.tools import function_tools
 from llm_gateway.errors import InvalidRequest
@@ -140,6 +141,8 @@ class ResponsesRequest:
             messages.append({"role": "system", "content": self.instructions})
         messages += earlier
         messages += self.messages
+        if not earlier:
+            messages = with_lead(messages, self.messages)  # a kept history's JSON (dialects/history.py) not made again
         return {"model": self.model, "messages": messages, **self.options}
 
     def gathered_for(self, earlier: list[dict[str, Any]]) -> Gathered | None:
