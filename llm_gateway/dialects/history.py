@@ -158,7 +158,7 @@ class Histories:
             src = kept.given
             most = min(len(src), len(given))
             k = 0
-            while k < most and given[k] == src[k]:
+            while k < most and (given[k] is src[k] or given[k] == src[k]):  # the same objects: wire/resent.py
                 k += 1
             if k > n:
                 best, n = kept, k

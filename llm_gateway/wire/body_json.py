@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from llm_gateway.wire import resent
 from llm_gateway.wire.recent import MAX_REST, Recent, member_bytes
 
 #: distinct tools lists kept
@@ -38,24 +39,74 @@ class KeptTools(NamedTuple):
 
 
 _kept: Recent[KeptTools] = Recent(KEPT)
+#: the conversations resent (wire/resent.py)
+RESENT = resent.Resent()
 
 
 def loads(raw: bytes) -> Any:
-    """`orjson.loads(raw)`, with a kept top-level `tools` list found in `raw` not parsed again; raises
-    orjson.JSONDecodeError as orjson does (a body that is not JSON is not JSON with or without its tools)."""
+    """`orjson.loads(raw)`, with a kept top-level `tools` list found in `raw` not parsed again, nor the leading
+    entries of a resent conversation (wire/resent.py); raises orjson.JSONDecodeError as orjson does (a body that is
+    not JSON is not JSON with or without its tools)."""
     found = _kept.find_member_at(raw, "tools")
+    if len(raw) > resent.MIN_BYTES:
+        again = RESENT.find(raw)
+        if again is not None:
+            body = _loads_again(raw, again, found)
+            if body is not None:
+                return body
     if found is None:
         body = orjson.loads(raw)
         if type(body) is dict:
             tools = body.get("tools")
             if type(tools) is list and tools:
                 _keep_or_share(raw, body, tools)
-        return body
-    kept, start, end = found
-    view = memoryview(raw)
-    body = orjson.loads(b"".join((view[:start], b"null", view[end:])))  # one copy, no parse of the tools
-    body["tools"] = kept.value  # the same place in the key order: the key was there, with null
+    else:
+        kept, start, end = found
+        view = memoryview(raw)
+        body = orjson.loads(b"".join((view[:start], b"null", view[end:])))  # one copy, no parse of the tools
+        body["tools"] = kept.value  # the same place in the key order: the key was there, with null
+    if len(raw) > resent.MIN_BYTES:
+        RESENT.offer(raw, body)
     return body
+
+
+def _loads_again(raw: bytes, again: resent.Found, found: tuple[KeptTools, int, int] | None) -> Any:
+    """`raw` parsed with the kept entries it begins with (and its kept tools) not parsed again; None where the
+    markers did not land where they were put (the caller parses it as if nothing were kept). An `END` that did
+    not (the array's next member's name inside a new entry) is tried without: the request is then not kept."""
+    body = _marked_loads(raw, again, found)
+    if body is None and again.end >= 0:
+        body = _marked_loads(raw, resent.Found(again.kept, -1), found)
+    if body is None:
+        return None
+    if found is not None:
+        body["tools"] = found[0].value
+    elif type(tools := body.get("tools")) is list and tools:
+        _keep_or_share(raw, body, tools)
+    return body
+
+
+def _marked_loads(raw: bytes, again: resent.Found, found: tuple[KeptTools, int, int] | None) -> Any:
+    """`raw` parsed with `resent.cuts(again)` made, and `null` for the kept tools; None where that failed."""
+    cuts = resent.cuts(again)
+    if found is not None:
+        cuts.append((found[1], found[2], b"null"))
+        cuts.sort()
+    view = memoryview(raw)
+    pieces: list[bytes | memoryview] = []
+    at = 0
+    for start, end, instead in cuts:
+        if start < at:
+            return None  # overlapping places: not for this body
+        pieces += (view[at:start], instead)
+        at = end
+    pieces.append(view[at:])
+    marked = b"".join(pieces)
+    try:
+        body = orjson.loads(marked)
+    except orjson.JSONDecodeError:
+        return None
+    return RESENT.take(raw, again, marked, body)
 
 
 def _keep_or_share(raw: bytes, body: dict[str, Any], tools: list[Any]) -> None:
@@ -88,5 +139,6 @@ def tools_json(tools: Any) -> bytes | None:
 
 
 def clear() -> None:
-    """Forget every kept list (tests)."""
+    """Forget every kept list and conversation (tests)."""
     _kept.clear()
+    RESENT.clear()
