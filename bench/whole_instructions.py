@@ -16,8 +16,10 @@ as long (probes, timers, the export thread's empty wakes) is counted alone first
     ... --body agent --profiles minimal,team,aiohttp --requests 200     # the 74 KB agent request, and the floor
 
 `--body agent` sends agent_request.py's 74 KB coding-agent chat request (20 tools, 46 messages) instead of
-request.json. `aiohttp` in `--profiles` is not a gateway config: it counts bench/proxies/aiohttp_bare.py (the bare
-aiohttp server + client the issue's "2x bare aiohttp" reads against) the same way, in front of the same engine, so
+request.json; `agent-messages` and `agent-responses` the same conversation to `/v1/messages` and `/v1/responses`
+(whole answers: what the translations cost, read against `agent`'s count; gateway profiles only).
+`aiohttp` in `--profiles` is not a gateway config: it counts bench/proxies/aiohttp_bare.py (the bare aiohttp server
++ client the issue's "2x bare aiohttp" reads against) the same way, in front of the same engine, so
 that the ratio can be read in instructions as well as in CPU time.
 
 Prints per profile the instructions per request (all threads, and per thread: thread 1 is the event loop), and
@@ -52,8 +54,9 @@ BENCH = Path(__file__).resolve().parent
 _THREAD = re.compile(r"-(\d+)$")
 
 
-def post_many(port: int, n: int, conc: int, body: bytes) -> int:
-    """`n` POSTs of `body` to the gateway's chat endpoint over `conc` kept connections; how many answered 200."""
+def post_many(port: int, n: int, conc: int, body: tuple[str, bytes]) -> int:
+    """`n` POSTs of `body` (its path and bytes) over `conc` kept connections; how many answered 200."""
+    path, data = body
     left = [n]
     good = [0]
     lock = threading.Lock()
@@ -67,7 +70,7 @@ def post_many(port: int, n: int, conc: int, body: bytes) -> int:
                     if left[0] <= 0:
                         return
                     left[0] -= 1
-                conn.request("POST", "/v1/chat/completions", body, headers)
+                conn.request("POST", path, data, headers)
                 resp = conn.getresponse()
                 resp.read()
                 if resp.status == 200:
@@ -136,20 +139,25 @@ def per_thread(dumps: Iterable[Path]) -> dict[int, int]:
 
 #: `--profiles` entries that are not gateway configs: the bare aiohttp proxy (one upstream: the first engine)
 FLOORS = ("aiohttp",)
-#: `--body` choices: the bench's 420-byte request, or agent_request.py's 74 KB coding-agent chat request
-BODIES = ("request", "agent")
+#: `--body` choices: the bench's 420-byte request, or agent_request.py's 74 KB coding-agent request as chat
+#: completions, or the same conversation as `/v1/messages` or `/v1/responses` (gateway profiles only)
+BODIES = ("request", "agent", "agent-messages", "agent-responses")
+_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
 
 
-def request_body(kind: str) -> bytes:
-    """The bytes each request POSTs: request.json, or the agent request as chat completions (as wrk sends it)."""
-    if kind == "agent":
+def request_body(kind: str) -> tuple[str, bytes]:
+    """The path and bytes each request POSTs: request.json, or the agent request (as wrk sends it)."""
+    if kind.startswith("agent"):
         import agent_request
 
-        return agent_request.encode(agent_request.bodies()["chat"])
-    return (BENCH / "request.json").read_bytes()
+        dialect = kind.partition("-")[2] or "chat"
+        return _PATHS[dialect], agent_request.encode(agent_request.bodies()[dialect])
+    return _PATHS["chat"], (BENCH / "request.json").read_bytes()
 
 
-def measure(profile: str, a: argparse.Namespace, engines: list[str], out: Path, body: bytes) -> dict[str, float]:
+def measure(
+    profile: str, a: argparse.Namespace, engines: list[str], out: Path, body: tuple[str, bytes]
+) -> dict[str, float]:
     port = ps.free_port()
     gw = Path(a.gateway_dir).resolve()
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(gw)}
@@ -274,7 +282,7 @@ def main() -> None:
         engine.wait(10)
     title = (
         f"**Whole-process user-space instructions (callgrind)**, {a.requests} requests at c{a.conc} "
-        f"({'request.json' if a.body == 'request' else 'the 74 KB agent chat request'}, not streamed), "
+        f"({'request.json' if a.body == 'request' else f'the 74 KB agent request, {body[0]}'}, not streamed), "
         f"idle {a.idle_s:g} s taken off; gateway from {a.gateway_dir}"
     )
     ins.report(title, table(results), results, a.json, out)

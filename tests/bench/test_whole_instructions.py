@@ -81,7 +81,10 @@ def test_a_second_threads_work_is_counted_apart_from_the_main_threads(tmp_path: 
 def test_the_agent_body_is_agent_requests_chat_request_and_the_floor_is_a_profile() -> None:
     import agent_request
 
-    body = wi.request_body("agent")
+    path, body = wi.request_body("agent")
     assert body == agent_request.encode(agent_request.bodies()["chat"]) and len(body) > 60_000
-    assert wi.request_body("request") == (BENCH / "request.json").read_bytes()
+    assert path == "/v1/chat/completions"
+    assert wi.request_body("request") == (path, (BENCH / "request.json").read_bytes())
+    for dialect, at in (("messages", "/v1/messages"), ("responses", "/v1/responses")):  # the same conversation
+        assert wi.request_body(f"agent-{dialect}") == (at, agent_request.encode(agent_request.bodies()[dialect]))
     assert wi.FLOORS == ("aiohttp",) and not set(wi.FLOORS) & set(wi.tg.PROFILES)  # never a gateway config
