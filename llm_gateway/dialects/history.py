@@ -157,9 +157,12 @@ class Histories:
         for kept in reversed(self.kept):
             src = kept.given
             most = min(len(src), len(given))
-            k = 0
-            while k < most and (given[k] is src[k] or given[k] == src[k]):  # the same objects: wire/resent.py
-                k += 1
+            if given[:most] == src[:most]:  # in C, the same objects at once (wire/resent.py puts them back)
+                k = most
+            else:
+                k = 0
+                while k < most and (given[k] is src[k] or given[k] == src[k]):
+                    k += 1
             if k > n:
                 best, n = kept, k
                 if k == len(given):

@@ -155,3 +155,30 @@ def _closes_outermost(rest: bytes, name: str) -> bool:
     except orjson.JSONDecodeError:
         return False
     return type(more) is dict and name not in more
+
+
+class Same(Generic[T]):
+    """What was made for the last `size` objects, found by identity: for objects nothing changes once made, such as
+    the tools lists body_json keeps (the same object in every request that resends them), so that a translation of
+    them is found without looking for their bytes again."""
+
+    __slots__ = ("_pairs", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._pairs: list[tuple[Any, T]] = []  # the objects are held: an identity is never another's
+
+    def find(self, obj: Any) -> T | None:
+        for held, value in reversed(self._pairs):
+            if held is obj:
+                found: T = value
+                return found
+        return None
+
+    def keep(self, obj: Any, value: T) -> None:
+        self._pairs.append((obj, value))
+        if len(self._pairs) > self.size:
+            del self._pairs[0]
+
+    def clear(self) -> None:
+        self._pairs.clear()

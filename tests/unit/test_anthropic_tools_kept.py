@@ -35,6 +35,7 @@ def _plain(tools: list[dict[str, Any]]) -> bytes:
 @pytest.fixture(autouse=True)
 def _empty() -> None:
     request._RECENT_TOOLS.clear()
+    request._SAME_TOOLS.clear()
 
 
 def test_the_same_tools_again_are_the_kept_translation() -> None:

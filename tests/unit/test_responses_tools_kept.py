@@ -35,6 +35,7 @@ def _fresh(tools: list[dict[str, Any]]) -> tuple[bytes, list[dict[str, Any]]]:
 @pytest.fixture(autouse=True)
 def _empty() -> None:
     kept_tools._kept.clear()
+    kept_tools._same.clear()
 
 
 def test_the_same_tools_again_are_the_kept_translation() -> None:

@@ -21,6 +21,7 @@ from llm_gateway.dialects.anthropic.options import tool
 from llm_gateway.dialects.anthropic.request import to_chat
 from llm_gateway.dialects.responses import tools as kept_tools
 from llm_gateway.dialects.responses.request import parse
+from llm_gateway.wire import body_json
 from llm_gateway.wire.recent import MAX_REST, Recent, member_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -33,7 +34,9 @@ OTHER = [{"name": "b", "input_schema": {"type": "object"}}]
 @pytest.fixture(autouse=True)
 def _empty() -> None:
     request._RECENT_TOOLS.clear()
+    request._SAME_TOOLS.clear()
     kept_tools._kept.clear()
+    kept_tools._same.clear()
 
 
 def _kept(value: Any = TOOLS) -> Recent[str]:
@@ -135,6 +138,28 @@ def test_an_agents_next_turn_finds_its_tools_in_its_bytes(monkeypatch: pytest.Mo
     _no_encoding(monkeypatch, kept_tools)
     ragain = parse(copy.deepcopy(rbody), None, rraw)
     assert ragain.options["tools"] is rfirst.options["tools"] and ragain.echo["tools"] is rfirst.echo["tools"]
+
+
+def _translated(dialect: str, body: dict[str, Any], raw: bytes) -> Any:
+    return to_chat(body, raw=raw).body["tools"] if dialect == "messages" else parse(body, None, raw).options["tools"]
+
+
+def test_a_list_body_json_keeps_is_found_by_identity_without_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    body_json.clear()
+    try:
+        for dialect in ("messages", "responses"):
+            raw = orjson.dumps(agent_request.bodies()[dialect])
+            first = _translated(dialect, body_json.loads(raw), raw)
+            second = body_json.loads(raw)
+            assert body_json.tools_json(second["tools"]) is not None  # the list body_json keeps
+            with monkeypatch.context() as m:  # not looked for in the bytes, nor encoded
+                m.setattr(Recent, "find_member", lambda *_: pytest.fail("looked for in the bytes"))
+                _no_encoding(m, request if dialect == "messages" else kept_tools)
+                assert _translated(dialect, second, raw) is first
+            other = [dict(t) for t in second["tools"]]  # an equal list, another object: not by identity
+            assert request._SAME_TOOLS.find(other) is None and kept_tools._same.find(other) is None
+    finally:
+        body_json.clear()
 
 
 def test_the_bytes_are_searched_for_once_and_only_for_tools_found_again(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -61,8 +61,9 @@ from llm_gateway.dialects.field_checks import (
 from llm_gateway.dialects.history import encoded_messages
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.gathered import Gathered
+from llm_gateway.wire import body_json
 from llm_gateway.wire.client_body import EncodedList, encoded_list
-from llm_gateway.wire.recent import Recent, member_bytes
+from llm_gateway.wire.recent import Recent, Same, member_bytes
 
 #: Messages fields the translation reads
 _MESSAGES_FIELDS = frozenset(
@@ -186,19 +187,25 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False, raw: bytes | None 
 #: 20-odd tools on every turn: translating them again cost more than encoding them as the key)
 RECENT_TOOLS = 8
 _RECENT_TOOLS: Recent[EncodedList] = Recent(RECENT_TOOLS)
+#: the same, by the identity of the parsed list (body_json's kept lists): found without looking for their bytes
+_SAME_TOOLS: Same[EncodedList] = Same(RECENT_TOOLS)
 
 
 def chat_tools(tools: list[Any], raw: bytes | None = None) -> EncodedList:
     """The chat function tools for Anthropic `tools`, with their JSON: kept for a list whose JSON is byte for byte
-    one of the last `RECENT_TOOLS` (wire/recent.py), looked for first in `raw` (the request's bytes, whose
-    top-level `tools` they are: `Recent.find_member`, as the client wrote them when they were found again),
-    without encoding them."""
-    if raw is not None and (found := _RECENT_TOOLS.find_member(raw, "tools")) is not None:
+    one of the last `RECENT_TOOLS` (wire/recent.py), looked for first by the list's identity (a list body_json
+    keeps), then in `raw` (the request's bytes, whose top-level `tools` they are: `Recent.find_member`, as the
+    client wrote them when they were found again), without encoding them."""
+    if (found := _SAME_TOOLS.find(tools)) is not None:
         return found
-    key = orjson.dumps(tools)
-    found = _RECENT_TOOLS.find(key, None if raw is None else lambda: member_bytes(raw, "tools", tools))
+    found = _RECENT_TOOLS.find_member(raw, "tools") if raw is not None else None
     if found is None:
-        found = _RECENT_TOOLS.keep(key, encoded_list([tool(t, j) for j, t in enumerate(tools)]))
+        key = orjson.dumps(tools)
+        found = _RECENT_TOOLS.find(key, None if raw is None else lambda: member_bytes(raw, "tools", tools))
+        if found is None:
+            found = _RECENT_TOOLS.keep(key, encoded_list([tool(t, j) for j, t in enumerate(tools)]))
+    if body_json.tools_json(tools) is not None:  # a list body_json keeps: the next request has the same object
+        _SAME_TOOLS.keep(tools, found)
     return found
 
 

@@ -17,26 +17,34 @@ import orjson
 from llm_gateway.dialects.field_checks import as_bool, as_obj, as_str, only_fields
 from llm_gateway.dialects.responses.items import unsupported
 from llm_gateway.errors import InvalidRequest
+from llm_gateway.wire import body_json
 from llm_gateway.wire.client_body import EncodedList, encoded_list
-from llm_gateway.wire.recent import Recent, member_bytes
+from llm_gateway.wire.recent import Recent, Same, member_bytes
 
 _TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict", "defer_loading"})
 #: distinct tool lists whose translation is kept
 KEPT = 8
 _kept: Recent[tuple[EncodedList, list[dict[str, Any]]]] = Recent(KEPT)
+#: the same, by the identity of the parsed list (body_json's kept lists): found without looking for their bytes
+_same: Same[tuple[EncodedList, list[dict[str, Any]]]] = Same(KEPT)
 
 
 def function_tools(tools: list[Any], raw: bytes | None = None) -> tuple[EncodedList, list[dict[str, Any]]]:
     """The chat tools (with their JSON) and the echoed tools for a request's `tools` list (checked: raises
-    GatewayError as OpenAI would), kept for the last `KEPT` lists (wire/recent.py), looked for first in `raw`
+    GatewayError as OpenAI would), kept for the last `KEPT` lists (wire/recent.py), looked for first by the list's
+    identity (a list body_json keeps), then in `raw`
     (the request's bytes, whose top-level `tools` they are: `Recent.find_member`, as the client wrote them when they
     were found again), without encoding them."""
-    if raw is not None and (found := _kept.find_member(raw, "tools")) is not None:
+    if (found := _same.find(tools)) is not None:
         return found
-    key = orjson.dumps(tools)
-    found = _kept.find(key, None if raw is None else lambda: member_bytes(raw, "tools", tools))
+    found = _kept.find_member(raw, "tools") if raw is not None else None
     if found is None:
-        found = _kept.keep(key, _translate(tools))
+        key = orjson.dumps(tools)
+        found = _kept.find(key, None if raw is None else lambda: member_bytes(raw, "tools", tools))
+        if found is None:
+            found = _kept.keep(key, _translate(tools))
+    if body_json.tools_json(tools) is not None:  # a list body_json keeps: the next request has the same object
+        _same.keep(tools, found)
     return found
 
 
