@@ -38,8 +38,9 @@ import orjson
 KEPT = 4
 #: entries shorter than this (their bytes) are parsed every time
 MIN_BYTES = 8 * 1024
-#: nor longer than this: what is kept outlives its request
-MAX_BYTES = 8 << 20
+#: nor longer than this, nor kept from a request of more than twice this: what is kept (the request's bytes and
+#: the parsed entries) outlives its request, `KEPT` of them
+MAX_BYTES = 2 << 20
 #: the top-level arrays a conversation is resent in: chat completions' and Messages' `messages`, Responses' `input`
 NAMES = ("messages", "input")
 
@@ -152,7 +153,7 @@ class Resent:
         if start <= 0 or closing is None:
             return
         end, tail = _before_blanks(raw, closing[0]), closing[1]
-        if not MIN_BYTES <= end - start <= MAX_BYTES:
+        if not MIN_BYTES <= end - start <= MAX_BYTES or len(raw) > 2 * MAX_BYTES:
             return
         self._keep(Kept(raw, name, (first, key_at, start, end), arr, tail), replaces=None)
 

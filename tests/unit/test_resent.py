@@ -176,6 +176,14 @@ def test_what_is_kept_is_bounded() -> None:
     for i in range(resent.KEPT + 3):
         same(orjson.dumps({"model": f"m{i}", "messages": _long()}))
     assert len(body_json.RESENT.kept) == resent.KEPT
+    body_json.clear()
+    big = [{"role": "user", "content": "x" * (resent.MAX_BYTES // 4)}] * 5  # entries over MAX_BYTES
+    same(orjson.dumps({"model": "m", "messages": big}))
+    near = big[:3]  # entries within it, in a request over twice it
+    same(orjson.dumps({"model": "m", "messages": near, "metadata": "y" * (2 * resent.MAX_BYTES)}))
+    assert not body_json.RESENT.kept
+    same(orjson.dumps({"model": "m", "messages": near}))
+    assert len(body_json.RESENT.kept) == 1
 
 
 # -- any conversation, any turn --------------------------------------------------------------------------------------
