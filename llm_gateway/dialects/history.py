@@ -22,7 +22,7 @@ kept one stays in memory, so each is bounded.
 
 A kept history keeps its chat messages' JSON too (`Kept.json`, with where each message ends in it): made when it
 is kept, from the reused prefix's JSON and the new messages' encodings, so that the engine's body is written from
-it (`encoded`: wire/client_body.py's `EncodedMessages`) rather than encoding the whole history again on every
+it (`encoded_messages`: wire/client_body.py's `EncodedMessages`) rather than encoding the whole history again on every
 turn (~130k instructions of an agent's request). It holds the translation's messages exactly (the same objects,
 which nothing changes).
 """

@@ -18,12 +18,15 @@ never edits the client's nested values; adapters build their own). A body whose 
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 
 from llm_gateway.wire import resent
-from llm_gateway.wire.recent import MAX_REST, Recent, member_bytes
+from llm_gateway.wire.recent import MAX_REST, Recent, Same, member_bytes
+
+T = TypeVar("T")
 
 #: distinct tools lists kept
 KEPT = 8
@@ -136,6 +139,26 @@ def tools_json(tools: Any) -> bytes | None:
         if kept.value is tools:
             return kept.json
     return None
+
+
+def translated_tools(
+    tools: list[Any], raw: bytes | None, recent: Recent[T], same: Same[T], translate: Callable[[], T]
+) -> T:
+    """A dialect's translation of a request's `tools` (`translate()`), kept in `recent` under their JSON: found first
+    by the list's identity where it is a list kept here (`same`: the next request has the same object), then in `raw`
+    (the request's bytes, whose top-level `tools` they are: `Recent.find_member`, as the client wrote them once found
+    again), then by their JSON; made and kept where none is."""
+    if (found := same.find(tools)) is not None:
+        return found
+    found = recent.find_member(raw, "tools") if raw is not None else None
+    if found is None:
+        key = orjson.dumps(tools)
+        found = recent.find(key, None if raw is None else lambda: member_bytes(raw, "tools", tools))
+        if found is None:
+            found = recent.keep(key, translate())
+    if tools_json(tools) is not None:
+        same.keep(tools, found)
+    return found
 
 
 def clear() -> None:

@@ -127,7 +127,7 @@ def test_an_agents_next_turn_finds_its_tools_in_its_bytes(monkeypatch: pytest.Mo
     first = to_chat(body, raw=raw)
     to_chat(copy.deepcopy(body), raw=raw)
     with monkeypatch.context() as m:
-        _no_encoding(m, request)
+        _no_encoding(m, body_json)
         again = to_chat(copy.deepcopy(body), raw=raw)
     assert again.body["tools"] is first.body["tools"]
     assert again.body["tools"].json == orjson.dumps([tool(t, j) for j, t in enumerate(body["tools"])])
@@ -135,7 +135,7 @@ def test_an_agents_next_turn_finds_its_tools_in_its_bytes(monkeypatch: pytest.Mo
     rbody, rraw = _agent("responses", spaced=spaced)
     rfirst = parse(rbody, None, rraw)
     parse(copy.deepcopy(rbody), None, rraw)
-    _no_encoding(monkeypatch, kept_tools)
+    _no_encoding(monkeypatch, body_json)
     ragain = parse(copy.deepcopy(rbody), None, rraw)
     assert ragain.options["tools"] is rfirst.options["tools"] and ragain.echo["tools"] is rfirst.echo["tools"]
 
@@ -154,7 +154,7 @@ def test_a_list_body_json_keeps_is_found_by_identity_without_its_bytes(monkeypat
             assert body_json.tools_json(second["tools"]) is not None  # the list body_json keeps
             with monkeypatch.context() as m:  # not looked for in the bytes, nor encoded
                 m.setattr(Recent, "find_member", lambda *_: pytest.fail("looked for in the bytes"))
-                _no_encoding(m, request if dialect == "messages" else kept_tools)
+                _no_encoding(m, body_json)
                 assert _translated(dialect, second, raw) is first
             other = [dict(t) for t in second["tools"]]  # an equal list, another object: not by identity
             assert request._SAME_TOOLS.find(other) is None and kept_tools._same.find(other) is None
@@ -170,7 +170,7 @@ def test_the_bytes_are_searched_for_once_and_only_for_tools_found_again(monkeypa
         searched.append(raw)
         return member_bytes(raw, name, value)
 
-    monkeypatch.setattr(request, "member_bytes", counted)
+    monkeypatch.setattr(body_json, "member_bytes", counted)
     body, raw = _agent("messages", spaced=True)
     to_chat(body, raw=raw)
     assert searched == []

@@ -60,7 +60,7 @@ def messages(raw: list[Any], out: list[dict[str, Any]], seen: Seen) -> Marks | N
     """Every message of `raw` into `out`, as `message` does each: a user or assistant message of blocks (an agent's
     every turn) goes to its blocks' translation at once, without `message`'s call and checks (issue 36 item 2).
     Leading messages equal to a kept history's are that history's translation (dialects/history.py). Gives the
-    history's marks (their JSON: `history.encoded`), or None for a short list."""
+    history's marks (their JSON: `history.encoded_messages`), or None for a short list."""
     g = seen.gathered
     start, chars, marks = HISTORIES.reuse(raw, out, g) if g.fresh else (0, 0, None)
     base = seen.chars

@@ -42,8 +42,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from llm_gateway.dialects.anthropic.blocks import Seen, messages, system_text
 from llm_gateway.dialects.anthropic.options import context_management, output_config, thinking, tool, tool_choice
 from llm_gateway.dialects.field_checks import (
@@ -63,7 +61,7 @@ from llm_gateway.errors import InvalidRequest
 from llm_gateway.routing.gathered import Gathered
 from llm_gateway.wire import body_json
 from llm_gateway.wire.client_body import EncodedList, encoded_list
-from llm_gateway.wire.recent import Recent, Same, member_bytes
+from llm_gateway.wire.recent import Recent, Same
 
 #: Messages fields the translation reads
 _MESSAGES_FIELDS = frozenset(
@@ -155,10 +153,8 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False, raw: bytes | None 
         raise bad("at least one message is required", "messages")
     marks = messages(given, chat, seen)
     seen.chars += 16 * len(given)  # each message's overhead
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": encoded_messages(chat, marks),
-    }  # a kept history's JSON not made again
+    # a kept history's JSON is not made again (dialects/history.py)
+    body: dict[str, Any] = {"model": model, "messages": encoded_messages(chat, marks)}
     if req.get("max_tokens") is None and not count_only:
         raise bad("Field required", "max_tokens")
     stream, stops = _sampling(req, body)
@@ -193,20 +189,11 @@ _SAME_TOOLS: Same[EncodedList] = Same(RECENT_TOOLS)
 
 def chat_tools(tools: list[Any], raw: bytes | None = None) -> EncodedList:
     """The chat function tools for Anthropic `tools`, with their JSON: kept for a list whose JSON is byte for byte
-    one of the last `RECENT_TOOLS` (wire/recent.py), looked for first by the list's identity (a list body_json
-    keeps), then in `raw` (the request's bytes, whose top-level `tools` they are: `Recent.find_member`, as the
-    client wrote them when they were found again), without encoding them."""
-    if (found := _SAME_TOOLS.find(tools)) is not None:
-        return found
-    found = _RECENT_TOOLS.find_member(raw, "tools") if raw is not None else None
-    if found is None:
-        key = orjson.dumps(tools)
-        found = _RECENT_TOOLS.find(key, None if raw is None else lambda: member_bytes(raw, "tools", tools))
-        if found is None:
-            found = _RECENT_TOOLS.keep(key, encoded_list([tool(t, j) for j, t in enumerate(tools)]))
-    if body_json.tools_json(tools) is not None:  # a list body_json keeps: the next request has the same object
-        _SAME_TOOLS.keep(tools, found)
-    return found
+    one of the last `RECENT_TOOLS`, found without encoding them (`body_json.translated_tools`: by the list's
+    identity, or in `raw`, the request's bytes)."""
+    return body_json.translated_tools(
+        tools, raw, _RECENT_TOOLS, _SAME_TOOLS, lambda: encoded_list([tool(t, j) for j, t in enumerate(tools)])
+    )
 
 
 def _sampling(req: dict[str, Any], body: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:

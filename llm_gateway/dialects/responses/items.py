@@ -227,9 +227,8 @@ def input_messages(
     seen.chars += chars
     if not fresh:
         g.fresh = False
-    return encoded_messages(
-        messages, marks
-    ), items  # with a kept history's JSON (history.with_lead puts the instructions first)
+    # with a kept history's JSON (history.with_lead puts the instructions before it)
+    return encoded_messages(messages, marks), items
 
 
 def _item(it: dict[str, Any], kind: str) -> dict[str, Any]:

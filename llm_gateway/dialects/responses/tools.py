@@ -12,14 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from llm_gateway.dialects.field_checks import as_bool, as_obj, as_str, only_fields
 from llm_gateway.dialects.responses.items import unsupported
 from llm_gateway.errors import InvalidRequest
 from llm_gateway.wire import body_json
 from llm_gateway.wire.client_body import EncodedList, encoded_list
-from llm_gateway.wire.recent import Recent, Same, member_bytes
+from llm_gateway.wire.recent import Recent, Same
 
 _TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict", "defer_loading"})
 #: distinct tool lists whose translation is kept
@@ -31,21 +29,9 @@ _same: Same[tuple[EncodedList, list[dict[str, Any]]]] = Same(KEPT)
 
 def function_tools(tools: list[Any], raw: bytes | None = None) -> tuple[EncodedList, list[dict[str, Any]]]:
     """The chat tools (with their JSON) and the echoed tools for a request's `tools` list (checked: raises
-    GatewayError as OpenAI would), kept for the last `KEPT` lists (wire/recent.py), looked for first by the list's
-    identity (a list body_json keeps), then in `raw`
-    (the request's bytes, whose top-level `tools` they are: `Recent.find_member`, as the client wrote them when they
-    were found again), without encoding them."""
-    if (found := _same.find(tools)) is not None:
-        return found
-    found = _kept.find_member(raw, "tools") if raw is not None else None
-    if found is None:
-        key = orjson.dumps(tools)
-        found = _kept.find(key, None if raw is None else lambda: member_bytes(raw, "tools", tools))
-        if found is None:
-            found = _kept.keep(key, _translate(tools))
-    if body_json.tools_json(tools) is not None:  # a list body_json keeps: the next request has the same object
-        _same.keep(tools, found)
-    return found
+    GatewayError as OpenAI would), kept for the last `KEPT` lists, found without encoding them
+    (`body_json.translated_tools`: by the list's identity, or in `raw`, the request's bytes)."""
+    return body_json.translated_tools(tools, raw, _kept, _same, lambda: _translate(tools))
 
 
 def _translate(tools: list[Any]) -> tuple[EncodedList, list[dict[str, Any]]]:
